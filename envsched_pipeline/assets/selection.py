@@ -1,0 +1,39 @@
+"""``batch_manifest[t]``: the scheduler's selection for step t.
+
+It reads the scheduler state after step t-1 from the lake (the sensor orders the loop; see
+DESIGN.md §4: Dagster's asset graph must be acyclic, so the t-1 -> t edge is carried by the lake).
+"""
+
+
+from collections import Counter
+
+import dagster as dg
+
+from envsched_pipeline.metadata import md_table, scalar_metadata
+from envsched_pipeline.partitions import step_of, training_steps
+from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.service import select_step
+
+
+@dg.asset(
+    partitions_def=training_steps,
+    deps=["tasks"],
+    group_name="scheduling",
+    kinds={"parquet", "numpy"},
+    description="Step t's batch: B tasks, each with half, score, predicted variance and a reason record.",
+)
+def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
+    step = step_of(context)
+    out = select_step(lake.lake(), step)
+    rows, audit = out["rows"], out["audit"]
+    halves = Counter(r["half"] for r in rows)
+    envs = Counter(r["env_id"] for r in rows)
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": len(rows),
+        "envs_touched": len(envs),
+        **{f"half_{k}": v for k, v in halves.items()},
+        **scalar_metadata(audit),
+        "picks": dg.MetadataValue.md(md_table(
+            [{k: r[k] for k in ("slot", "task_id", "env_id", "half", "score", "pred_var", "reason")} for r in rows],
+            limit=64)),
+    })

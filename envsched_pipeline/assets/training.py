@@ -1,0 +1,45 @@
+"""``training_step[t]``: the GRPO step for manifest t, launched (not imported) through Pipes."""
+
+
+import dagster as dg
+
+from envsched_pipeline.metadata import scalar_metadata
+from envsched_pipeline.partitions import step_of, training_steps
+from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.resources.trainer import TrainerLauncher
+
+
+@dg.asset(
+    partitions_def=training_steps,
+    deps=["batch_manifest"],
+    group_name="training",
+    kinds={"pytorch", "parquet"},
+    description="Rollouts (G per task) and the policy update for step t; writes rollouts and train_metrics.",
+)
+def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer: TrainerLauncher):
+    from envsched_pipeline.service import require_run
+
+    step = step_of(context)
+    lk = lake.lake()
+    mode = trainer.mode if trainer.mode != "auto" else require_run(lk).trainer
+    if mode == "external":
+        if not lk.has("rollouts", step=step):
+            raise dg.Failure(f"external trainer: rollouts of step {step} are not ingested yet "
+                             "(`envsched step ingest --step {step} ...`)")
+        r = lk.read("rollouts", step=step)
+        return dg.MaterializeResult(metadata={"dagster/row_count": r.num_rows, "trainer": "external"})
+    return trainer.launch(context, str(lk.root), step).get_materialize_result()
+
+
+@dg.asset(
+    partitions_def=training_steps,
+    deps=["training_step"],
+    group_name="training",
+    kinds={"parquet", "numpy"},
+    description="Per-task reward statistics after step t and the scheduler state they update.",
+)
+def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
+    from envsched_pipeline.service import statistics_step
+
+    out = statistics_step(lake.lake(), step_of(context))
+    return dg.MaterializeResult(metadata={"dagster/row_count": out["tasks_updated"], **scalar_metadata(out)})

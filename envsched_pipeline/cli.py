@@ -1,0 +1,273 @@
+"""``envsched`` command line.
+
+    envsched train --pool synthetic --policy simulated --steps 20     the Dagster loop, in-process
+    envsched sql "select env_id, avg(reward) from rollouts group by 1"
+    envsched pool list
+    envsched status
+
+Every command takes ``--lake DIR`` (default ``$ENVSCHED_LAKE`` or ``warehouse/lake``). Errors a
+user can act on exit non-zero with one line naming what to fix, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class UsageError(RuntimeError):
+    pass
+
+
+def _lake(args):
+    from envsched_pipeline.lake import Lake
+
+    lake = Lake(args.lake)
+    os.environ["ENVSCHED_LAKE"] = str(lake.root)  # the Dagster resources and the trainer see it
+    return lake
+
+
+def dagster_home() -> Path:
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        local = Path.cwd() / "dagster_home"
+        home = str(local if local.exists() else REPO_ROOT / "dagster_home")
+        os.environ["DAGSTER_HOME"] = home
+    path = Path(home).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(path)
+    if not (path / "dagster.yaml").exists():
+        (path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- train
+STEP_COLUMNS = ("step", "batch_variance", "zero_variance_fraction", "envs_touched", "mean_reward", "heldout", "seconds")
+
+
+def _fmt(v, width=10):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-".rjust(width)
+    if isinstance(v, float):
+        return f"{v:.4f}".rjust(width)
+    return str(v).rjust(width)
+
+
+def _header() -> str:
+    names = ("step", "batch_var", "zero_var", "envs", "mean_rew", "heldout", "seconds")
+    return " ".join(n.rjust(10) for n in names)
+
+
+def _row(r: dict, seconds: float | None = None) -> str:
+    vals = [r.get(c) for c in STEP_COLUMNS]
+    if seconds is not None:
+        vals[-1] = seconds
+    return " ".join(_fmt(v) for v in vals)
+
+
+def run_loop(lake, target_steps: int, instance=None, out=sys.stdout, quiet_dagster: bool = True) -> int:
+    """Drive the Dagster jobs in-process until the lake holds ``target_steps`` steps."""
+    import dagster as dg
+
+    from envsched_pipeline.definitions import defs
+    from envsched_pipeline.partitions import training_steps
+    from envsched_pipeline.service import next_action, step_summary
+
+    instance = instance or dg.DagsterInstance.get()
+    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
+    jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
+    done_rows = {r["step"]: r for r in step_summary(lake)}
+    print(_header(), file=out)
+    for s in sorted(done_rows):
+        if s < target_steps:
+            print(_row(done_rows[s]) + "  (in lake)", file=out)
+    step_t0: dict[int, float] = {}
+    while True:
+        action = next_action(lake)
+        if action is None or action[1] >= target_steps:
+            break
+        kind, step = action
+        if kind == "wait":
+            raise UsageError(f"step {step} waits for an external trainer's rollouts (`envsched step ingest`)")
+        key = str(step)
+        if not instance.has_dynamic_partition(training_steps.name, key):
+            instance.add_dynamic_partitions(training_steps.name, [key])
+        step_t0.setdefault(step, time.perf_counter())
+        job = jobs["select_job" if kind == "select" else "train_job"]
+        kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if kind == "stats" else {}
+        result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,
+                                        raise_on_error=False, **kw)
+        if not result.success:
+            msgs = [e.message for e in result.all_events if e.is_failure]
+            detail = msgs[-1] if msgs else "see the run in the Dagster UI"
+            raise UsageError(f"step {step} ({kind}) failed: {detail} (run {result.run_id})")
+        if kind in ("train", "stats"):
+            rows = {r["step"]: r for r in step_summary(lake)}
+            if step in rows:
+                print(_row(rows[step], time.perf_counter() - step_t0[step]), file=out, flush=True)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from envsched_pipeline.service import RunSpec, ensure_pool, start_run
+
+    lake = _lake(args)
+    dagster_home()
+    spec = RunSpec(
+        pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
+        batch_size=args.batch_size, group_size=args.group_size, max_steps=args.steps,
+        trainer="subprocess",
+    )
+    spec = start_run(lake, spec)
+    if not lake.has("tasks", pool=spec.pool):
+        print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
+        _materialize_pool(spec.pool, lake)
+        ensure_pool(lake, spec.pool)
+    print(f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={spec.scheduler} "
+          f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}", flush=True)
+    if spec.policy == "simulated":
+        print("note: the policy is the SIMULATED learner (ALGORITHM.md section 8), not a neural network.")
+    t0 = time.perf_counter()
+    run_loop(lake, args.steps)
+    print(f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
+          f"`envsched sql \"select * from step_summary\"`")
+    return 0
+
+
+def _materialize_pool(pool: str, lake) -> None:
+    import dagster as dg
+
+    from envsched_pipeline.definitions import defs
+
+    job = defs.resolve_job_def("pool_job")
+    res = job.execute_in_process(
+        instance=dg.DagsterInstance.get(),
+        run_config={
+            "ops": {"pool_tables": {"config": {"pool": pool}}},
+            "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+        },
+        raise_on_error=False,
+    )
+    if not res.success:
+        msgs = [e.message for e in res.all_events if e.is_failure]
+        raise UsageError(f"importing pool {pool} failed: {msgs[-1] if msgs else res.run_id}")
+
+
+# ---------------------------------------------------------------------------- sql
+def cmd_sql(args) -> int:
+    import duckdb
+
+    lake = _lake(args)
+    try:
+        table = lake.sql(args.query)
+    except duckdb.Error as exc:
+        raise UsageError(f"SQL error: {exc}") from exc
+    rows = table.to_pylist()
+    cols = table.column_names
+    if args.format == "json":
+        for r in rows:
+            print(json.dumps(r, default=str))
+    elif args.format == "csv":
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([r[c] for c in cols])
+    else:
+        widths = [max(len(c), *(len(_cell(r[c])) for r in rows)) if rows else len(c) for c in cols]
+        print(" | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        print("-+-".join("-" * w for w in widths))
+        for r in rows:
+            print(" | ".join(_cell(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return 0
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "NULL" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------- pool / status
+def cmd_pool_list(args) -> int:
+    from envs.registry import POOLS
+
+    lake = _lake(args)
+    imported = set(lake.pools())
+    print(f"{'pool':<16} {'in lake':<8} description")
+    for name, (_, desc) in sorted(POOLS.items()):
+        print(f"{name:<16} {'yes' if name in imported else 'no':<8} {desc}")
+    for name in sorted(imported - set(POOLS)):
+        print(f"{name:<16} {'yes':<8} imported pool")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from envsched_pipeline.service import status
+
+    print(json.dumps(status(_lake(args)), indent=2, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    from envsched_pipeline.scheduler import SCHEDULERS
+
+    p = argparse.ArgumentParser(prog="envsched", description="Environment-aware rollout scheduling for agent RL.")
+    p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE or warehouse/lake)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run the scheduled training loop through the Dagster jobs, in-process")
+    t.add_argument("--pool", default="synthetic")
+    t.add_argument("--policy", default="simulated", help="simulated (CPU testbed) | hf-tiny | hf | vllm | openai")
+    t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--group-size", type=int, default=8)
+    t.add_argument("--scheduler", default="envsched" if "envsched" in SCHEDULERS else "random",
+                   choices=sorted(SCHEDULERS))
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("sql", help="run SQL over the lake's DuckDB views")
+    s.add_argument("query")
+    s.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    s.set_defaults(func=cmd_sql)
+
+    pool = sub.add_parser("pool", help="task pools")
+    psub = pool.add_subparsers(dest="pool_command", required=True)
+    pl = psub.add_parser("list", help="registered and imported pools")
+    pl.set_defaults(func=cmd_pool_list)
+
+    st = sub.add_parser("status", help="the lake's run and its last steps")
+    st.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from envsched_pipeline.lake import LakeError
+    from envsched_pipeline.service import StepError
+
+    try:
+        return int(args.func(args) or 0)
+    except (UsageError, StepError, LakeError, KeyError, ValueError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"envsched: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

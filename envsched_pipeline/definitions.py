@@ -1,0 +1,16 @@
+"""The envsched Dagster code location: the one ``defs`` object."""
+
+import dagster as dg
+
+from envsched_pipeline.assets import pool, selection, training
+from envsched_pipeline.jobs import pool_job, select_job, train_job
+from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.resources.trainer import TrainerLauncher
+from envsched_pipeline.sensors import training_loop_sensor
+
+defs = dg.Definitions(
+    assets=dg.load_assets_from_modules([pool, selection, training]),
+    jobs=[select_job, train_job, pool_job],
+    sensors=[training_loop_sensor],
+    resources={"lake": LakeResource(), "trainer": TrainerLauncher()},
+)

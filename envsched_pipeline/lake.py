@@ -1,0 +1,264 @@
+"""The rollout lake: Parquet files are the source of truth, DuckDB is views + SQL over them.
+
+Layout under the root (``$ENVSCHED_LAKE``, default ``warehouse/lake``)::
+
+    environments/pool=synthetic/part-0.parquet      pool-level tables, one partition per pool
+    tasks/pool=synthetic/part-0.parquet
+    selections/step=12/part-0.parquet                per-step tables, one partition per step
+    rollouts/step=12/part-0.parquet
+    state/step=12/scheduler.npz                      artifacts (scheduler state, policy checkpoints)
+    run.json                                         the training run this lake holds
+
+Partition columns are stored inside the files too (``step``, ``pool``), so a file read on its own
+is complete; the directory names only organise. Every write goes to a temporary file in the
+partition folder, is fsynced and renamed over ``part-0.parquet``: a reader sees the old partition or
+the new one, never half of one, and re-writing a partition replaces it (idempotent per step).
+
+DuckDB connections are in-memory and open views over the Parquet globs, so any number of readers
+(the CLI, the UI, a notebook) run while a step writes: nothing holds a database file lock.
+This module imports no Dagster: the scheduler service and the trainer use it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DEFAULT_ROOT = "warehouse/lake"
+# Documented derived views, committed beside the (gitignored) lake.
+VIEWS_SQL = Path(__file__).resolve().parents[1] / "warehouse" / "views.sql"
+
+# Required columns per table (more columns are allowed). Types are checked loosely by kind.
+POOL_TABLES: dict[str, dict[str, str]] = {
+    "environments": {"pool": "str", "env_id": "str", "summary": "str", "tools": "str", "class_name": "str"},
+    "tasks": {"pool": "str", "task_id": "str", "env_id": "str", "content_hash": "str", "instruction": "str"},
+    "task_latents": {"pool": "str", "task_id": "str", "split": "str"},
+    "topologies": {"pool": "str", "task_id": "str", "topology": "str"},
+    "edges": {"pool": "str", "src": "str", "dst": "str", "kind": "str", "similarity": "float"},
+}
+STEP_TABLES: dict[str, dict[str, str]] = {
+    "selections": {"step": "int", "slot": "int", "task_id": "str", "env_id": "str", "half": "str", "score": "float"},
+    "rollouts": {"step": "int", "task_id": "str", "rollout": "int", "env_id": "str", "reward": "float"},
+    "statistics": {"step": "int", "task_id": "str"},
+    "train_metrics": {"step": "int", "seconds": "float"},
+    "evals": {"step": "int", "benchmark": "str", "score": "float"},
+    "audits": {"step": "int"},
+}
+ALL_TABLES = {**POOL_TABLES, **STEP_TABLES}
+
+
+class LakeError(RuntimeError):
+    """A problem with lake contents that a user can act on (names the file or table)."""
+
+
+def _kind_ok(arrow_type: pa.DataType, kind: str) -> bool:
+    if kind == "str":
+        return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    if kind == "int":
+        return pa.types.is_integer(arrow_type)
+    if kind == "float":
+        return pa.types.is_floating(arrow_type) or pa.types.is_integer(arrow_type)
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file + fsync + rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Lake:
+    """Parquet tables + artifacts under one root, with DuckDB views for SQL."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root or os.environ.get("ENVSCHED_LAKE") or DEFAULT_ROOT).resolve()
+
+    # ------------------------------------------------------------------ paths
+    def partition_dir(self, table: str, **partition: Any) -> Path:
+        if table not in ALL_TABLES:
+            raise LakeError(f"unknown lake table {table!r}; known: {', '.join(sorted(ALL_TABLES))}")
+        d = self.root / table
+        for k, v in partition.items():
+            d = d / f"{k}={v}"
+        return d
+
+    def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
+        d = self.root / kind
+        if step is not None:
+            d = d / f"step={int(step)}"
+        return d / name
+
+    # ----------------------------------------------------------------- writes
+    def write(self, table: str, data: pa.Table | Iterable[Mapping[str, Any]], **partition: Any) -> Path:
+        """Replace one partition of ``table`` atomically. Returns the file written."""
+        if not isinstance(data, pa.Table):
+            rows = list(data)
+            data = pa.Table.from_pylist(rows) if rows else self._empty(table)
+        self._validate(table, data)
+        d = self.partition_dir(table, **partition)
+        d.mkdir(parents=True, exist_ok=True)
+        target = d / "part-0.parquet"
+        tmp = d / f".part-0.{uuid.uuid4().hex}.tmp"
+        try:
+            pq.write_table(data, tmp, compression="zstd")
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(d)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return target
+
+    def _empty(self, table: str) -> pa.Table:
+        kinds = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
+        cols = ALL_TABLES[table]
+        return pa.table({c: pa.array([], type=kinds[k]) for c, k in cols.items()})
+
+    def _validate(self, table: str, data: pa.Table) -> None:
+        for col, kind in ALL_TABLES[table].items():
+            if col not in data.column_names:
+                raise LakeError(f"{table}: missing required column {col!r}")
+            if not _kind_ok(data.schema.field(col).type, kind):
+                raise LakeError(f"{table}.{col}: expected {kind}, got {data.schema.field(col).type}")
+
+    def delete_partition(self, table: str, **partition: Any) -> None:
+        shutil.rmtree(self.partition_dir(table, **partition), ignore_errors=True)
+
+    def write_json(self, relpath: str, obj: Any) -> Path:
+        path = self.root / relpath
+        atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+        return path
+
+    def read_json(self, relpath: str) -> Any | None:
+        path = self.root / relpath
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise LakeError(f"{path}: not valid JSON ({exc})") from exc
+
+    # ------------------------------------------------------------------ reads
+    def has(self, table: str, **partition: Any) -> bool:
+        return (self.partition_dir(table, **partition) / "part-0.parquet").exists()
+
+    def read(self, table: str, columns: list[str] | None = None, **partition: Any) -> pa.Table:
+        """Read one partition, or the whole table when no partition is given."""
+        if partition:
+            files = [self.partition_dir(table, **partition) / "part-0.parquet"]
+            files = [f for f in files if f.exists()]
+        else:
+            files = sorted(self.partition_dir(table).rglob("part-0.parquet"))
+        if not files:
+            return self._empty(table) if columns is None else self._empty(table).select(
+                [c for c in columns if c in ALL_TABLES[table]])
+        parts = []
+        for f in files:
+            try:
+                parts.append(pq.read_table(f, columns=columns))
+            except Exception as exc:  # pyarrow raises several types for corrupt files
+                raise LakeError(f"{f}: cannot read Parquet file ({exc}); delete it and re-materialize that partition") from exc
+        return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+
+    def steps(self, table: str) -> list[int]:
+        """Steps that have a complete partition in ``table``, sorted."""
+        d = self.root / table
+        if not d.exists():
+            return []
+        out = []
+        for p in d.glob("step=*/part-0.parquet"):
+            try:
+                out.append(int(p.parent.name.split("=", 1)[1]))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def pools(self) -> list[str]:
+        d = self.root / "tasks"
+        return sorted(p.parent.name.split("=", 1)[1] for p in d.glob("pool=*/part-0.parquet")) if d.exists() else []
+
+    # ------------------------------------------------------------------ SQL
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """In-memory DuckDB with a view per table (empty typed views for tables not written yet)
+        and the documented views of ``views.sql``."""
+        con = duckdb.connect(":memory:")
+        for table in ALL_TABLES:
+            files = sorted((self.root / table).rglob("part-0.parquet")) if (self.root / table).exists() else []
+            if files:
+                paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+                try:
+                    con.execute(
+                        f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{paths}], union_by_name=true, hive_partitioning=false)"
+                    )
+                except duckdb.Error as exc:
+                    bad = self._find_corrupt(files)
+                    raise LakeError(f"{bad or table}: cannot read Parquet ({exc})") from exc
+            else:
+                con.register(f"_{table}_empty", self._empty(table))
+                con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
+        views = VIEWS_SQL
+        if views.exists():
+            for stmt in _split_sql(views.read_text()):
+                try:
+                    con.execute(stmt)
+                except duckdb.Error:
+                    # A derived view over a table that lacks optional columns yet: skip it.
+                    continue
+        return con
+
+    def _find_corrupt(self, files: list[Path]) -> Path | None:
+        for f in files:
+            try:
+                pq.ParquetFile(f).metadata  # noqa: B018
+            except Exception:
+                return f
+        return None
+
+    def sql(self, query: str) -> pa.Table:
+        con = self.connect()
+        try:
+            rel = con.sql(query)
+            if rel is None:  # a statement without a result (e.g. SET)
+                return pa.table({})
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
+            return fetch()
+        finally:
+            con.close()
+
+
+def _split_sql(text: str) -> list[str]:
+    """Statements of a .sql file (no semicolons inside string literals in ours)."""
+    lines = [ln for ln in text.splitlines() if not ln.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -1,0 +1,62 @@
+"""One config dataclass for the scheduler, with the paper's defaults.
+
+Fields marked (paper) are the EnvSched paper's constants; (ours) are our reconstruction, each a
+named field so the benchmark can compare alternatives. The config is serialized into every
+manifest (``config_hash``) so a selection says exactly what produced it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    batch_size: int = 64  # B tasks per step (paper)
+    group_size: int = 8  # G rollouts per task (paper)
+    rho: float = 0.5  # coverage share of the batch (paper)
+    h_long: float = 8.0  # half-life of own history, steps (paper)
+    h_short: float = 2.0  # half-life of the short s2 EMA (paper)
+    lambda_g: float = 2.0  # shrinkage of the neighbour mean towards the environment (paper)
+    lambda_s: float = 2.0  # shrinkage of own history towards the prior (paper)
+    k_within: int = 6  # within-environment neighbours (paper)
+    k_cross: int = 12  # cross-environment neighbours (paper)
+    c0: float = 16.0  # exposure discount constant (paper)
+    eta: float = 0.5  # recent-decline guard strength (paper)
+    lambda_sim: float = 0.08  # MMR similarity penalty (paper)
+    cap_env_step: int = 4  # C1: tasks per environment per step (paper)
+    cap_env_window: int = 11  # C3: tasks per environment over steps t-2..t (paper)
+    consecutive_cap: int = 2  # a task picked at t-1 and t-2 is ineligible at t (paper)
+    # ---- (ours)
+    dispersion_bonus: float = 0.5  # u = s2_hat + bonus * d_hat * recent realized s2
+    calibrate: bool = True  # isotonic calibration of u on realized s2
+    calib_window: int = 8  # steps of pairs used for calibration and the recent mean
+    retire_window: int = 3  # groups all solved / all failed in a row before retirement
+    retire_solved: float = 0.999
+    retire_failed: float = 0.001
+    return_prob: float = 0.1  # chance per step that a retired task becomes eligible again
+    hack_retire: float = 0.5  # retire a task whose decayed hack rate exceeds this
+    cold_mean: float = 0.5
+    cold_var: float = 0.03
+    cold_dispersion: float = 0.5
+    use_graph: bool = True  # graph prior (False: environment prior only)
+    use_env_prior: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def with_overrides(self, **kw) -> SchedulerConfig:
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(kw) - known)
+        if bad:
+            raise ValueError(f"unknown scheduler config field(s): {', '.join(bad)}")
+        return replace(self, **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SchedulerConfig:
+        return cls().with_overrides(**{k: v for k, v in (d or {}).items()})

@@ -1,0 +1,195 @@
+"""The scheduler interface, the shared state update and the batch constraints.
+
+Every scheduler (EnvSched and the baselines) implements::
+
+    select(state, B, rng, step) -> list[Pick]     # picks with reasons
+    update(state, observations) -> state           # incremental, in place
+
+``update`` here is shared: it maintains the decayed own history (ALGORITHM.md §2), exposure,
+recent-decline EMAs, retirement (§5.6), the identifier-hack rate (§5.7) and the environment
+counters the constraints need (§6). Baselines that need more (GRESO, MoPPS, DPS) extend it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.state import CALIB_WINDOW, Observations, SchedulerState
+
+
+@dataclass
+class Pick:
+    task_id: str
+    env_id: str
+    half: str  # cold | coverage | exploit | random | <baseline name>
+    score: float
+    pred_var: float = float("nan")  # predicted within-group reward variance
+    p_nonzero: float = float("nan")  # predicted probability of a non-zero-variance group
+    propensity: float = float("nan")  # probability of this pick under the scheduler's randomness
+    reason: dict = field(default_factory=dict)
+    index: int = -1  # index into the state's tasks
+
+
+class Scheduler(Protocol):
+    name: str
+    config: SchedulerConfig
+
+    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> list[Pick]: ...
+
+    def update(self, state: SchedulerState, obs: Observations,
+               predicted_u: np.ndarray | None = None) -> SchedulerState: ...
+
+
+# ---------------------------------------------------------------------------- shared update
+def update_state(state: SchedulerState, obs: Observations, config: SchedulerConfig,
+                 predicted_u: np.ndarray | None = None) -> SchedulerState:
+    """Apply one step's observations. O(pool) vector work; no history replay."""
+    a = state.arrays
+    gamma = 2.0 ** (-1.0 / config.h_long)
+    steps_elapsed = max(1, obs.step - state.step) if state.step >= 0 else 1
+    decay = gamma**steps_elapsed
+    for k in ("W", "Xm", "Xs2", "Xd", "hack_W", "hack_X"):
+        a[k] *= decay
+    i = obs.task_idx
+    has = obs.rollouts > 0  # a group that produced task outcomes
+    i, m, s2, d = i[has], obs.mean[has], obs.var[has], obs.dispersion[has]
+    a["W"][i] += 1.0
+    a["Xm"][i] += m
+    a["Xs2"][i] += s2
+    a["Xd"][i] += d
+    # short / long EMAs of s2 (recent-decline guard)
+    a_s = 1.0 - 2.0 ** (-1.0 / config.h_short)
+    a_l = 1.0 - gamma
+    first = a["n_groups"][i] == 0
+    a["ema_short"][i] = np.where(first, s2, (1 - a_s) * a["ema_short"][i] + a_s * s2)
+    a["ema_long"][i] = np.where(first, s2, (1 - a_l) * a["ema_long"][i] + a_l * s2)
+    a["n_groups"][i] += 1
+    spent = obs.rollouts if obs.spent is None else obs.spent
+    a["exposure"][obs.task_idx] += spent  # rollouts spent, successful or not
+    a["last_seen"][obs.task_idx] = obs.step
+    # last three group means, newest in slot 0
+    a["recent_mean_2"][i] = a["recent_mean_1"][i]
+    a["recent_mean_1"][i] = a["recent_mean_0"][i]
+    a["recent_mean_0"][i] = m
+    # identifier-hack rate: flagged share of rewarded rollouts, decayed like own history
+    rewarded = obs.rewarded[has]
+    flagged = obs.hack_flags[has]
+    a["hack_W"][i] += (rewarded > 0).astype(float)
+    a["hack_X"][i] += np.where(rewarded > 0, flagged / np.maximum(rewarded, 1.0), 0.0)
+    # retirement: last `retire_window` groups all solved or all failed, or hacked
+    recent = np.stack([a["recent_mean_0"], a["recent_mean_1"], a["recent_mean_2"]][: config.retire_window])
+    full = ~np.isnan(recent).any(axis=0)
+    solved = full & (np.nan_to_num(recent, nan=0.0) >= config.retire_solved).all(axis=0)
+    failed = full & (np.nan_to_num(recent, nan=1.0) <= config.retire_failed).all(axis=0)
+    hack_rate = np.where(a["hack_W"] > 0, a["hack_X"] / np.maximum(a["hack_W"], 1e-12), 0.0)
+    newly = (solved | failed | (hack_rate > config.hack_retire)) & (a["retired"] == 0)
+    a["retired"][newly] = 1.0
+    a["retired_at"][newly] = obs.step
+    # a retired task that was just observed with spread is back in play
+    back = (a["retired"] == 1) & np.isin(np.arange(state.n_tasks), i[d > 0])
+    a["retired"][back] = 0.0
+    # environment counters
+    np.add.at(a["env_rollouts"], state.env[obs.task_idx], spent)
+    a["env_last_seen"][state.env[obs.task_idx]] = obs.step
+    # per-step history
+    state.realized_var = (state.realized_var + [float(s2.mean()) if len(s2) else 0.0])[-config.calib_window:]
+    if predicted_u is not None:
+        state.calib_u = (state.calib_u + [np.asarray(predicted_u, dtype=float)[has]])[-CALIB_WINDOW:]
+        state.calib_s2 = (state.calib_s2 + [s2])[-CALIB_WINDOW:]
+    state.recent_picks = (state.recent_picks + [obs.task_idx.copy()])[-3:]
+    state.step = obs.step
+    return state
+
+
+# ---------------------------------------------------------------------------- constraints
+class BatchConstraints:
+    """Tracks the §6 constraints while a batch is built, with the relaxation order.
+
+    Level 0: everything; 1: consecutive cap relaxed; 2: + C3 relaxed; 3: + C1 relaxed.
+    """
+
+    def __init__(self, state: SchedulerState, config: SchedulerConfig, step: int):
+        self.state, self.config = state, config
+        n, e = state.n_tasks, state.n_envs
+        self.chosen = np.zeros(n, dtype=bool)
+        self.env_now = np.zeros(e, dtype=np.int64)
+        # picks of the two previous steps (t-1, t-2) from the state's recent history
+        self.env_window = np.zeros(e, dtype=np.int64)
+        picked_prev = [p for p in state.recent_picks[-2:]]
+        for p in picked_prev:
+            np.add.at(self.env_window, state.env[p], 1)
+        self.streak_block = np.zeros(n, dtype=bool)
+        if len(picked_prev) == 2 and step >= 2:
+            both = np.intersect1d(picked_prev[0], picked_prev[1])
+            self.streak_block[both] = True
+        self.retired = state.arrays["retired"] > 0
+        self.level = 0
+        self.relaxations: list[str] = []
+
+    def eligible(self, level: int | None = None) -> np.ndarray:
+        level = self.level if level is None else level
+        ok = ~self.chosen & ~self.retired
+        env = self.state.env
+        if level < 1 and self.config.consecutive_cap > 0:
+            ok &= ~self.streak_block
+        if level < 2:
+            ok &= (self.env_window + self.env_now)[env] < self.config.cap_env_window
+        if level < 3:
+            ok &= self.env_now[env] < self.config.cap_env_step
+        return ok
+
+    def eligible_or_relax(self) -> np.ndarray:
+        """Eligible mask; relaxes constraints in order (and records it) when nothing is left."""
+        names = ("consecutive cap", "C3 window cap", "C1 per-step cap")
+        ok = self.eligible()
+        while not ok.any() and self.level < 3:
+            self.level += 1
+            self.relaxations.append(names[self.level - 1])
+            ok = self.eligible()
+        if not ok.any():  # last resort: retired tasks come back rather than an empty slot
+            ok = ~self.chosen
+            if ok.any() and "retired" not in self.relaxations:
+                self.relaxations.append("retired")
+        return ok
+
+    def take(self, i: int) -> dict:
+        e = self.state.env[i]
+        snapshot = {
+            "env_picks_this_step": int(self.env_now[e]),
+            "env_picks_window": int(self.env_window[e] + self.env_now[e]),
+            "relax_level": self.level,
+        }
+        self.chosen[i] = True
+        self.env_now[e] += 1
+        return snapshot
+
+
+# ---------------------------------------------------------------------------- random baseline
+class RandomScheduler:
+    """Uniform without replacement (the paper's baseline); constraints off, like the paper's."""
+
+    name = "random"
+
+    def __init__(self, config: SchedulerConfig = SchedulerConfig()):
+        self.config = config
+
+    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> list[Pick]:
+        n = state.n_tasks
+        b = min(batch_size, n)
+        idx = rng.choice(n, size=b, replace=False)
+        prop = b / n
+        return [
+            Pick(
+                task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="random",
+                score=0.0, propensity=prop, reason={"half": "random", "uniform_of": n}, index=int(i),
+            )
+            for i in idx
+        ]
+
+    def update(self, state: SchedulerState, obs: Observations,
+               predicted_u: np.ndarray | None = None) -> SchedulerState:
+        return update_state(state, obs, self.config, predicted_u)

@@ -1,0 +1,180 @@
+"""Scheduler state: what the scheduler knows after step t, updated incrementally.
+
+Everything is a flat numpy array over the pool's tasks (index i) or environments (index e), so
+an update is O(pool) vector arithmetic and a selection never replays history. The state is saved
+to the lake after every step (``state/step=t/scheduler.npz``) and loaded for step t+1.
+
+Decayed sums (ALGORITHM.md §2): with gamma = 2^(-1/h_long), after each step every sum is multiplied
+by gamma and the new observation is added, so W_i = sum_k gamma^(t - t_k) and X_i likewise.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from envsched_pipeline.lake import atomic_write_bytes
+
+CALIB_WINDOW = 8  # steps of (score, realized variance) pairs kept for calibration
+
+
+@dataclass
+class Observations:
+    """One step's group outcomes (task outcomes only; infrastructure failures excluded).
+
+    Arrays of shape (n,) over the tasks rolled out this step.
+    """
+
+    step: int
+    task_idx: np.ndarray  # int indices into the state's tasks
+    mean: np.ndarray
+    var: np.ndarray  # population variance of the group's rewards
+    dispersion: np.ndarray  # 1.0 if max - min > 1e-6
+    rollouts: np.ndarray  # rollouts that produced a task outcome
+    hack_flags: np.ndarray  # rewarded rollouts flagged by the identifier-hack detector
+    rewarded: np.ndarray  # rollouts with reward > 0
+    spent: np.ndarray | None = None  # all rollouts spent per task (incl. infra failures); exposure
+
+    @classmethod
+    def from_groups(cls, step: int, task_idx, rewards_per_task: list[np.ndarray],
+                    hack_flags=None) -> Observations:
+        means, vars_, disp, n, rew = [], [], [], [], []
+        for r in rewards_per_task:
+            r = np.asarray(r, dtype=float)
+            means.append(r.mean() if len(r) else 0.0)
+            vars_.append(r.var() if len(r) else 0.0)
+            disp.append(1.0 if len(r) and r.max() - r.min() > 1e-6 else 0.0)
+            n.append(len(r))
+            rew.append(float((r > 0).sum()))
+        k = len(rewards_per_task)
+        return cls(
+            step=int(step),
+            task_idx=np.asarray(task_idx, dtype=np.int64),
+            mean=np.asarray(means, dtype=float),
+            var=np.asarray(vars_, dtype=float),
+            dispersion=np.asarray(disp, dtype=float),
+            rollouts=np.asarray(n, dtype=float),
+            hack_flags=np.zeros(k) if hack_flags is None else np.asarray(hack_flags, dtype=float),
+            rewarded=np.asarray(rew, dtype=float),
+        )
+
+
+@dataclass
+class SchedulerState:
+    task_ids: np.ndarray  # (N,) str
+    env: np.ndarray  # (N,) int environment index
+    env_ids: list[str]
+    step: int = -1  # last step whose observations were applied
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # per-step history kept short: realized mean variance, calibration pairs, picks of last steps
+    realized_var: list[float] = field(default_factory=list)
+    calib_u: list[np.ndarray] = field(default_factory=list)
+    calib_s2: list[np.ndarray] = field(default_factory=list)
+    recent_picks: list[np.ndarray] = field(default_factory=list)  # last 3 steps' picked indices
+    extra: dict = field(default_factory=dict)  # JSON-able extras (baselines' scalars)
+
+    TASK_ARRAYS = (
+        "W", "Xm", "Xs2", "Xd",  # decayed sums (§2)
+        "ema_short", "ema_long",  # s2 EMAs for the recent-decline guard (§5.5)
+        "exposure", "last_seen", "n_groups",
+        "recent_mean_0", "recent_mean_1", "recent_mean_2",  # last 3 group means (retirement)
+        "retired", "retired_at", "hack_W", "hack_X",
+    )
+
+    @classmethod
+    def new(cls, task_ids, env_ids_per_task) -> SchedulerState:
+        task_ids = np.asarray(task_ids)
+        env_ids = sorted(set(env_ids_per_task))
+        idx = {e: i for i, e in enumerate(env_ids)}
+        env = np.array([idx[e] for e in env_ids_per_task], dtype=np.int64)
+        n = len(task_ids)
+        st = cls(task_ids=task_ids, env=env, env_ids=env_ids)
+        for name in cls.TASK_ARRAYS:
+            st.arrays[name] = np.zeros(n)
+        st.arrays["last_seen"][:] = -1
+        st.arrays["retired_at"][:] = -1
+        st.arrays["recent_mean_0"][:] = np.nan
+        st.arrays["recent_mean_1"][:] = np.nan
+        st.arrays["recent_mean_2"][:] = np.nan
+        st.arrays["env_rollouts"] = np.zeros(len(env_ids))
+        st.arrays["env_last_seen"] = np.full(len(env_ids), -1.0)
+        return st
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        arrays = self.__dict__.get("arrays")
+        if arrays is not None and name in arrays:
+            return arrays[name]
+        raise AttributeError(name)
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_ids)
+
+    @property
+    def n_envs(self) -> int:
+        return len(self.env_ids)
+
+    @property
+    def observed(self) -> np.ndarray:
+        return self.arrays["W"] > 0
+
+    def index_of(self, task_ids) -> np.ndarray:
+        lookup = self.extra.get("_index")
+        if lookup is None or len(lookup) != self.n_tasks:
+            lookup = {t: i for i, t in enumerate(self.task_ids.tolist())}
+            self.extra["_index"] = lookup
+        try:
+            return np.array([lookup[t] for t in task_ids], dtype=np.int64)
+        except KeyError as exc:
+            raise KeyError(f"task {exc.args[0]!r} is not in the scheduler's pool") from exc
+
+    # ------------------------------------------------------------- persist
+    def to_bytes(self) -> bytes:
+        meta = {
+            "step": self.step,
+            "env_ids": self.env_ids,
+            "realized_var": self.realized_var,
+            "extra": {k: v for k, v in self.extra.items() if not k.startswith("_")},
+        }
+        payload = {f"a_{k}": v for k, v in self.arrays.items()}
+        payload["task_ids"] = self.task_ids.astype(str)
+        payload["env"] = self.env
+        for j, (u, s) in enumerate(zip(self.calib_u, self.calib_s2, strict=True)):
+            payload[f"calib_u_{j}"] = u
+            payload[f"calib_s2_{j}"] = s
+        for j, p in enumerate(self.recent_picks):
+            payload[f"picks_{j}"] = p
+        payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **payload)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SchedulerState:
+        z = np.load(io.BytesIO(data), allow_pickle=False)
+        meta = json.loads(bytes(z["meta"]).decode())
+        st = cls(task_ids=z["task_ids"], env=z["env"], env_ids=meta["env_ids"], step=meta["step"])
+        st.arrays = {k[2:]: z[k].copy() for k in z.files if k.startswith("a_")}
+        st.realized_var = list(meta["realized_var"])
+        st.extra = dict(meta["extra"])
+        j = 0
+        while f"calib_u_{j}" in z.files:
+            st.calib_u.append(z[f"calib_u_{j}"])
+            st.calib_s2.append(z[f"calib_s2_{j}"])
+            j += 1
+        j = 0
+        while f"picks_{j}" in z.files:
+            st.recent_picks.append(z[f"picks_{j}"])
+            j += 1
+        return st
+
+    def save(self, path: Path) -> None:
+        atomic_write_bytes(Path(path), self.to_bytes())
+
+    @classmethod
+    def load(cls, path: Path) -> SchedulerState:
+        return cls.from_bytes(Path(path).read_bytes())

@@ -1,0 +1,45 @@
+import os
+import warnings
+
+import pytest
+
+from envs.registry import load_synthetic
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.service import RunSpec, import_pool, start_run
+
+warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
+
+SMALL = dict(n_envs=6, tasks_per_env=10, heldout_per_env=2, seed=3)
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch):
+    root = tmp_path / "lake"
+    monkeypatch.setenv("ENVSCHED_LAKE", str(root))
+    return Lake(root)
+
+
+@pytest.fixture
+def small_pool(lake):
+    import_pool(lake, load_synthetic("synthetic", **SMALL))
+    return lake
+
+
+@pytest.fixture
+def small_run(small_pool):
+    spec = RunSpec(pool="synthetic", scheduler="random", seed=1, batch_size=8, group_size=4, max_steps=3)
+    start_run(small_pool, spec)
+    return small_pool
+
+
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+def pytest_configure(config):
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

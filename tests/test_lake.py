@@ -1,0 +1,63 @@
+import pyarrow as pa
+import pytest
+
+from envsched_pipeline.lake import Lake, LakeError
+
+
+def rollout_rows(step, n=3):
+    return [{"step": step, "task_id": f"t{i}", "rollout": 0, "env_id": "e", "reward": 0.5} for i in range(n)]
+
+
+def test_write_read_roundtrip_is_hive_partitioned(tmp_path):
+    lake = Lake(tmp_path)
+    path = lake.write("rollouts", rollout_rows(2), step=2)
+    assert path == tmp_path / "rollouts" / "step=2" / "part-0.parquet"
+    assert lake.read("rollouts", step=2).num_rows == 3
+    assert lake.steps("rollouts") == [2]
+
+
+def test_rewrite_replaces_partition_and_leaves_no_temp_files(tmp_path):
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0, 5), step=0)
+    lake.write("rollouts", rollout_rows(0, 2), step=0)
+    assert lake.read("rollouts").num_rows == 2
+    leftovers = [p for p in (tmp_path / "rollouts").rglob("*") if p.is_file() and p.name != "part-0.parquet"]
+    assert leftovers == []
+
+
+def test_missing_required_column_is_refused_and_nothing_written(tmp_path):
+    lake = Lake(tmp_path)
+    with pytest.raises(LakeError, match="rollouts: missing required column 'reward'"):
+        lake.write("rollouts", [{"step": 0, "task_id": "t", "rollout": 0, "env_id": "e"}], step=0)
+    assert not (tmp_path / "rollouts").exists()
+
+
+def test_wrong_type_is_refused(tmp_path):
+    lake = Lake(tmp_path)
+    bad = pa.table({"step": [0], "task_id": ["t"], "rollout": [0], "env_id": ["e"], "reward": ["high"]})
+    with pytest.raises(LakeError, match="rollouts.reward: expected float"):
+        lake.write("rollouts", bad, step=0)
+
+
+def test_sql_over_views_and_empty_tables(tmp_path):
+    lake = Lake(tmp_path)
+    assert lake.sql("select count(*) as n from rollouts").column("n").to_pylist() == [0]
+    lake.write("rollouts", rollout_rows(0), step=0)
+    lake.write("rollouts", rollout_rows(1, 4), step=1)
+    out = lake.sql("select step, count(*) as n from rollouts group by 1 order by 1").to_pylist()
+    assert out == [{"step": 0, "n": 3}, {"step": 1, "n": 4}]
+    summary = lake.sql("select step, groups from step_summary order by step").to_pylist()
+    assert summary == [{"step": 0, "groups": 3}, {"step": 1, "groups": 4}]
+
+
+def test_env_var_sets_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVSCHED_LAKE", str(tmp_path / "x"))
+    assert Lake().root == (tmp_path / "x").resolve()
+
+
+def test_corrupt_file_error_names_the_file(tmp_path):
+    lake = Lake(tmp_path)
+    p = lake.write("rollouts", rollout_rows(0), step=0)
+    p.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(LakeError, match="part-0.parquet"):
+        lake.read("rollouts", step=0)

@@ -1,0 +1,155 @@
+"""Simulated learner (ALGORITHM.md §8): a *simulation* of how a policy improves under GRPO.
+
+It stands in for the GPU policy on the CPU testbed so the scheduler can be measured over hundreds
+of steps. Everything reported from it must say it is simulated.
+
+Model. Task i has latent abstract patterns z_i (multi-hot), a difficulty d_i, K_i checks and a
+number of "easy" checks e_i. The policy has a skill per pattern and a familiarity per environment.
+A rollout solves the task's crux with probability
+
+    p_i = sigmoid(skill . z_i / |z_i| + familiarity_e - d_i)
+
+A solved rollout passes every check (or, with a small probability, all but one); a failed one
+usually earns the task's fixed partial credit e_i / K_i (the same checks fail every time), and
+otherwise a random number of checks. So a group is informative only when p_i is away from 0 and 1,
+which is exactly the quantity a scheduler has to predict.
+
+Learning. After each step every trained group moves the skills of its patterns and its
+environment's familiarity by a learning rate times the group's reward standard deviation (GRPO:
+zero-variance groups carry no gradient), with slow forgetting towards zero.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SimLearnerConfig:
+    skill_lr: float = 0.03  # skill step per unit of group reward std, per pattern
+    familiarity_lr: float = 0.015  # environment familiarity step per unit of group reward std
+    forget: float = 0.002  # per-step relative decay of skills and familiarity
+    near_miss: float = 0.03  # a solved rollout still fails one check
+    partial_stick: float = 0.97  # a failed rollout earns exactly the task's easy-check credit
+    saturation: float = 6.0  # skills and familiarity stay in [-s, s]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class SimulatedLearner:
+    """Vectorized simulated policy over one pool's latents (train and held-out tasks).
+
+    ``latents`` rows: task_id, env_id, split, z (list of floats), difficulty, n_checks, easy_checks.
+    """
+
+    def __init__(self, latents: list[dict], config: SimLearnerConfig = SimLearnerConfig()):
+        if not latents:
+            raise ValueError("simulated learner needs task latents (none given)")
+        self.config = config
+        self.task_ids = np.array([r["task_id"] for r in latents])
+        self.index = {t: i for i, t in enumerate(self.task_ids)}
+        envs = sorted({r["env_id"] for r in latents})
+        self.env_ids = envs
+        env_index = {e: i for i, e in enumerate(envs)}
+        self.env = np.array([env_index[r["env_id"]] for r in latents], dtype=np.int64)
+        z = np.array([np.asarray(r["z"], dtype=float) for r in latents])
+        self.z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-9)
+        self.difficulty = np.array([float(r["difficulty"]) for r in latents])
+        self.n_checks = np.array([int(r["n_checks"]) for r in latents])
+        self.easy = np.array([int(r["easy_checks"]) for r in latents])
+        self.heldout = np.array([r["split"] == "heldout" for r in latents])
+        self.skill = np.zeros(self.z.shape[1])
+        self.familiarity = np.zeros(len(envs))
+        self.version = 0
+
+    # ------------------------------------------------------------ the policy
+    def solve_prob(self, idx: np.ndarray) -> np.ndarray:
+        logit = self.z[idx] @ self.skill + self.familiarity[self.env[idx]] - self.difficulty[idx]
+        return _sigmoid(logit)
+
+    def expected_reward(self, idx: np.ndarray) -> np.ndarray:
+        c = self.config
+        p = self.solve_prob(idx)
+        k = self.n_checks[idx]
+        solved = (1 - c.near_miss) + c.near_miss * (k - 1) / k
+        failed = c.partial_stick * self.easy[idx] / k + (1 - c.partial_stick) * 0.5 * (k - 1) / k
+        return p * solved + (1 - p) * failed
+
+    def true_variance(self, idx: np.ndarray) -> np.ndarray:
+        """Expected population variance of a group's rewards (the oracle baseline uses it)."""
+        c = self.config
+        p = self.solve_prob(idx)
+        k = self.n_checks[idx].astype(float)
+        # two-point approximation: solved ~ 1, failed ~ easy/k
+        gap = 1.0 - self.easy[idx] / k
+        base = p * (1 - p) * gap**2
+        noise = (1 - p) * (1 - c.partial_stick) * (1.0 / 12.0) + p * c.near_miss * (1 / k) ** 2
+        return base + noise
+
+    def rollout(self, task_ids: list[str] | np.ndarray, group_size: int, rng: np.random.Generator) -> dict:
+        """Sample G rewards per task. Returns arrays of shape (n, G): reward, checks_passed, n_checks."""
+        c = self.config
+        idx = np.array([self.index[t] for t in task_ids], dtype=np.int64)
+        n, g = len(idx), group_size
+        p = self.solve_prob(idx)[:, None]
+        k = self.n_checks[idx][:, None]
+        solved = rng.random((n, g)) < p
+        near = rng.random((n, g)) < c.near_miss
+        stick = rng.random((n, g)) < c.partial_stick
+        random_pass = np.floor(rng.random((n, g)) * k).astype(int)  # 0..k-1 checks
+        passed = np.where(
+            solved,
+            np.where(near, k - 1, k),
+            np.where(stick, self.easy[idx][:, None], random_pass),
+        )
+        reward = np.round(passed / k, 4)
+        return {"reward": reward, "checks_passed": passed, "n_checks": np.broadcast_to(k, (n, g)).copy()}
+
+    def learn(self, task_ids: list[str] | np.ndarray, rewards: np.ndarray) -> dict:
+        """One simulated GRPO update from the groups of this step (rewards: (n, G))."""
+        c = self.config
+        idx = np.array([self.index[t] for t in task_ids], dtype=np.int64)
+        std = rewards.std(axis=1)
+        self.skill *= 1 - c.forget
+        self.familiarity *= 1 - c.forget
+        self.skill += c.skill_lr * (std[:, None] * self.z[idx]).sum(axis=0) / max(len(idx), 1) * 8
+        np.add.at(self.familiarity, self.env[idx], c.familiarity_lr * std)
+        np.clip(self.skill, -c.saturation, c.saturation, out=self.skill)
+        np.clip(self.familiarity, -c.saturation, c.saturation, out=self.familiarity)
+        self.version += 1
+        return {"trained_groups": int((std > 1e-9).sum()), "signal": float(std.sum())}
+
+    def heldout_score(self) -> float:
+        """Expected reward over held-out tasks of every environment (mean of env means)."""
+        idx = np.flatnonzero(self.heldout)
+        if len(idx) == 0:
+            idx = np.arange(len(self.task_ids))
+        r = self.expected_reward(idx)
+        env = self.env[idx]
+        sums = np.bincount(env, weights=r, minlength=len(self.env_ids))
+        cnt = np.bincount(env, minlength=len(self.env_ids))
+        return float((sums[cnt > 0] / cnt[cnt > 0]).mean())
+
+    # ------------------------------------------------------------ checkpoint
+    def save(self, path: Path) -> None:
+        from envsched_pipeline.lake import atomic_write_bytes
+
+        blob = {
+            "skill": self.skill.tolist(),
+            "familiarity": self.familiarity.tolist(),
+            "version": self.version,
+            "config": asdict(self.config),
+        }
+        atomic_write_bytes(Path(path), json.dumps(blob).encode())
+
+    def load(self, path: Path) -> None:
+        blob = json.loads(Path(path).read_text())
+        self.skill = np.asarray(blob["skill"], dtype=float)
+        self.familiarity = np.asarray(blob["familiarity"], dtype=float)
+        self.version = int(blob["version"])

@@ -1,0 +1,51 @@
+-- Documented DuckDB views over the lake. Base views (one per Parquet table: environments, tasks,
+-- topologies, edges, selections, rollouts, statistics, train_metrics, evals, audits) are created
+-- by envsched_pipeline.lake.Lake.connect(); these derived views are built on top of them.
+-- Try: envsched sql "select * from step_summary"
+
+-- One row per training step: the numbers the scheduler is judged by.
+CREATE VIEW step_summary AS
+SELECT g.step,
+       count(*)                                        AS groups,
+       avg(g.var)                                      AS batch_variance,
+       avg(CASE WHEN g.spread THEN 0.0 ELSE 1.0 END)   AS zero_variance_fraction,
+       count(DISTINCT g.env_id)                        AS envs_touched,
+       avg(g.mean)                                     AS mean_reward,
+       median(g.mean)                                  AS median_reward,
+       sum(g.n)                                        AS rollouts
+FROM (
+    SELECT step, task_id, any_value(env_id) AS env_id, var_pop(reward) AS var, avg(reward) AS mean,
+           max(reward) - min(reward) > 1e-6 AS spread, count(*) AS n
+    FROM rollouts GROUP BY step, task_id
+) g
+GROUP BY g.step
+ORDER BY g.step;
+
+-- Per environment: how often it was scheduled and how its groups turned out.
+CREATE VIEW env_coverage AS
+SELECT r.env_id,
+       count(DISTINCT r.step)                  AS steps_touched,
+       count(DISTINCT r.task_id)               AS tasks_seen,
+       count(*)                                AS rollouts,
+       avg(r.reward)                           AS mean_reward,
+       max(r.step)                             AS last_step
+FROM rollouts r
+GROUP BY r.env_id
+ORDER BY rollouts DESC;
+
+-- Every group a task got: the history the scheduler learns from.
+CREATE VIEW task_history AS
+SELECT step, task_id, any_value(env_id) AS env_id, count(*) AS rollouts,
+       avg(reward) AS mean_reward, var_pop(reward) AS reward_variance,
+       max(reward) - min(reward) > 1e-6 AS informative
+FROM rollouts
+GROUP BY step, task_id
+ORDER BY task_id, step;
+
+-- Selection reasons flattened: predicted vs realized variance for every pick.
+CREATE VIEW selection_reasons AS
+SELECT s.step, s.slot, s.task_id, s.env_id, s.half, s.score, s.pred_var, s.p_nonzero, s.propensity,
+       s.scheduler, s.reason, h.reward_variance AS realized_variance, h.informative
+FROM selections s
+LEFT JOIN task_history h ON h.step = s.step AND h.task_id = s.task_id
+ORDER BY s.step, s.slot;

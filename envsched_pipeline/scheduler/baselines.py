@@ -1,0 +1,206 @@
+"""Baselines behind the same interface (ALGORITHM.md §7).
+
+random / exploit-only / coverage-only live elsewhere (``core.RandomScheduler``; EnvSched with
+rho = 0 / 1). Here: variance-greedy (own history only), GRESO, MoPPS, DPS, and the oracle used
+only by the benchmark as the ceiling (it reads the simulator's true variance; never a real option).
+Their extra per-task state lives in ``state.arrays`` under a prefixed name, so it saves and loads
+with the rest of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.core import Pick, update_state
+from envsched_pipeline.scheduler.state import Observations, SchedulerState
+
+
+def _picks(state: SchedulerState, idx, half: str, scores, reasons=None, propensity=1.0) -> list[Pick]:
+    out = []
+    for j, i in enumerate(idx):
+        i = int(i)
+        out.append(Pick(
+            task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half=half,
+            score=float(scores[i]), propensity=propensity,
+            reason={"half": half, **(reasons[j] if reasons else {})}, index=i,
+        ))
+    return out
+
+
+def _top(values: np.ndarray, b: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the b largest values, random tie-break."""
+    order = np.lexsort((rng.random(len(values)), -values))
+    return order[:b]
+
+
+class _Base:
+    name = "base"
+
+    def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph=None):
+        self.config = config
+        self.graph = graph
+        self.last_relaxations: list[str] = []
+
+    def update(self, state: SchedulerState, obs: Observations, predicted_u=None) -> SchedulerState:
+        return update_state(state, obs, self.config, predicted_u)
+
+
+class VarianceGreedy(_Base):
+    """Top-B by own decayed variance shrunk to a global prior; no graph, no quotas."""
+
+    name = "variance-greedy"
+
+    def select(self, state, batch_size, rng, step):
+        a, c = state.arrays, self.config
+        glob = a["Xs2"].sum() / a["W"].sum() if a["W"].sum() > 0 else c.cold_var
+        hat = (a["Xs2"] + c.lambda_s * glob) / (a["W"] + c.lambda_s)
+        idx = _top(hat, min(batch_size, state.n_tasks), rng)
+        p = _picks(state, idx, "greedy", hat, [{"pred_var": float(hat[i])} for i in idx])
+        for q in p:
+            q.pred_var = float(hat[q.index])
+        return p
+
+
+class GRESO(_Base):
+    """GRESO-style pre-rollout filtering: a task whose last k groups all had zero variance is
+    skipped with probability 1 - p^k, with p_easy / p_hard (all-solved vs all-failed streaks)
+    adapted each step towards a target zero-variance share (25%)."""
+
+    name = "greso"
+    target = 0.25
+    delta = 0.01
+
+    def _init(self, state):
+        a = state.arrays
+        for k in ("greso_streak", "greso_easy"):
+            a.setdefault(k, np.zeros(state.n_tasks))
+        state.extra.setdefault("greso_p_easy", 0.5)
+        state.extra.setdefault("greso_p_hard", 0.5)
+
+    def select(self, state, batch_size, rng, step):
+        self._init(state)
+        a = state.arrays
+        p = np.where(a["greso_easy"] > 0, state.extra["greso_p_easy"], state.extra["greso_p_hard"])
+        keep_prob = np.where(a["greso_streak"] > 0, p ** a["greso_streak"], 1.0)
+        kept = rng.random(state.n_tasks) < keep_prob
+        order = rng.permutation(state.n_tasks)
+        ordered = order[kept[order]]
+        b = min(batch_size, state.n_tasks)
+        if len(ordered) < b:  # not enough survivors: fill with skipped ones
+            ordered = np.concatenate([ordered, order[~kept[order]]])
+        idx = ordered[:b]
+        return _picks(state, idx, "greso", keep_prob,
+                      [{"keep_prob": float(keep_prob[i]), "zero_var_streak": int(a["greso_streak"][i])} for i in idx])
+
+    def update(self, state, obs, predicted_u=None):
+        self._init(state)
+        a = state.arrays
+        i = obs.task_idx[obs.rollouts > 0]
+        zero = obs.dispersion[obs.rollouts > 0] == 0
+        mean = obs.mean[obs.rollouts > 0]
+        a["greso_streak"][i] = np.where(zero, a["greso_streak"][i] + 1, 0)
+        a["greso_easy"][i] = np.where(zero, (mean >= 0.5).astype(float), a["greso_easy"][i])
+        if len(i):
+            easy_share = float((zero & (mean >= 0.5)).mean())
+            hard_share = float((zero & (mean < 0.5)).mean())
+            # too many zero-variance groups of a kind -> skip that kind more (lower p)
+            for key, share in (("greso_p_easy", easy_share), ("greso_p_hard", hard_share)):
+                step = -self.delta if share > self.target / 2 else self.delta
+                state.extra[key] = float(np.clip(state.extra[key] + step, 0.05, 1.0))
+        return update_state(state, obs, self.config, predicted_u)
+
+
+class MoPPS(_Base):
+    """Beta posterior of each task's success rate (fractional counts n*s, n*(1-s), decayed),
+    Thompson sample, pick the B samples closest to 0.5."""
+
+    name = "mopps"
+    decay = 0.95
+
+    def select(self, state, batch_size, rng, step):
+        a = state.arrays
+        alpha = a.setdefault("mopps_alpha", np.ones(state.n_tasks))
+        beta = a.setdefault("mopps_beta", np.ones(state.n_tasks))
+        theta = rng.beta(alpha, beta)
+        closeness = -np.abs(theta - 0.5)
+        idx = _top(closeness, min(batch_size, state.n_tasks), rng)
+        return _picks(state, idx, "mopps", closeness,
+                      [{"theta": float(theta[i]), "alpha": float(alpha[i]), "beta": float(beta[i])} for i in idx])
+
+    def update(self, state, obs, predicted_u=None):
+        a = state.arrays
+        alpha = a.setdefault("mopps_alpha", np.ones(state.n_tasks))
+        beta = a.setdefault("mopps_beta", np.ones(state.n_tasks))
+        has = obs.rollouts > 0
+        i, n, s = obs.task_idx[has], obs.rollouts[has], obs.mean[has]
+        alpha[i] = 1 + self.decay * (alpha[i] - 1) + n * s
+        beta[i] = 1 + self.decay * (beta[i] - 1) + n * (1 - s)
+        return update_state(state, obs, self.config, predicted_u)
+
+
+class DPS(_Base):
+    """Three-state HMM per task (unsolved / partial / solved) with a shared transition matrix
+    learned from Dirichlet counts; unobserved tasks' beliefs propagate through it each step.
+    Picks the top-B predicted P(partial) (= a group with reward spread)."""
+
+    name = "dps"
+    UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
+
+    def _init(self, state):
+        a = state.arrays
+        if "dps_belief" not in a:
+            a["dps_belief"] = np.tile([1 / 3, 1 / 3, 1 / 3], (state.n_tasks, 1)).reshape(-1)
+            a["dps_last"] = np.full(state.n_tasks, -1.0)
+            a["dps_counts"] = (np.ones((3, 3)) + 2 * np.eye(3)).reshape(-1)
+        return a["dps_belief"].reshape(state.n_tasks, 3), a["dps_counts"].reshape(3, 3)
+
+    def transition(self, counts):
+        return counts / counts.sum(axis=1, keepdims=True)
+
+    def select(self, state, batch_size, rng, step):
+        belief, counts = self._init(state)
+        pred = belief @ self.transition(counts)
+        p_partial = pred[:, self.PARTIAL]
+        idx = _top(p_partial, min(batch_size, state.n_tasks), rng)
+        picks = _picks(state, idx, "dps", p_partial, [{"p_partial": float(p_partial[i])} for i in idx])
+        for q in picks:
+            q.p_nonzero = float(p_partial[q.index])
+        return picks
+
+    def update(self, state, obs, predicted_u=None):
+        belief, counts = self._init(state)
+        a = state.arrays
+        T = self.transition(counts)
+        belief[:] = belief @ T  # everyone moves one step
+        has = obs.rollouts > 0
+        i = obs.task_idx[has]
+        cls = np.where(obs.dispersion[has] > 0, self.PARTIAL,
+                       np.where(obs.mean[has] >= 0.999, self.SOLVED, self.UNSOLVED))
+        prev = a["dps_last"][i]
+        known = prev >= 0
+        np.add.at(counts, (prev[known].astype(int), cls[known]), 1.0)
+        belief[i] = np.eye(3)[cls]
+        a["dps_last"][i] = cls
+        a["dps_belief"] = belief.reshape(-1)
+        a["dps_counts"] = counts.reshape(-1)
+        return update_state(state, obs, self.config, predicted_u)
+
+
+class Oracle(_Base):
+    """Benchmark ceiling only: knows the simulator's true variance. Never offered to users."""
+
+    name = "oracle"
+
+    def __init__(self, config=SchedulerConfig(), graph=None, true_variance: Callable | None = None):
+        super().__init__(config, graph)
+        if true_variance is None:
+            raise ValueError("the oracle needs the simulator's true variance")
+        self.true_variance = true_variance
+
+    def select(self, state, batch_size, rng, step):
+        tv = self.true_variance(state.task_ids)
+        idx = _top(tv, min(batch_size, state.n_tasks), rng)
+        return _picks(state, idx, "oracle", tv)

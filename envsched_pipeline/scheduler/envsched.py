@@ -1,0 +1,271 @@
+"""EnvSched (ALGORITHM.md §2–§6): graph-propagated variance prediction and a coverage +
+exploitation batch under environment quotas.
+
+    predict(state)          own history, neighbour/environment prior, shrinkage blend   (§2, §4)
+    informativeness(...)    u, isotonic calibration, discounts, guards                    (§5)
+    select(state, B, ...)   cold start | coverage half + MMR exploitation half            (§6)
+
+Everything is vectorized over the pool; the only per-pick loops are the B picks themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.core import BatchConstraints, Pick, update_state
+from envsched_pipeline.scheduler.graph import TaskGraph
+from envsched_pipeline.scheduler.state import Observations, SchedulerState
+
+STATS = ("m", "s2", "d")
+_SUM = {"m": "Xm", "s2": "Xs2", "d": "Xd"}
+
+
+def _observed_topk(idx: np.ndarray, sim: np.ndarray, W: np.ndarray, k: int):
+    """Among candidate neighbours (sorted by similarity), keep the first k observed ones.
+    Returns (idx, weights) with weights w_ij = sim_ij * W_j / (W_j + 1) (0 where not kept)."""
+    if idx.shape[1] == 0 or k <= 0:
+        return idx[:, :0], sim[:, :0]
+    valid = idx >= 0
+    wj = np.where(valid, W[np.maximum(idx, 0)], 0.0)
+    obs = valid & (wj > 0)
+    keep = obs & (np.cumsum(obs, axis=1) <= k)
+    w = np.where(keep, sim * wj / (wj + 1.0), 0.0)
+    return idx, w
+
+
+class EnvSched:
+    name = "envsched"
+
+    def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph: TaskGraph | None = None,
+                 name: str | None = None):
+        self.config = config
+        self.graph = graph
+        if name:
+            self.name = name
+        self.last_relaxations: list[str] = []
+
+    # ------------------------------------------------------------------ §2 + §4
+    def predict(self, state: SchedulerState) -> dict[str, np.ndarray]:
+        c, a = self.config, state.arrays
+        W = a["W"]
+        obs = W > 0
+        n = state.n_tasks
+        out: dict[str, np.ndarray] = {"W": W}
+        # environment and global decay-weighted means
+        env_W = np.bincount(state.env, weights=W, minlength=state.n_envs)
+        tot_W = W.sum()
+        cold = {"m": c.cold_mean, "s2": c.cold_var, "d": c.cold_dispersion}
+        use_graph = c.use_graph and self.graph is not None
+        if use_graph:
+            wi, ww = _observed_topk(self.graph.within_idx, self.graph.within_sim, W, c.k_within)
+            xi, xw = _observed_topk(self.graph.cross_idx, self.graph.cross_sim, W, c.k_cross)
+            mass_w, mass_x = ww.sum(axis=1), xw.sum(axis=1)
+            out["n_within"] = (ww > 0).sum(axis=1)
+            out["n_cross"] = (xw > 0).sum(axis=1)
+        else:
+            mass_w = mass_x = np.zeros(n)
+            out["n_within"] = out["n_cross"] = np.zeros(n, dtype=np.int64)
+        n_nb = mass_w + mass_x
+        out["n_nb"] = n_nb
+        for x in STATS:
+            X = a[_SUM[x]]
+            own = np.where(obs, X / np.maximum(W, 1e-12), np.nan)
+            glob = X.sum() / tot_W if tot_W > 0 else cold[x]
+            if x == "s2" and tot_W == 0:
+                glob = c.cold_var
+            env_X = np.bincount(state.env, weights=X, minlength=state.n_envs)
+            x_env = np.where(env_W > 0, env_X / np.maximum(env_W, 1e-12), glob)[state.env]
+            if not c.use_env_prior:
+                x_env = np.full(n, glob)
+            if use_graph:
+                vals = np.where(obs, X / np.maximum(W, 1e-12), 0.0)
+                x_w = (ww * vals[np.maximum(wi, 0)]).sum(axis=1) / np.maximum(mass_w, 1e-12)
+                x_x = (xw * vals[np.maximum(xi, 0)]).sum(axis=1) / np.maximum(mass_x, 1e-12)
+                has_w, has_x = mass_w > 0, mass_x > 0
+                cnt = has_w.astype(float) + has_x.astype(float)
+                x_nb = (np.where(has_w, x_w, 0.0) + np.where(has_x, x_x, 0.0)) / np.maximum(cnt, 1.0)
+                prior = (n_nb * x_nb + c.lambda_g * x_env) / (n_nb + c.lambda_g)
+            else:
+                prior = x_env
+            hat = (X + c.lambda_s * prior) / (W + c.lambda_s)
+            out[f"own_{x}"], out[f"prior_{x}"], out[f"hat_{x}"] = own, prior, hat
+        return out
+
+    # ------------------------------------------------------------------ §5
+    def informativeness(self, state: SchedulerState, pred: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        c, a = self.config, state.arrays
+        recent = float(np.mean(state.realized_var[-c.calib_window:])) if state.realized_var else c.cold_var
+        u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
+        cal = u.copy()
+        calibrated = False
+        if c.calibrate and len(state.calib_u) >= 2:
+            xu = np.concatenate(state.calib_u[-c.calib_window:])
+            ys = np.concatenate(state.calib_s2[-c.calib_window:])
+            if len(xu) >= 8 and np.ptp(xu) > 0:
+                from sklearn.isotonic import IsotonicRegression
+
+                iso = IsotonicRegression(increasing=True, out_of_bounds="clip", y_min=0.0)
+                iso.fit(xu, ys)
+                # a tiny monotone tie-break keeps the order inside isotonic plateaus
+                cal = iso.predict(u) + 1e-4 * u
+                calibrated = True
+        top = cal.max() if len(cal) else 0.0
+        norm = cal / top if top > 0 else np.zeros_like(cal)
+        exposure = c.c0 / (c.c0 + a["exposure"])
+        seen = a["n_groups"] > 0
+        delta = np.clip((a["ema_long"] - a["ema_short"]) / (a["ema_long"] + 1e-6), 0.0, 1.0)
+        decline = np.where(seen, 1.0 - c.eta * delta, 1.0)
+        hack = np.where(a["hack_W"] > 0, a["hack_X"] / np.maximum(a["hack_W"], 1e-12), 0.0)
+        score = norm * exposure * decline * (1.0 - hack)
+        return {"u": u, "calibrated": cal, "norm": norm, "exposure": exposure, "decline": decline,
+                "hack": hack, "score": score, "recent_var": np.full(1, recent),
+                "is_calibrated": np.full(1, calibrated)}
+
+    def _returning(self, state: SchedulerState, pred, rng: np.random.Generator) -> np.ndarray:
+        """Retired tasks that come back this step: p = return_prob, or a neighbour heats up."""
+        a = state.arrays
+        retired = a["retired"] > 0
+        back = retired & (rng.random(state.n_tasks) < self.config.return_prob)
+        if self.graph is not None and retired.any() and state.realized_var:
+            recent = float(np.mean(state.realized_var[-self.config.calib_window:]))
+            hot = pred["hat_s2"] > recent
+            r = np.flatnonzero(retired)
+            nb = np.concatenate([self.graph.within_idx[r], self.graph.cross_idx[r]], axis=1)
+            hot_nb = np.where(nb >= 0, hot[np.maximum(nb, 0)] & (a["W"][np.maximum(nb, 0)] > 0), False)
+            back[r[hot_nb.any(axis=1)]] = True
+        return back
+
+    # ------------------------------------------------------------------ §6
+    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> list[Pick]:
+        c = self.config
+        b = min(batch_size, state.n_tasks)
+        cons = BatchConstraints(state, c, step)
+        if state.step < 0 or not state.observed.any():
+            picks = self._cold_start(state, b, rng, cons)
+            self.last_relaxations = cons.relaxations
+            return picks
+        pred = self.predict(state)
+        inf = self.informativeness(state, pred)
+        back = self._returning(state, pred, rng)
+        cons.retired = cons.retired & ~back
+        score = inf["score"]
+        picks: list[Pick] = []
+        n_cov = int(round(c.rho * b))
+        # -- coverage half: environments by (rollouts spent, last seen, random), round robin
+        env_key = np.lexsort((rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"]))
+        exposure = state.arrays["exposure"]
+        while len(picks) < n_cov:
+            progressed = False
+            for e in env_key:
+                if len(picks) >= n_cov:
+                    break
+                ok = cons.eligible() & (state.env == e)
+                if not ok.any():
+                    continue
+                cand = np.flatnonzero(ok)
+                fewest = cand[exposure[cand] == exposure[cand].min()]
+                best = fewest[score[fewest] == score[fewest].max()]
+                i = int(best[0]) if len(best) == 1 else int(rng.choice(best))
+                snap = cons.take(i)
+                picks.append(self._pick(state, i, "coverage", pred, inf, snap, 1.0 / len(best), 0.0))
+                progressed = True
+            if not progressed and not self._relaxed(cons):
+                break
+        # -- exploitation half: greedy MMR
+        penalty = np.zeros(state.n_tasks)
+        sym = self.graph.symmetric() if (self.graph is not None and c.lambda_sim > 0) else None
+        if sym is not None:
+            for p in picks:
+                self._add_penalty(sym, p.index, penalty)
+        while len(picks) < b:
+            ok = cons.eligible_or_relax()
+            if not ok.any():
+                break
+            val = np.where(ok, score - c.lambda_sim * penalty, -np.inf)
+            i = int(np.argmax(val))
+            snap = cons.take(i)
+            picks.append(self._pick(state, i, "exploit", pred, inf, snap, 1.0, float(penalty[i])))
+            if sym is not None:
+                self._add_penalty(sym, i, penalty)
+        self.last_relaxations = cons.relaxations
+        return picks
+
+    @staticmethod
+    def _add_penalty(sym, i: int, penalty: np.ndarray) -> None:
+        lo, hi = sym.indptr[i], sym.indptr[i + 1]
+        cols, vals = sym.indices[lo:hi], sym.data[lo:hi]
+        np.maximum.at(penalty, cols, vals)
+
+    def _cold_start(self, state, b, rng, cons: BatchConstraints) -> list[Pick]:
+        """Step 0: round-robin over environments (seeded order), max-min diversity inside each."""
+        sym = self.graph.symmetric() if self.graph is not None else None
+        order = rng.permutation(state.n_envs)
+        max_sim = np.zeros(state.n_tasks)
+        picks: list[Pick] = []
+        while len(picks) < b:
+            progressed = False
+            for e in order:
+                if len(picks) >= b:
+                    break
+                ok = cons.eligible() & (state.env == e)
+                if not ok.any():
+                    continue
+                cand = np.flatnonzero(ok)
+                least = cand[max_sim[cand] == max_sim[cand].min()]
+                i = int(rng.choice(least))
+                snap = cons.take(i)
+                reason = {"half": "cold", "max_sim_to_batch": float(max_sim[i]), "constraints": snap}
+                picks.append(Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="cold",
+                                  score=0.0, pred_var=self.config.cold_var, p_nonzero=self.config.cold_dispersion,
+                                  propensity=1.0 / len(least), reason=reason, index=i))
+                if sym is not None:
+                    self._add_penalty(sym, i, max_sim)
+                progressed = True
+            if not progressed and not self._relaxed(cons):
+                break
+        return picks
+
+    @staticmethod
+    def _relaxed(cons: BatchConstraints) -> bool:
+        """Nothing was eligible in a full pass: relax one more constraint (True if that helped)."""
+        before = cons.level
+        cons.eligible_or_relax()
+        return cons.level > before and cons.eligible().any()
+
+    def _pick(self, state, i, half, pred, inf, snap, propensity, penalty) -> Pick:
+        def f(x):
+            v = float(x)
+            return None if np.isnan(v) else round(v, 6)
+
+        neighbours = []
+        if self.graph is not None:
+            for idx in (self.graph.within_idx[i], self.graph.cross_idx[i]):
+                obs = idx[(idx >= 0)]
+                obs = obs[state.arrays["W"][obs] > 0][:3]
+                neighbours += [str(state.task_ids[j]) for j in obs]
+        reason = {
+            "half": half,
+            "own_var": f(pred["own_s2"][i]),
+            "prior_var": f(pred["prior_s2"][i]),
+            "pred_var": f(pred["hat_s2"][i]),
+            "pred_dispersion": f(pred["hat_d"][i]),
+            "u": f(inf["u"][i]),
+            "calibrated": f(inf["calibrated"][i]),
+            "exposure_discount": f(inf["exposure"][i]),
+            "decline_factor": f(inf["decline"][i]),
+            "hack_factor": f(1.0 - inf["hack"][i]),
+            "similarity_penalty": f(penalty),
+            "n_within": int(pred["n_within"][i]),
+            "n_cross": int(pred["n_cross"][i]),
+            "neighbours": neighbours,
+            "constraints": snap,
+        }
+        return Pick(
+            task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half=half,
+            score=float(inf["score"][i]), pred_var=float(inf["u"][i]),
+            p_nonzero=float(np.clip(pred["hat_d"][i], 0.0, 1.0)), propensity=propensity, reason=reason, index=i,
+        )
+
+    def update(self, state: SchedulerState, obs: Observations, predicted_u: np.ndarray | None = None) -> SchedulerState:
+        return update_state(state, obs, self.config, predicted_u)

@@ -1,0 +1,327 @@
+"""The dual-relation task graph (ALGORITHM.md §3): six TF-IDF views within environments, abstract
+topologies across environments, sparse top-k candidates per task.
+
+Never a dense N x N matrix: within-environment similarities are computed one environment block at
+a time, cross-environment ones in row chunks of a dense low-dimensional topology matrix, and only
+the top ``candidates`` per task are kept. At selection time the scheduler keeps, among these
+candidates, the top k_w / k_x that are *observed* so far.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+VIEWS = ("instruction", "check_text", "check_code", "init_state", "tools", "footprint")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|==|!=|<=|>=|[<>+\-*/%]|\bnot\b|\bin\b")
+_SUBSCRIPT = re.compile(r"\[\s*\"([^\"]+)\"\s*\]")
+_PY_NOISE = {"def", "check_func", "final_state", "return", "initial_state", "get", "len"}
+
+
+# ----------------------------------------------------------------------------- views
+def _flatten(obj, prefix: str = "") -> Iterable[str]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list):
+        for v in obj[:20]:
+            yield from _flatten(v, prefix + "[]")
+    else:
+        yield f"{prefix}={obj}"
+
+
+def _path_token(tok: str) -> str:
+    # path=value tokens keep the *shape* of the state: ids inside paths are collapsed
+    return re.sub(r"[^A-Za-z=._\[\]]+", "#", tok)
+
+
+def task_views(task: dict, tool_names: list[str]) -> dict[str, str]:
+    """Six text views of one task (lake ``tasks`` row with json columns)."""
+    checks = json.loads(task.get("checks") or "[]")
+    init = json.loads(task.get("init_state") or "{}")
+    gold = json.loads(task.get("gold") or "null") or []
+    instruction = task.get("instruction") or ""
+    check_text = " ".join(str(c.get("check_item", "")) for c in checks)
+    code = " ".join(str(c.get("check_func", "")) for c in checks)
+    code_tokens = [t for t in _IDENT.findall(code) if t not in _PY_NOISE]
+    haystack = instruction + " " + check_text + " " + code
+    used = {g.get("name", "") for g in gold if isinstance(g, dict)}
+    tools = [t for t in tool_names if t in used or t in haystack]
+    footprint = sorted({k for k in _SUBSCRIPT.findall(code) if not re.search(r"\d", k)})
+    return {
+        "instruction": instruction,
+        "check_text": check_text,
+        "check_code": " ".join(code_tokens),
+        "init_state": " ".join(_path_token(t) for t in _flatten(init)),
+        "tools": " ".join(tools),
+        "footprint": " ".join(footprint),
+    }
+
+
+# ----------------------------------------------------------------------------- topology
+# Tool-name verbs -> abstract operation categories (identifier-free).
+OP_VERBS = [
+    ("eligibility_check", ("eligib", "can_", "validate", "verify", "check_")),
+    ("relation_replacement", ("assign", "release", "reassign", "swap", "replace", "link", "unlink", "transfer_owner")),
+    ("transfer", ("transfer", "move_", "shift")),
+    ("notify", ("notify", "send", "message", "email", "alert")),
+    ("create", ("create", "add_", "register", "book_", "new_", "insert")),
+    ("delete", ("delete", "remove", "cancel", "retire", "drop")),
+    ("dependent_state_validation", ("charge", "pay", "refund", "fee", "balance", "debit", "credit")),
+    ("update", ("update", "set_", "modify", "change", "edit", "rename")),
+    ("lookup", ("get_", "list_", "find", "search", "lookup", "query", "read")),
+]
+CHECK_TYPES = [
+    ("membership_absent", re.compile(r"\bnot in\b")),
+    ("membership_present", re.compile(r"(?<!not )\bin final_state")),
+    ("relative_arithmetic", re.compile(r"initial_state[^\n]*[+\-]\s*\d")),
+    ("growth", re.compile(r"len\(.*\)\s*>\s*len\(")),
+    ("any_match", re.compile(r"\bany\(")),
+    ("unchanged", re.compile(r"==\s*initial_state\[[^\n]*\]\s*$", re.M)),
+    ("inequality", re.compile(r"!=")),
+    ("equality", re.compile(r"==\s*[\"'\d]")),
+]
+
+
+def _ops_of(name: str) -> str | None:
+    n = name.lower()
+    for cat, verbs in OP_VERBS:
+        if any(v in n for v in verbs):
+            return cat
+    return None
+
+
+def offline_topology(task: dict) -> dict:
+    """Identifier-free abstract topology from tools, checks and instruction structure (no LLM).
+
+    Same schema as the LLM extractor: operation categories, entity count, constraints, check types.
+    """
+    checks = json.loads(task.get("checks") or "[]")
+    gold = json.loads(task.get("gold") or "null") or []
+    instruction = (task.get("instruction") or "").lower()
+    ops = [_ops_of(g.get("name", "")) for g in gold if isinstance(g, dict)]
+    ops = [o for o in ops if o]
+    code = "\n".join(str(c.get("check_func", "")) for c in checks)
+    ids = set()
+    for k in _SUBSCRIPT.findall(code):
+        if re.search(r"\d", k):
+            ids.add(k)
+    constraints = []
+    if re.search(r"\bif\b.*\b(otherwise|else)\b", instruction):
+        constraints.append("conditional_branch")
+    if re.search(r"\bnamed\b|\bcalled\b.*\bfind\b", instruction) or "lookup" in ops:
+        constraints.append("reference_by_attribute")
+    if "consistent" in instruction or "reflect" in instruction:
+        constraints.append("dependent_state")
+    check_types = []
+    for c in checks:
+        f = str(c.get("check_func", ""))
+        for name, pat in CHECK_TYPES:
+            if pat.search(f):
+                check_types.append(name)
+                break
+        else:
+            check_types.append("other")
+    return {
+        "operations": sorted(set(ops)),
+        "operation_sequence": ops,
+        "entity_count": len(ids),
+        "constraints": sorted(set(constraints)),
+        "check_types": sorted(check_types),
+        "n_checks": len(checks),
+    }
+
+
+def topology_text(topo: dict) -> str:
+    """Tokens for the cross-environment TF-IDF: categories, bigrams of the operation sequence,
+    entity-count bucket, constraints and check types (counts repeated)."""
+    ops = topo.get("operations", [])
+    seq = topo.get("operation_sequence", ops)
+    toks = [f"op_{o}" for o in ops]
+    toks += [f"seq_{a}__{b}" for a, b in zip(seq, seq[1:], strict=False)]
+    toks.append(f"entities_{min(int(topo.get('entity_count', 0)), 6)}")
+    toks += [f"constraint_{c}" for c in topo.get("constraints", [])]
+    toks += [f"check_{c}" for c in topo.get("check_types", [])]
+    return " ".join(toks)
+
+
+# ----------------------------------------------------------------------------- top-k helpers
+def _topk_rows(sim: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, indices and values of the k largest entries, sorted descending (-inf excluded)."""
+    n, m = sim.shape
+    k = min(k, m)
+    if k <= 0:
+        return np.full((n, 0), -1, np.int64), np.zeros((n, 0), np.float32)
+    part = np.argpartition(-sim, k - 1, axis=1)[:, :k] if k < m else np.tile(np.arange(m), (n, 1))
+    vals = np.take_along_axis(sim, part, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    idx = np.take_along_axis(part, order, axis=1)
+    vals = np.take_along_axis(vals, order, axis=1)
+    bad = ~np.isfinite(vals) | (vals <= 0)
+    idx = np.where(bad, -1, idx)
+    vals = np.where(bad, 0.0, vals)
+    return idx.astype(np.int64), vals.astype(np.float32)
+
+
+@dataclass
+class TaskGraph:
+    """Candidate neighbours per task, indexed like the pool's task list."""
+
+    task_ids: np.ndarray
+    within_idx: np.ndarray  # (N, Cw) int, -1 = none; sorted by similarity desc
+    within_sim: np.ndarray
+    cross_idx: np.ndarray  # (N, Cx)
+    cross_sim: np.ndarray
+    _sym: sp.csr_matrix | None = None
+
+    def symmetric(self) -> sp.csr_matrix:
+        """max(A, A^T) over both edge kinds (for the MMR similarity penalty)."""
+        if self._sym is None:
+            n = len(self.task_ids)
+            rows, cols, vals = [], [], []
+            for idx, sim in ((self.within_idx, self.within_sim), (self.cross_idx, self.cross_sim)):
+                r, c = np.nonzero(idx >= 0)
+                rows.append(r)
+                cols.append(idx[r, c])
+                vals.append(sim[r, c])
+            r, c, v = (np.concatenate(x) if x else np.array([]) for x in (rows, cols, vals))
+            a = sp.csr_matrix((v.astype(np.float32), (r, c)), shape=(n, n))
+            self._sym = a.maximum(a.T).tocsr()
+        return self._sym
+
+    def reindex(self, task_ids: np.ndarray) -> TaskGraph:
+        """The same graph over another task order (tasks missing from the graph get no edges)."""
+        pos = {t: i for i, t in enumerate(self.task_ids.tolist())}
+        new_of_old = np.full(len(self.task_ids), -1, np.int64)
+        take = np.full(len(task_ids), -1, np.int64)
+        for j, t in enumerate(task_ids.tolist()):
+            i = pos.get(t)
+            if i is not None:
+                take[j] = i
+                new_of_old[i] = j
+
+        def remap(idx, sim):
+            out_i = np.full((len(task_ids), idx.shape[1]), -1, np.int64)
+            out_s = np.zeros((len(task_ids), idx.shape[1]), np.float32)
+            ok = take >= 0
+            src = idx[take[ok]]
+            mapped = np.where(src >= 0, new_of_old[np.maximum(src, 0)], -1)
+            out_i[ok] = mapped
+            out_s[ok] = np.where(mapped >= 0, sim[take[ok]], 0.0)
+            return out_i, out_s
+
+        wi, ws = remap(self.within_idx, self.within_sim)
+        ci, cs = remap(self.cross_idx, self.cross_sim)
+        return TaskGraph(np.asarray(task_ids), wi, ws, ci, cs)
+
+
+def build_graph(
+    tasks: list[dict],
+    tool_names_by_env: dict[str, list[str]],
+    topologies: dict[str, str] | None = None,
+    within_candidates: int = 24,
+    cross_candidates: int = 48,
+    chunk: int = 1024,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[TaskGraph, dict]:
+    """Build the candidate graph for ``tasks`` (lake rows). ``topologies``: task_id -> topology
+    text (default: the offline extractor). Returns the graph and build statistics."""
+    n = len(tasks)
+    task_ids = np.array([t["task_id"] for t in tasks])
+    env_of = np.array([t["env_id"] for t in tasks])
+    views = [task_views(t, tool_names_by_env.get(t["env_id"], [])) for t in tasks]
+    mats = []
+    for v in VIEWS:
+        docs = [x[v] for x in views]
+        if not any(d.strip() for d in docs):
+            continue
+        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=True, min_df=1, dtype=np.float32)
+        mats.append(vec.fit_transform(docs).tocsr())
+    # ---- within-environment: one dense block per environment
+    within_idx = np.full((n, within_candidates), -1, np.int64)
+    within_sim = np.zeros((n, within_candidates), np.float32)
+    envs = sorted(set(env_of.tolist()))
+    for e_no, e in enumerate(envs):
+        rows = np.flatnonzero(env_of == e)
+        for start in range(0, len(rows), chunk):
+            part = rows[start:start + chunk]
+            s = np.zeros((len(part), len(rows)), np.float32)
+            for m in mats:
+                s += (m[part] @ m[rows].T).toarray()
+            s /= max(len(mats), 1)
+            s[np.arange(len(part)), start + np.arange(len(part))] = -np.inf  # no self edge
+            idx, val = _topk_rows(s, within_candidates)
+            within_idx[part, : idx.shape[1]] = np.where(idx >= 0, rows[np.maximum(idx, 0)], -1)
+            within_sim[part, : val.shape[1]] = val
+        if progress:
+            progress("within", e_no + 1, len(envs))
+    # ---- cross-environment: topology TF-IDF, row chunks, other environments only
+    if topologies is None:
+        topologies = {t["task_id"]: topology_text(offline_topology(t)) for t in tasks}
+    topo_docs = [topologies.get(t["task_id"], "") for t in tasks]
+    cross_idx = np.full((n, cross_candidates), -1, np.int64)
+    cross_sim = np.zeros((n, cross_candidates), np.float32)
+    if any(d.strip() for d in topo_docs):
+        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=False, dtype=np.float32)
+        x = vec.fit_transform(topo_docs)
+        dense = x.toarray().astype(np.float32) if x.shape[1] <= 512 else None
+        env_code = np.searchsorted(envs, env_of)
+        for start in range(0, n, chunk):
+            part = np.arange(start, min(n, start + chunk))
+            s = dense[part] @ dense.T if dense is not None else (x[part] @ x.T).toarray()
+            s[env_code[part][:, None] == env_code[None, :]] = -np.inf
+            idx, val = _topk_rows(s, cross_candidates)
+            cross_idx[part, : idx.shape[1]] = idx
+            cross_sim[part, : val.shape[1]] = val
+            if progress:
+                progress("cross", min(n, start + chunk), n)
+    g = TaskGraph(task_ids, within_idx, within_sim, cross_idx, cross_sim)
+    stats = {
+        "tasks": n,
+        "environments": len(envs),
+        "within_edges": int((within_idx >= 0).sum()),
+        "cross_edges": int((cross_idx >= 0).sum()),
+        "views": len(mats),
+    }
+    return g, stats
+
+
+def graph_to_edges(g: TaskGraph, pool: str) -> dict[str, np.ndarray]:
+    """Columns of the lake ``edges`` table."""
+    cols: dict[str, list] = {"src": [], "dst": [], "kind": [], "similarity": [], "rank": []}
+    for kind, idx, sim in (("within", g.within_idx, g.within_sim), ("cross", g.cross_idx, g.cross_sim)):
+        r, c = np.nonzero(idx >= 0)
+        cols["src"].append(g.task_ids[r])
+        cols["dst"].append(g.task_ids[idx[r, c]])
+        cols["kind"].append(np.full(len(r), kind))
+        cols["similarity"].append(sim[r, c].astype(np.float64))
+        cols["rank"].append(c.astype(np.int64))
+    out = {k: np.concatenate(v) for k, v in cols.items()}
+    out["pool"] = np.full(len(out["src"]), pool)
+    return out
+
+
+def graph_from_edges(task_ids: np.ndarray, src, dst, kind, sim, rank,
+                     within_candidates: int = 24, cross_candidates: int = 48) -> TaskGraph:
+    pos = {t: i for i, t in enumerate(np.asarray(task_ids).tolist())}
+    n = len(task_ids)
+    out = {}
+    for k, cand in (("within", within_candidates), ("cross", cross_candidates)):
+        idx = np.full((n, cand), -1, np.int64)
+        val = np.zeros((n, cand), np.float32)
+        sel = np.asarray(kind) == k
+        s_i = np.array([pos.get(t, -1) for t in np.asarray(src)[sel]], dtype=np.int64)
+        d_i = np.array([pos.get(t, -1) for t in np.asarray(dst)[sel]], dtype=np.int64)
+        rk = np.asarray(rank)[sel].astype(np.int64)
+        sv = np.asarray(sim)[sel].astype(np.float32)
+        ok = (s_i >= 0) & (d_i >= 0) & (rk < cand)
+        idx[s_i[ok], rk[ok]] = d_i[ok]
+        val[s_i[ok], rk[ok]] = sv[ok]
+        out[k] = (idx, val)
+    return TaskGraph(np.asarray(task_ids), out["within"][0], out["within"][1], out["cross"][0], out["cross"][1])

@@ -151,7 +151,7 @@ def _materialize_pool(pool: str, lake) -> None:
     res = job.execute_in_process(
         instance=dg.DagsterInstance.get(),
         run_config={
-            "ops": {"pool_tables": {"config": {"pool": pool}}},
+            "ops": {name: {"config": {"pool": pool}} for name in ("pool_tables", "topologies", "features", "task_graph")},
             "loggers": {"console": {"config": {"log_level": "WARNING"}}},
         },
         raise_on_error=False,
@@ -217,6 +217,35 @@ def cmd_status(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- bench
+def cmd_bench_scheduler(args) -> int:
+    from envsched_pipeline.bench import run_benchmark
+
+    names = [s.strip() for s in args.schedulers.split(",") if s.strip()]
+    print(f"benchmark (SIMULATED learner): {', '.join(names)} | {args.envs} envs x {args.tasks} tasks/env, "
+          f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}",
+          flush=True)
+    out = run_benchmark(names, steps=args.steps, seed=args.seed, envs=args.envs, tasks_per_env=args.tasks,
+                        seeds=args.seeds, batch_size=args.batch_size, group_size=args.group_size,
+                        log=lambda m: print(m, flush=True))
+    doc = {"schedulers": out["schedulers"], "setup": out["setup"]}
+    if args.series:
+        doc["series"] = out["series"]
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    base = out["schedulers"].get("random")
+    print(f"{'scheduler':<16} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} {'median_r':>9} "
+          f"{'heldout':>8} {'steps_to_rb':>11} {'sel_ms':>8}")
+    for name, m in out["schedulers"].items():
+        ratio = m["batch_variance"] / base["batch_variance"] if base else float("nan")
+        st = "-" if m["steps_to_random_best"] is None else f"{m['steps_to_random_best']:.0f}"
+        print(f"{name:<16} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
+              f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_final']:>8.4f} {st:>11} "
+              f"{1000 * m['select_seconds_median']:>8.2f}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     from envsched_pipeline.scheduler import SCHEDULERS
@@ -245,6 +274,22 @@ def build_parser() -> argparse.ArgumentParser:
     psub = pool.add_subparsers(dest="pool_command", required=True)
     pl = psub.add_parser("list", help="registered and imported pools")
     pl.set_defaults(func=cmd_pool_list)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    bs = bsub.add_parser("scheduler", help="every scheduler against the same simulated learner, pool and seeds")
+    bs.add_argument("--pool", default="synthetic", choices=["synthetic"])
+    bs.add_argument("--steps", type=int, default=200)
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--seeds", type=int, default=1, help="average over seeds seed..seed+N-1")
+    bs.add_argument("--schedulers", default="random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle")
+    bs.add_argument("--envs", type=int, default=51)
+    bs.add_argument("--tasks", type=int, default=50, help="tasks per environment")
+    bs.add_argument("--batch-size", type=int, default=64)
+    bs.add_argument("--group-size", type=int, default=8)
+    bs.add_argument("--json", default=None, help="write the result document here")
+    bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
+    bs.set_defaults(func=cmd_bench_scheduler)
 
     st = sub.add_parser("status", help="the lake's run and its last steps")
     st.set_defaults(func=cmd_status)

@@ -44,6 +44,7 @@ POOL_TABLES: dict[str, dict[str, str]] = {
     "tasks": {"pool": "str", "task_id": "str", "env_id": "str", "content_hash": "str", "instruction": "str"},
     "task_latents": {"pool": "str", "task_id": "str", "split": "str"},
     "topologies": {"pool": "str", "task_id": "str", "topology": "str"},
+    "features": {"pool": "str", "task_id": "str", "view": "str"},
     "edges": {"pool": "str", "src": "str", "dst": "str", "kind": "str", "similarity": "float"},
 }
 STEP_TABLES: dict[str, dict[str, str]] = {

@@ -17,7 +17,7 @@ from envsched_pipeline.service import select_step
 
 @dg.asset(
     partitions_def=training_steps,
-    deps=["tasks"],
+    deps=["tasks", "task_graph"],
     group_name="scheduling",
     kinds={"parquet", "numpy"},
     description="Step t's batch: B tasks, each with half, score, predicted variance and a reason record.",
@@ -26,6 +26,8 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
     step = step_of(context)
     out = select_step(lake.lake(), step)
     rows, audit = out["rows"], out["audit"]
+    from envsched_pipeline.plots import manifest_plot
+
     halves = Counter(r["half"] for r in rows)
     envs = Counter(r["env_id"] for r in rows)
     return dg.MaterializeResult(metadata={
@@ -33,6 +35,7 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
         "envs_touched": len(envs),
         **{f"half_{k}": v for k, v in halves.items()},
         **scalar_metadata(audit),
+        "plot": dg.MetadataValue.path(manifest_plot(lake.lake(), step, rows)),
         "picks": dg.MetadataValue.md(md_table(
             [{k: r[k] for k in ("slot", "task_id", "env_id", "half", "score", "pred_var", "reason")} for r in rows],
             limit=64)),

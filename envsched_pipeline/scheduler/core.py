@@ -71,26 +71,37 @@ def update_state(state: SchedulerState, obs: Observations, config: SchedulerConf
     spent = obs.rollouts if obs.spent is None else obs.spent
     a["exposure"][obs.task_idx] += spent  # rollouts spent, successful or not
     a["last_seen"][obs.task_idx] = obs.step
-    # last three group means, newest in slot 0
-    a["recent_mean_2"][i] = a["recent_mean_1"][i]
-    a["recent_mean_1"][i] = a["recent_mean_0"][i]
+    # last three group means and dispersions, newest in slot 0
+    for k in ("recent_mean", "recent_disp"):
+        for j in range(3):
+            a.setdefault(f"{k}_{j}", np.full(state.n_tasks, np.nan))
+        a[f"{k}_2"][i] = a[f"{k}_1"][i]
+        a[f"{k}_1"][i] = a[f"{k}_0"][i]
     a["recent_mean_0"][i] = m
+    a["recent_disp_0"][i] = d
     # identifier-hack rate: flagged share of rewarded rollouts, decayed like own history
     rewarded = obs.rewarded[has]
     flagged = obs.hack_flags[has]
     a["hack_W"][i] += (rewarded > 0).astype(float)
     a["hack_X"][i] += np.where(rewarded > 0, flagged / np.maximum(rewarded, 1.0), 0.0)
-    # retirement: last `retire_window` groups all solved or all failed, or hacked
-    recent = np.stack([a["recent_mean_0"], a["recent_mean_1"], a["recent_mean_2"]][: config.retire_window])
+    # retirement (progress filter): the last `retire_window` groups all solved or all failed
+    # ("mean"), or all without reward spread ("dispersion": also all-equal partial credit)
+    w = config.retire_window
+    recent = np.stack([a[f"recent_mean_{j}"] for j in range(w)])
     full = ~np.isnan(recent).any(axis=0)
-    solved = full & (np.nan_to_num(recent, nan=0.0) >= config.retire_solved).all(axis=0)
-    failed = full & (np.nan_to_num(recent, nan=1.0) <= config.retire_failed).all(axis=0)
+    if config.retire_on == "dispersion":
+        disp = np.stack([a[f"recent_disp_{j}"] for j in range(w)])
+        dead = full & (np.nan_to_num(disp, nan=1.0) == 0).all(axis=0)
+    else:
+        solved = full & (np.nan_to_num(recent, nan=0.0) >= config.retire_solved).all(axis=0)
+        failed = full & (np.nan_to_num(recent, nan=1.0) <= config.retire_failed).all(axis=0)
+        dead = solved | failed
     hack_rate = np.where(a["hack_W"] > 0, a["hack_X"] / np.maximum(a["hack_W"], 1e-12), 0.0)
-    newly = (solved | failed | (hack_rate > config.hack_retire)) & (a["retired"] == 0)
+    newly = (dead | (hack_rate > config.hack_retire)) & (a["retired"] == 0)
     a["retired"][newly] = 1.0
     a["retired_at"][newly] = obs.step
-    # a retired task that was just observed with spread is back in play
-    back = (a["retired"] == 1) & np.isin(np.arange(state.n_tasks), i[d > 0])
+    # a progress-retired task just observed with spread is back in play (a hacked one is not)
+    back = (a["retired"] == 1) & np.isin(np.arange(state.n_tasks), i[d > 0]) & (hack_rate <= config.hack_retire)
     a["retired"][back] = 0.0
     # environment counters
     np.add.at(a["env_rollouts"], state.env[obs.task_idx], spent)

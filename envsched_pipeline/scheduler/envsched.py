@@ -112,7 +112,8 @@ class EnvSched:
                 calibrated = True
         top = cal.max() if len(cal) else 0.0
         norm = cal / top if top > 0 else np.zeros_like(cal)
-        exposure = c.c0 / (c.c0 + a["exposure"])
+        n_exp = a["exposure"] / (c.group_size if c.exposure_unit == "groups" else 1.0)
+        exposure = c.c0 / (c.c0 + n_exp)
         seen = a["n_groups"] > 0
         delta = np.clip((a["ema_long"] - a["ema_short"]) / (a["ema_long"] + 1e-6), 0.0, 1.0)
         decline = np.where(seen, 1.0 - c.eta * delta, 1.0)

@@ -221,6 +221,82 @@ class TaskGraph:
         return TaskGraph(np.asarray(task_ids), wi, ws, ci, cs)
 
 
+def view_matrices(tasks: list[dict], tool_names_by_env: dict[str, list[str]]) -> dict[str, sp.csr_matrix]:
+    """TF-IDF matrix (rows = tasks, L2-normalized) for each of the six views that has text."""
+    views = [task_views(t, tool_names_by_env.get(t["env_id"], [])) for t in tasks]
+    mats = {}
+    for v in VIEWS:
+        docs = [x[v] for x in views]
+        if not any(d.strip() for d in docs):
+            continue
+        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=True, min_df=1, dtype=np.float32)
+        mats[v] = vec.fit_transform(docs).tocsr()
+    return mats
+
+
+def topology_matrix(topo_docs: list[str]) -> sp.csr_matrix | None:
+    if not any(d.strip() for d in topo_docs):
+        return None
+    vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=False, dtype=np.float32)
+    return vec.fit_transform(topo_docs).tocsr()
+
+
+def topk_graph(
+    task_ids: np.ndarray,
+    env_of: np.ndarray,
+    mats: list[sp.csr_matrix],
+    topo: sp.csr_matrix | None,
+    within_candidates: int = 24,
+    cross_candidates: int = 48,
+    chunk: int = 1024,
+    rows_subset: np.ndarray | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> TaskGraph:
+    """Top candidates per task: mean cosine of the views inside each environment block; topology
+    cosine across environments in row chunks. ``rows_subset``: compute only these rows (the
+    incremental path for newly added tasks); other rows stay empty."""
+    n = len(task_ids)
+    within_idx = np.full((n, within_candidates), -1, np.int64)
+    within_sim = np.zeros((n, within_candidates), np.float32)
+    envs = sorted(set(env_of.tolist()))
+    env_code = np.searchsorted(envs, env_of)
+    wanted = np.ones(n, dtype=bool) if rows_subset is None else np.isin(np.arange(n), rows_subset)
+    order = np.argsort(env_code, kind="stable")
+    bounds = np.searchsorted(env_code[order], np.arange(len(envs) + 1))
+    for e_no in range(len(envs)):
+        rows = order[bounds[e_no]:bounds[e_no + 1]]
+        targets = rows[wanted[rows]]
+        for start in range(0, len(targets), chunk):
+            part = targets[start:start + chunk]
+            s = np.zeros((len(part), len(rows)), np.float32)
+            for m in mats:
+                s += (m[part] @ m[rows].T).toarray()
+            s /= max(len(mats), 1)
+            self_pos = np.searchsorted(rows, part) if np.all(np.diff(rows) > 0) else \
+                np.array([np.flatnonzero(rows == p)[0] for p in part])
+            s[np.arange(len(part)), self_pos] = -np.inf  # no self edge
+            idx, val = _topk_rows(s, within_candidates)
+            within_idx[part, : idx.shape[1]] = np.where(idx >= 0, rows[np.maximum(idx, 0)], -1)
+            within_sim[part, : val.shape[1]] = val
+        if progress:
+            progress("within", e_no + 1, len(envs))
+    cross_idx = np.full((n, cross_candidates), -1, np.int64)
+    cross_sim = np.zeros((n, cross_candidates), np.float32)
+    if topo is not None:
+        dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 else None
+        targets = np.flatnonzero(wanted)
+        for start in range(0, len(targets), chunk):
+            part = targets[start:start + chunk]
+            s = dense[part] @ dense.T if dense is not None else (topo[part] @ topo.T).toarray()
+            s[env_code[part][:, None] == env_code[None, :]] = -np.inf
+            idx, val = _topk_rows(s, cross_candidates)
+            cross_idx[part, : idx.shape[1]] = idx
+            cross_sim[part, : val.shape[1]] = val
+            if progress:
+                progress("cross", min(len(targets), start + chunk), len(targets))
+    return TaskGraph(np.asarray(task_ids), within_idx, within_sim, cross_idx, cross_sim)
+
+
 def build_graph(
     tasks: list[dict],
     tool_names_by_env: dict[str, list[str]],
@@ -232,61 +308,19 @@ def build_graph(
 ) -> tuple[TaskGraph, dict]:
     """Build the candidate graph for ``tasks`` (lake rows). ``topologies``: task_id -> topology
     text (default: the offline extractor). Returns the graph and build statistics."""
-    n = len(tasks)
     task_ids = np.array([t["task_id"] for t in tasks])
     env_of = np.array([t["env_id"] for t in tasks])
-    views = [task_views(t, tool_names_by_env.get(t["env_id"], [])) for t in tasks]
-    mats = []
-    for v in VIEWS:
-        docs = [x[v] for x in views]
-        if not any(d.strip() for d in docs):
-            continue
-        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=True, min_df=1, dtype=np.float32)
-        mats.append(vec.fit_transform(docs).tocsr())
-    # ---- within-environment: one dense block per environment
-    within_idx = np.full((n, within_candidates), -1, np.int64)
-    within_sim = np.zeros((n, within_candidates), np.float32)
-    envs = sorted(set(env_of.tolist()))
-    for e_no, e in enumerate(envs):
-        rows = np.flatnonzero(env_of == e)
-        for start in range(0, len(rows), chunk):
-            part = rows[start:start + chunk]
-            s = np.zeros((len(part), len(rows)), np.float32)
-            for m in mats:
-                s += (m[part] @ m[rows].T).toarray()
-            s /= max(len(mats), 1)
-            s[np.arange(len(part)), start + np.arange(len(part))] = -np.inf  # no self edge
-            idx, val = _topk_rows(s, within_candidates)
-            within_idx[part, : idx.shape[1]] = np.where(idx >= 0, rows[np.maximum(idx, 0)], -1)
-            within_sim[part, : val.shape[1]] = val
-        if progress:
-            progress("within", e_no + 1, len(envs))
-    # ---- cross-environment: topology TF-IDF, row chunks, other environments only
+    mats = view_matrices(tasks, tool_names_by_env)
     if topologies is None:
         topologies = {t["task_id"]: topology_text(offline_topology(t)) for t in tasks}
-    topo_docs = [topologies.get(t["task_id"], "") for t in tasks]
-    cross_idx = np.full((n, cross_candidates), -1, np.int64)
-    cross_sim = np.zeros((n, cross_candidates), np.float32)
-    if any(d.strip() for d in topo_docs):
-        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=False, dtype=np.float32)
-        x = vec.fit_transform(topo_docs)
-        dense = x.toarray().astype(np.float32) if x.shape[1] <= 512 else None
-        env_code = np.searchsorted(envs, env_of)
-        for start in range(0, n, chunk):
-            part = np.arange(start, min(n, start + chunk))
-            s = dense[part] @ dense.T if dense is not None else (x[part] @ x.T).toarray()
-            s[env_code[part][:, None] == env_code[None, :]] = -np.inf
-            idx, val = _topk_rows(s, cross_candidates)
-            cross_idx[part, : idx.shape[1]] = idx
-            cross_sim[part, : val.shape[1]] = val
-            if progress:
-                progress("cross", min(n, start + chunk), n)
-    g = TaskGraph(task_ids, within_idx, within_sim, cross_idx, cross_sim)
+    topo = topology_matrix([topologies.get(t["task_id"], "") for t in tasks])
+    g = topk_graph(task_ids, env_of, list(mats.values()), topo, within_candidates, cross_candidates,
+                   chunk, progress=progress)
     stats = {
-        "tasks": n,
-        "environments": len(envs),
-        "within_edges": int((within_idx >= 0).sum()),
-        "cross_edges": int((cross_idx >= 0).sum()),
+        "tasks": len(tasks),
+        "environments": len(set(env_of.tolist())),
+        "within_edges": int((g.within_idx >= 0).sum()),
+        "cross_edges": int((g.cross_idx >= 0).sum()),
         "views": len(mats),
     }
     return g, stats

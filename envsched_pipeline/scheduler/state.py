@@ -82,6 +82,7 @@ class SchedulerState:
         "ema_short", "ema_long",  # s2 EMAs for the recent-decline guard (§5.5)
         "exposure", "last_seen", "n_groups",
         "recent_mean_0", "recent_mean_1", "recent_mean_2",  # last 3 group means (retirement)
+        "recent_disp_0", "recent_disp_1", "recent_disp_2",  # last 3 group dispersions
         "retired", "retired_at", "hack_W", "hack_X",
     )
 
@@ -97,9 +98,9 @@ class SchedulerState:
             st.arrays[name] = np.zeros(n)
         st.arrays["last_seen"][:] = -1
         st.arrays["retired_at"][:] = -1
-        st.arrays["recent_mean_0"][:] = np.nan
-        st.arrays["recent_mean_1"][:] = np.nan
-        st.arrays["recent_mean_2"][:] = np.nan
+        for k in ("recent_mean", "recent_disp"):
+            for j in range(3):
+                st.arrays[f"{k}_{j}"][:] = np.nan
         st.arrays["env_rollouts"] = np.zeros(len(env_ids))
         st.arrays["env_last_seen"] = np.full(len(env_ids), -1.0)
         return st

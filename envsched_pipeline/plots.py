@@ -1,0 +1,103 @@
+"""PNG plots for asset metadata and reports (matplotlib, Agg backend, written into the lake)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def graph_report(lake, pool: str, graph) -> dict:
+    """Degree histogram + similarity distributions, and cross-environment neighbour examples."""
+    plt = _plt()
+    out_dir = lake.root / "plots" / f"pool={pool}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+    ws = graph.within_sim[graph.within_idx >= 0]
+    xs = graph.cross_sim[graph.cross_idx >= 0]
+    ax[0].hist(ws, bins=40, color="#4878d0")
+    ax[0].set_title("within-env similarity (candidates)")
+    ax[1].hist(xs, bins=40, color="#ee854a")
+    ax[1].set_title("cross-env similarity (candidates)")
+    indeg = np.bincount(graph.cross_idx[graph.cross_idx >= 0], minlength=len(graph.task_ids))
+    ax[2].hist(indeg, bins=40, color="#6acc64")
+    ax[2].set_title("cross-env in-degree")
+    fig.tight_layout()
+    path = out_dir / "graph.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()}
+    rows = ["| task | env | nearest cross-env task | env | sim |", "|---|---|---|---|---|"]
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(graph.task_ids), size=min(5, len(graph.task_ids)), replace=False):
+        j = graph.cross_idx[i, 0]
+        if j < 0:
+            continue
+        a, b = tasks[graph.task_ids[i]], tasks[graph.task_ids[j]]
+        clip = lambda s: (s[:90] + "...") if len(s) > 90 else s  # noqa: E731
+        rows.append(f"| {clip(a['instruction'])} | {a['env_id']} | {clip(b['instruction'])} | {b['env_id']} "
+                    f"| {graph.cross_sim[i, 0]:.2f} |")
+    return {"plot": str(path), "examples_md": "\n".join(rows)}
+
+
+def manifest_plot(lake, step: int, rows: list[dict]) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
+    scores = [r["score"] for r in rows]
+    halves = sorted({r["half"] for r in rows})
+    for h in halves:
+        ax[0].hist([r["score"] for r in rows if r["half"] == h], bins=20, alpha=0.6, label=h)
+    ax[0].set_title(f"step {step}: pick scores")
+    ax[0].legend()
+    envs: dict[str, int] = {}
+    for r in rows:
+        envs[r["env_id"]] = envs.get(r["env_id"], 0) + 1
+    names = sorted(envs, key=lambda e: -envs[e])
+    ax[1].bar(range(len(names)), [envs[n] for n in names], color="#4878d0")
+    ax[1].set_title(f"{len(names)} environments, {len(scores)} tasks")
+    ax[1].set_xticks([])
+    fig.tight_layout()
+    path = Path(lake.root) / "plots" / f"manifest_step={step}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)
+
+
+def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[str]:
+    """Per-step curves of every scheduler in a benchmark result (simulated learner)."""
+    plt = _plt()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    series = result["series"]
+    panels = [("batch_variance", "batch within-task reward variance"),
+              ("zero_variance_fraction", "zero-variance group fraction"),
+              ("envs_touched", "environments touched"), ("heldout", "held-out expected reward")]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for name, s in series.items():
+            y = np.asarray(s[key], dtype=float)
+            if key != "heldout" and len(y) > 10:
+                y = np.convolve(y, np.ones(10) / 10, mode="valid")
+            ax.plot(y, label=name, lw=2.2 if name == "envsched" else 1.2)
+        ax.set_title(title + (" (10-step mean)" if key != "heldout" else ""))
+        ax.set_xlabel("step")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("Simulated learner (ALGORITHM.md section 8): " + json.dumps(
+        {k: result["setup"][k] for k in ("envs", "tasks_per_env", "steps", "seeds")}))
+    fig.tight_layout()
+    p = out_dir / f"{prefix}_curves.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    paths.append(str(p))
+    return paths

@@ -1,0 +1,280 @@
+"""EnvSched mechanisms against hand-computed values, and properties that must always hold."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.core import BatchConstraints, update_state
+from envsched_pipeline.scheduler.envsched import EnvSched
+from envsched_pipeline.scheduler.graph import TaskGraph
+from envsched_pipeline.scheduler.hack import flag_trajectory, is_identifier, replay
+from envsched_pipeline.scheduler.state import Observations, SchedulerState
+
+
+def make_state(n_envs=3, per_env=4):
+    ids = [f"e{e}-t{j}" for e in range(n_envs) for j in range(per_env)]
+    envs = [f"e{e}" for e in range(n_envs) for _ in range(per_env)]
+    return SchedulerState.new(ids, envs)
+
+
+def observe(state, step, groups: dict[int, list[float]], config=SchedulerConfig(), pred=None):
+    idx = list(groups)
+    obs = Observations.from_groups(step, idx, [np.array(groups[i]) for i in idx])
+    return update_state(state, obs, config, predicted_u=pred)
+
+
+def empty_graph(n):
+    return TaskGraph(np.array([str(i) for i in range(n)]), np.full((n, 0), -1), np.zeros((n, 0), np.float32),
+                     np.full((n, 0), -1), np.zeros((n, 0), np.float32))
+
+
+# ---------------------------------------------------------------------------- §2 decay
+def test_decayed_own_history_half_life():
+    cfg = SchedulerConfig(h_long=8.0)
+    st_ = make_state()
+    observe(st_, 0, {0: [0.0, 1.0]}, cfg)  # s2 = 0.25, m = 0.5, d = 1
+    observe(st_, 8, {1: [1.0, 1.0]}, cfg)  # 8 steps later: task 0's weight halves
+    a = st_.arrays
+    assert a["W"][0] == pytest.approx(0.5)
+    assert a["Xs2"][0] / a["W"][0] == pytest.approx(0.25)  # own mean unchanged by decay
+    observe(st_, 9, {0: [1.0, 1.0]}, cfg)  # s2 = 0
+    g = 2 ** (-1 / 8)
+    w_old = 0.5 * g
+    assert a["Xs2"][0] / a["W"][0] == pytest.approx(0.25 * w_old / (w_old + 1.0))
+
+
+# ---------------------------------------------------------------------------- §4 prior + blend
+def test_prior_and_blend_hand_computed():
+    cfg = SchedulerConfig(k_within=6, k_cross=12, lambda_g=2.0, lambda_s=2.0)
+    st_ = make_state(n_envs=2, per_env=2)  # tasks 0,1 in e0; 2,3 in e1
+    n = 4
+    # task 0's within neighbour is task 1 (sim 0.5); its cross neighbour is task 2 (sim 1.0)
+    wi = np.array([[1], [0], [3], [2]])
+    ws = np.array([[0.5], [0.5], [0.5], [0.5]], np.float32)
+    xi = np.array([[2], [3], [0], [1]])
+    xs = np.array([[1.0], [1.0], [1.0], [1.0]], np.float32)
+    g = TaskGraph(np.array(["a", "b", "c", "d"]), wi, ws, xi, xs)
+    observe(st_, 0, {1: [0.0, 1.0], 2: [0.0, 0.0, 1.0, 1.0]}, cfg)  # s2: task1 .25, task2 .25
+    observe(st_, 1, {3: [1.0, 1.0]}, cfg)  # task 3: s2 = 0
+    sched = EnvSched(cfg, g)
+    p = sched.predict(st_)
+    gam = 2 ** (-1 / 8)
+    W1 = W2 = gam  # observed at step 0, decayed once
+    w_w = 0.5 * W1 / (W1 + 1)
+    w_x = 1.0 * W2 / (W2 + 1)
+    x_nb = (0.25 + 0.25) / 2  # mean of the within and cross neighbour means
+    x_env = 0.25  # e0's only observed task is task 1
+    prior = ((w_w + w_x) * x_nb + 2.0 * x_env) / (w_w + w_x + 2.0)
+    assert p["prior_s2"][0] == pytest.approx(prior)
+    assert p["hat_s2"][0] == pytest.approx(prior)  # never tried: pure prior
+    # an observed task blends own history with its prior
+    own3 = 0.0
+    assert p["hat_s2"][3] == pytest.approx((1.0 * own3 + 2.0 * p["prior_s2"][3]) / (1.0 + 2.0))
+    assert n == st_.n_tasks
+
+
+def test_cold_prior_without_any_history():
+    st_ = make_state()
+    p = EnvSched(SchedulerConfig()).predict(st_)
+    assert np.allclose(p["hat_s2"], SchedulerConfig().cold_var)
+    assert np.allclose(p["hat_m"], 0.5)
+
+
+# ---------------------------------------------------------------------------- §5 calibration
+def test_calibration_is_monotone_in_u():
+    st_ = make_state(n_envs=4, per_env=10)
+    rng = np.random.default_rng(0)
+    for t in range(4):
+        idx = rng.choice(40, 12, replace=False)
+        groups = {int(i): list(rng.choice([0.0, 0.5, 1.0], size=8, p=[0.2 + 0.01 * i, 0.3, 0.5 - 0.01 * i]))
+                  for i in idx}
+        pred = rng.random(len(idx))
+        observe(st_, t, groups, pred=pred)
+    sched = EnvSched(SchedulerConfig())
+    pred = sched.predict(st_)
+    inf = sched.informativeness(st_, pred)
+    assert bool(inf["is_calibrated"][0])
+    order = np.argsort(inf["u"])
+    assert np.all(np.diff(inf["calibrated"][order]) >= -1e-12)
+
+
+def test_exposure_discount_and_decline_guard():
+    cfg = SchedulerConfig(c0=16.0, eta=0.5, exposure_unit="groups")
+    st_ = make_state()
+    observe(st_, 0, {0: [0.0, 1.0] * 4, 1: [0.0, 1.0] * 4}, cfg)
+    observe(st_, 1, {1: [1.0] * 8}, cfg)  # task 1's variance just collapsed
+    sched = EnvSched(cfg)
+    inf = sched.informativeness(st_, sched.predict(st_))
+    assert inf["exposure"][0] == pytest.approx(16 / 17)
+    assert inf["exposure"][1] == pytest.approx(16 / 18)
+    assert inf["decline"][0] == pytest.approx(1.0)
+    assert inf["decline"][1] < 1.0
+
+
+# ---------------------------------------------------------------------------- §6 constraints
+def test_relaxation_order_when_one_env_cannot_fill_the_batch():
+    cfg = SchedulerConfig(batch_size=8, cap_env_step=4, cap_env_window=11)
+    st_ = make_state(n_envs=1, per_env=10)
+    observe(st_, 0, {i: [0.0, 1.0] for i in range(10)}, cfg)
+    sched = EnvSched(cfg)
+    picks = sched.select(st_, 8, np.random.default_rng(0), 1)
+    assert len(picks) == 8 and len({p.task_id for p in picks}) == 8
+    # C1 = 4 per env per step forces relaxation; the order is fixed
+    assert sched.last_relaxations == ["consecutive cap", "C3 window cap", "C1 per-step cap"]
+
+
+def test_task_picked_at_two_previous_steps_is_ineligible():
+    cfg = SchedulerConfig()
+    st_ = make_state(n_envs=2, per_env=5)
+    observe(st_, 0, {0: [0.0, 1.0], 5: [0.0, 1.0]}, cfg)
+    observe(st_, 1, {0: [0.0, 1.0], 6: [0.0, 1.0]}, cfg)
+    cons = BatchConstraints(st_, cfg, step=2)
+    ok = cons.eligible()
+    assert not ok[0] and ok[5] and ok[6]
+
+
+def test_env_window_cap_counts_previous_two_steps():
+    cfg = SchedulerConfig(cap_env_window=4, cap_env_step=4)
+    st_ = make_state(n_envs=2, per_env=5)
+    observe(st_, 0, {0: [0, 1], 1: [0, 1]}, cfg)
+    observe(st_, 1, {2: [0, 1]}, cfg)
+    cons = BatchConstraints(st_, cfg, step=2)
+    assert cons.eligible()[3:5].all()  # env 0 has 3 of its 4 over t-2..t
+    cons.take(3)  # env 0 now has 4 over t-2..t
+    assert not cons.eligible()[:5].any()
+    assert cons.eligible()[5:].all()
+
+
+# ---------------------------------------------------------------------------- §5.6 retirement
+def test_retirement_after_three_solved_groups_and_return():
+    cfg = SchedulerConfig(return_prob=0.0)
+    st_ = make_state(n_envs=1, per_env=6)
+    for t in range(3):
+        observe(st_, t, {0: [1.0] * 8}, cfg)
+    assert st_.arrays["retired"][0] == 1
+    sched = EnvSched(cfg)
+    picks = sched.select(st_, 4, np.random.default_rng(0), 3)
+    assert "e0-t0" not in {p.task_id for p in picks}
+    back = EnvSched(cfg.with_overrides(return_prob=1.0))
+    picks = back.select(st_, 6, np.random.default_rng(0), 3)
+    assert "e0-t0" in {p.task_id for p in picks}
+
+
+def test_retired_task_with_spread_comes_back():
+    cfg = SchedulerConfig()
+    st_ = make_state(n_envs=1, per_env=3)
+    for t in range(3):
+        observe(st_, t, {0: [0.0] * 8}, cfg)
+    assert st_.arrays["retired"][0] == 1
+    observe(st_, 3, {0: [0.0, 1.0] * 4}, cfg)
+    assert st_.arrays["retired"][0] == 0
+
+
+# ---------------------------------------------------------------------------- §5.7 hack guard
+def test_identifier_shapes():
+    assert is_identifier("BO-104") and is_identifier("m_003") and is_identifier("E7013")
+    assert is_identifier("123e4567-e89b-12d3-a456-426614174000")
+    assert not is_identifier("15") and not is_identifier("available") and not is_identifier(15)
+
+
+def test_hack_detector_on_crafted_trajectories():
+    init = {"books": {"BO-100": {"status": "available"}}, "members": {"ME-101": {}}}
+    honest = [{"name": "get_book", "arguments": {"book_id": "BO-100"}, "output": {"id": "BO-100"}},
+              {"name": "assign_book", "arguments": {"book_id": "BO-100", "member_id": "ME-101"}, "output": {"ok": True}}]
+    invented = [{"name": "create_book", "arguments": {"book_id": "BO-999", "name": "x"}, "output": {"ok": True}}]
+    learned = [{"name": "list_books", "arguments": {}, "output": [{"id": "BO-555"}]},
+               {"name": "delete_book", "arguments": {"book_id": "BO-555"}, "output": {"ok": True}}]
+    assert not flag_trajectory(honest, init)
+    assert flag_trajectory(invented, init)
+    assert not flag_trajectory(invented, init, instruction="Register a new book BO-999")
+    assert not flag_trajectory(learned, init)  # seen in an earlier tool output
+    import json
+
+    rows = [{"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": invented})},
+            {"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": honest})},
+            {"task_id": "t", "reward": 0.0, "trajectory": json.dumps({"tool_calls": invented})}]
+    rep = replay(rows, {"t": init})
+    assert rep["rewarded"] == 2 and rep["flagged"] == 1 and rep["flag_rate"] == 0.5
+
+
+def test_hack_rate_discounts_and_retires():
+    cfg = SchedulerConfig()
+    st_ = make_state(n_envs=1, per_env=4)
+    obs = Observations.from_groups(0, [0, 1], [np.array([1.0, 0.0] * 4), np.array([1.0, 0.0] * 4)],
+                                   hack_flags=[4.0, 1.0])
+    update_state(st_, obs, cfg)
+    sched = EnvSched(cfg)
+    inf = sched.informativeness(st_, sched.predict(st_))
+    assert inf["hack"][0] == pytest.approx(1.0) and inf["hack"][1] == pytest.approx(0.25)
+    assert st_.arrays["retired"][0] == 1 and st_.arrays["retired"][1] == 0
+
+
+# ---------------------------------------------------------------------------- cold start, state io
+def test_cold_start_covers_environments_and_is_seeded():
+    st_ = make_state(n_envs=8, per_env=5)
+    a = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0)
+    b = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0)
+    assert [p.task_id for p in a] == [p.task_id for p in b]
+    assert len({p.env_id for p in a}) == 8 and all(p.half == "cold" for p in a)
+
+
+def test_state_roundtrip_bytes():
+    st_ = make_state()
+    observe(st_, 0, {0: [0.0, 1.0]}, pred=np.array([0.1]))
+    observe(st_, 1, {2: [0.5, 1.0]}, pred=np.array([0.2]))
+    back = SchedulerState.from_bytes(st_.to_bytes())
+    assert back.step == 1 and back.env_ids == st_.env_ids
+    for k in st_.arrays:
+        assert np.allclose(back.arrays[k], st_.arrays[k], equal_nan=True), k
+    assert len(back.calib_u) == 2 and len(back.recent_picks) == 2
+
+
+def test_every_scheduler_returns_distinct_picks_with_reasons():
+    st_ = make_state(n_envs=5, per_env=8)
+    rng = np.random.default_rng(0)
+    for name in SCHEDULERS:
+        s = make_scheduler(name, SchedulerConfig(batch_size=10))
+        state = make_state(n_envs=5, per_env=8)
+        for t in range(4):
+            picks = s.select(state, 10, np.random.default_rng(t), t)
+            ids = [p.task_id for p in picks]
+            assert len(ids) == 10 == len(set(ids)), name
+            assert all(p.reason.get("half") for p in picks), name
+            groups = [rng.choice([0.0, 0.5, 1.0], size=4) for _ in picks]
+            s.update(state, Observations.from_groups(t, [p.index for p in picks], groups))
+    assert st_.n_tasks == 40
+
+
+# ---------------------------------------------------------------------------- properties
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n_envs=st.integers(1, 7), per_env=st.integers(1, 9), batch=st.integers(1, 24),
+    steps=st.integers(1, 5), rho=st.sampled_from([0.0, 0.25, 0.5, 1.0]), seed=st.integers(0, 10_000),
+)
+def test_batches_never_repeat_and_respect_caps_unless_relaxed(n_envs, per_env, batch, steps, rho, seed):
+    cfg = SchedulerConfig(batch_size=batch, rho=rho)
+    state = make_state(n_envs, per_env)
+    sched = EnvSched(cfg)
+    rng = np.random.default_rng(seed)
+    history: list[list[int]] = []
+    for t in range(steps):
+        picks = sched.select(state, batch, np.random.default_rng([seed, t]), t)
+        idx = [p.index for p in picks]
+        assert len(idx) == len(set(idx)) == min(batch, state.n_tasks)
+        relax = set(sched.last_relaxations)
+        per_env_now = np.bincount(state.env[idx], minlength=state.n_envs)
+        if "C1 per-step cap" not in relax:
+            assert per_env_now.max() <= cfg.cap_env_step
+        if "C3 window cap" not in relax and "C1 per-step cap" not in relax:
+            window = per_env_now.copy()
+            for prev in history[-2:]:
+                window += np.bincount(state.env[prev], minlength=state.n_envs)
+            assert window.max() <= cfg.cap_env_window
+        if "consecutive cap" not in relax and len(history) >= 2:
+            assert not (set(idx) & set(history[-1]) & set(history[-2]))
+        history.append(idx)
+        groups = [rng.choice([0.0, 0.5, 1.0], size=4) for _ in idx]
+        sched.update(state, Observations.from_groups(t, idx, groups), predicted_u=np.array([p.pred_var for p in picks]))

@@ -297,6 +297,72 @@ def topk_graph(
     return TaskGraph(np.asarray(task_ids), within_idx, within_sim, cross_idx, cross_sim)
 
 
+def _merge_topk(idx_a, sim_a, idx_b, sim_b, k):
+    """Merge two candidate lists per row (sorted desc), keeping the k best, deduplicated."""
+    idx = np.concatenate([idx_a, idx_b], axis=1)
+    sim = np.concatenate([sim_a, np.where(idx_b >= 0, sim_b, 0.0)], axis=1).astype(np.float32)
+    sim = np.where(idx >= 0, sim, -np.inf)
+    order = np.argsort(-sim, axis=1, kind="stable")
+    idx = np.take_along_axis(idx, order, axis=1)
+    sim = np.take_along_axis(sim, order, axis=1)
+    # drop duplicates (a pair present in both lists)
+    dup = np.zeros_like(idx, dtype=bool)
+    for j in range(1, idx.shape[1]):
+        dup[:, j] = (idx[:, j] >= 0) & (idx[:, :j] == idx[:, j : j + 1]).any(axis=1)
+    sim = np.where(dup, -np.inf, sim)
+    order = np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    idx = np.take_along_axis(idx, order, axis=1)
+    sim = np.take_along_axis(sim, order, axis=1)
+    bad = ~np.isfinite(sim)
+    return np.where(bad, -1, idx), np.where(bad, 0.0, sim).astype(np.float32)
+
+
+def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], topo: sp.csr_matrix | None,
+              new_rows: np.ndarray, chunk: int = 1024) -> TaskGraph:
+    """Incremental update for newly added tasks. ``graph`` is already over the full task order
+    (``graph.reindex(all_ids)``: new tasks have no edges yet); ``mats``/``topo`` cover all tasks.
+    Computes only similarities that involve a new task: the new rows in full, and for old rows
+    their similarity to the new tasks, merged into their candidate lists."""
+    new_rows = np.asarray(new_rows, dtype=np.int64)
+    if len(new_rows) == 0:
+        return graph
+    n = len(graph.task_ids)
+    cw, cx = graph.within_idx.shape[1], graph.cross_idx.shape[1]
+    fresh = topk_graph(graph.task_ids, env_of, mats, topo, cw, cx, chunk, rows_subset=new_rows)
+    wi, ws = graph.within_idx.copy(), graph.within_sim.copy()
+    xi, xs = graph.cross_idx.copy(), graph.cross_sim.copy()
+    wi[new_rows], ws[new_rows] = fresh.within_idx[new_rows], fresh.within_sim[new_rows]
+    xi[new_rows], xs[new_rows] = fresh.cross_idx[new_rows], fresh.cross_sim[new_rows]
+    is_new = np.zeros(n, dtype=bool)
+    is_new[new_rows] = True
+    envs = sorted(set(env_of.tolist()))
+    env_code = np.searchsorted(envs, env_of)
+    # old rows x new tasks of the same environment
+    for e in np.unique(env_code[new_rows]):
+        old = np.flatnonzero((env_code == e) & ~is_new)
+        new = np.flatnonzero((env_code == e) & is_new)
+        if len(old) == 0:
+            continue
+        s = np.zeros((len(old), len(new)), np.float32)
+        for m in mats:
+            s += (m[old] @ m[new].T).toarray()
+        s /= max(len(mats), 1)
+        idx, val = _topk_rows(s, min(cw, len(new)))
+        idx = np.where(idx >= 0, new[np.maximum(idx, 0)], -1)
+        wi[old], ws[old] = _merge_topk(wi[old], ws[old], idx, val, cw)
+    # old rows x new tasks of other environments
+    if topo is not None:
+        old_all = np.flatnonzero(~is_new)
+        for start in range(0, len(old_all), chunk):
+            part = old_all[start:start + chunk]
+            s = (topo[part] @ topo[new_rows].T).toarray().astype(np.float32)
+            s[env_code[part][:, None] == env_code[new_rows][None, :]] = -np.inf
+            idx, val = _topk_rows(s, min(cx, len(new_rows)))
+            idx = np.where(idx >= 0, new_rows[np.maximum(idx, 0)], -1)
+            xi[part], xs[part] = _merge_topk(xi[part], xs[part], idx, val, cx)
+    return TaskGraph(graph.task_ids, wi, ws, xi, xs)
+
+
 def build_graph(
     tasks: list[dict],
     tool_names_by_env: dict[str, list[str]],

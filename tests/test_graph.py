@@ -1,0 +1,113 @@
+"""Topologies, six-view features, the dual graph (full and incremental), and the graph assets."""
+
+import json
+
+import dagster as dg
+import numpy as np
+
+from envs.registry import load_synthetic
+from envsched_pipeline.graph_io import build_features, build_task_graph, build_topologies, load_graph
+from envsched_pipeline.scheduler.graph import (
+    VIEWS,
+    add_tasks,
+    build_graph,
+    offline_topology,
+    task_views,
+    topk_graph,
+    topology_matrix,
+    topology_text,
+    view_matrices,
+)
+
+
+def pool(n_envs=6, per_env=12, seed=0):
+    data = load_synthetic("synthetic", n_envs=n_envs, tasks_per_env=per_env, seed=seed)
+    tools = {e["env_id"]: [t["function"]["name"] for t in json.loads(e["tools"])] for e in data.environments}
+    return sorted(data.tasks, key=lambda t: t["task_id"]), tools, data
+
+
+def test_six_views_are_filled():
+    tasks, tools, _ = pool()
+    v = task_views(tasks[0], tools[tasks[0]["env_id"]])
+    assert set(v) == set(VIEWS) and all(v[k].strip() for k in VIEWS)
+
+
+def test_offline_topology_is_identifier_free():
+    tasks, _, _ = pool()
+    for t in tasks[:30]:
+        text = topology_text(offline_topology(t))
+        assert t["env_id"] not in text
+        assert not any(ch.isdigit() and tok.startswith(("op_", "seq_", "check_", "constraint_"))
+                       for tok in text.split() for ch in tok)
+
+
+def test_graph_shapes_no_self_edges_and_env_separation():
+    tasks, tools, _ = pool()
+    g, stats = build_graph(tasks, tools)
+    n = len(tasks)
+    env = np.array([t["env_id"] for t in tasks])
+    assert g.within_idx.shape == (n, 24) and g.cross_idx.shape == (n, 48)
+    for i in range(n):
+        w = g.within_idx[i][g.within_idx[i] >= 0]
+        x = g.cross_idx[i][g.cross_idx[i] >= 0]
+        assert i not in w and (env[w] == env[i]).all() and (env[x] != env[i]).all()
+        assert np.all(np.diff(g.within_sim[i][: len(w)]) <= 1e-6)  # sorted descending
+    assert stats["views"] == 6
+
+
+def test_cross_neighbours_share_latent_patterns():
+    tasks, tools, data = pool(n_envs=12, per_env=20)
+    lat = {r["task_id"]: set(json.loads(r["patterns"])) for r in data.latents}
+    g, _ = build_graph(tasks, tools)
+    hits = [bool(lat[g.task_ids[i]] & lat[g.task_ids[j]]) for i in range(len(tasks)) for j in g.cross_idx[i][:12] if j >= 0]
+    assert np.mean(hits) >= 0.8
+
+
+def test_incremental_equals_full_rebuild():
+    tasks, tools, _ = pool(n_envs=6, per_env=12)
+    rng = np.random.default_rng(0)
+    new = set(rng.choice([t["task_id"] for t in tasks], size=6, replace=False).tolist())
+    old_tasks = [t for t in tasks if t["task_id"] not in new]
+    ids = np.array([t["task_id"] for t in tasks])
+    env = np.array([t["env_id"] for t in tasks])
+    mats = list(view_matrices(tasks, tools).values())
+    topo = topology_matrix([topology_text(offline_topology(t)) for t in tasks])
+    full = topk_graph(ids, env, mats, topo)
+    old_rows = np.array([i for i, t in enumerate(ids) if t not in new])
+    # the old graph: computed on the same features but only among old tasks
+    sub = topk_graph(ids[old_rows], env[old_rows], [m[old_rows] for m in mats], topo[old_rows])
+    inc = add_tasks(sub.reindex(ids), env, mats, topo, np.array([i for i, t in enumerate(ids) if t in new]))
+    assert len(old_tasks) == len(old_rows)
+    for name in ("within", "cross"):
+        a_i, a_s = getattr(full, f"{name}_idx"), getattr(full, f"{name}_sim")
+        b_i, b_s = getattr(inc, f"{name}_idx"), getattr(inc, f"{name}_sim")
+        assert np.allclose(a_s, b_s, atol=1e-5), name  # same similarity profile per row
+        # same neighbour sets wherever similarities are not tied at the cut
+        same = [set(a_i[r][a_i[r] >= 0]) == set(b_i[r][b_i[r] >= 0]) for r in range(len(ids))]
+        assert np.mean(same) > 0.7, name
+
+
+def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
+    lake = small_pool
+    build_topologies(lake, "synthetic")
+    build_features(lake, "synthetic")
+    out = build_task_graph(lake, "synthetic")
+    g = load_graph(lake, "synthetic")
+    assert np.array_equal(np.sort(g.task_ids), g.task_ids)
+    assert (g.within_idx >= 0).sum() == out["within_edges"] and (g.cross_idx >= 0).sum() == out["cross_edges"]
+    assert lake.sql("select count(*) as n from edges where kind = 'cross'").column("n")[0].as_py() == out["cross_edges"]
+
+    from envsched_pipeline.assets import features, graph, topologies
+    from envsched_pipeline.resources.lake import LakeResource
+    from envsched_pipeline.resources.llm import LLMResource
+
+    with dg.instance_for_test() as inst:
+        res = dg.materialize(
+            [topologies.topologies, features.features, graph.task_graph], instance=inst,
+            resources={"lake": LakeResource(root=str(lake.root)), "llm": LLMResource()},
+        )
+        assert res.success
+        md = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
+        assert md["topologies"]["extractor"].value == "offline"
+        assert md["task_graph"]["cross_edges"].value > 0
+        assert md["task_graph"]["similarity_plot"].value.endswith(".png")

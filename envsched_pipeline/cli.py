@@ -217,6 +217,73 @@ def cmd_status(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- pool create / step protocol
+def cmd_pool_create(args) -> int:
+    from envs.registry import load_synthetic
+    from envsched_pipeline.service import import_pool
+
+    lake = _lake(args)
+    data = load_synthetic(args.name, n_envs=args.envs, tasks_per_env=args.tasks_per_env, seed=args.seed)
+    counts = import_pool(lake, data)
+    print(json.dumps(counts))
+    return 0
+
+
+def _step_run(lake, args):
+    from envsched_pipeline.service import RunSpec, load_run, start_run
+
+    run = load_run(lake)
+    if run is not None and run.pool != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake")
+    if not lake.has("tasks", pool=args.pool):
+        if args.pool != "synthetic":
+            raise UsageError(f"pool {args.pool!r} is not in {lake.root} (`envsched pool create` or `pool import`)")
+        from envsched_pipeline.service import ensure_pool
+
+        ensure_pool(lake, "synthetic")
+    spec = RunSpec(pool=args.pool, policy=run.policy if run else "external", trainer="external",
+                   scheduler=getattr(args, "scheduler", None) or (run.scheduler if run else "envsched"),
+                   seed=args.seed if getattr(args, "seed", None) is not None else (run.seed if run else 0),
+                   batch_size=getattr(args, "batch_size", None) or (run.batch_size if run else 64),
+                   group_size=getattr(args, "group_size", None) or (run.group_size if run else 8),
+                   max_steps=run.max_steps if run else 1_000_000)
+    return start_run(lake, spec)
+
+
+def cmd_step_select(args) -> int:
+    from envsched_pipeline.service import select_step
+
+    lake = _lake(args)
+    _step_run(lake, args)
+    if not lake.has("selections", step=args.step):
+        select_step(lake, args.step)
+    for r in lake.read("selections", step=args.step).sort_by("slot").to_pylist():
+        print(json.dumps({k: r[k] for k in ("task_id", "env_id", "half", "score", "pred_var", "p_nonzero")}, default=float))
+    return 0
+
+
+def cmd_step_ingest(args) -> int:
+    from envsched_pipeline.service import ingest_rollouts, require_run
+
+    lake = _lake(args)
+    run = require_run(lake)
+    if run.pool != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}")
+    print(json.dumps(ingest_rollouts(lake, args.step, args.rollouts), default=float))
+    return 0
+
+
+def cmd_step_status(args) -> int:
+    from envsched_pipeline.service import status
+
+    lake = _lake(args)
+    st = status(lake)
+    if st["run"] and st["run"]["pool"] != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {st['run']['pool']!r}, not {args.pool!r}")
+    print(json.dumps({k: st[k] for k in ("last_selected", "last_ingested", "last_statistics")}))
+    return 0
+
+
 # ---------------------------------------------------------------------------- bench
 def cmd_bench_scheduler(args) -> int:
     from envsched_pipeline.bench import run_benchmark
@@ -290,6 +357,33 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--json", default=None, help="write the result document here")
     bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
     bs.set_defaults(func=cmd_bench_scheduler)
+
+    pc = psub.add_parser("create", help="make a synthetic pool under a name")
+    pc.add_argument("kind", choices=["synthetic"])
+    pc.add_argument("--name", required=True)
+    pc.add_argument("--envs", type=int, default=51)
+    pc.add_argument("--tasks-per-env", type=int, default=50)
+    pc.add_argument("--seed", type=int, default=0)
+    pc.set_defaults(func=cmd_pool_create)
+
+    step = sub.add_parser("step", help="step-by-step protocol for an external trainer")
+    ssub = step.add_subparsers(dest="step_command", required=True)
+    sel = ssub.add_parser("select", help="write manifest T and print its picks as JSON lines")
+    sel.add_argument("--pool", required=True)
+    sel.add_argument("--step", type=int, required=True)
+    sel.add_argument("--scheduler", default=None, choices=sorted(SCHEDULERS))
+    sel.add_argument("--seed", type=int, default=None)
+    sel.add_argument("--batch-size", type=int, default=None)
+    sel.add_argument("--group-size", type=int, default=None)
+    sel.set_defaults(func=cmd_step_select)
+    ing = ssub.add_parser("ingest", help="validate and write rollouts of step T (.jsonl or .parquet)")
+    ing.add_argument("--pool", required=True)
+    ing.add_argument("--step", type=int, required=True)
+    ing.add_argument("--rollouts", required=True)
+    ing.set_defaults(func=cmd_step_ingest)
+    sst = ssub.add_parser("status", help="last selected and last ingested step")
+    sst.add_argument("--pool", required=True)
+    sst.set_defaults(func=cmd_step_status)
 
     st = sub.add_parser("status", help="the lake's run and its last steps")
     st.set_defaults(func=cmd_status)

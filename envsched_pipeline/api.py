@@ -1,0 +1,72 @@
+"""Bring your own trainer: the scheduler as a step-by-step service over the lake (no Dagster).
+
+    from envsched_pipeline.api import Scheduler
+
+    sched = Scheduler(pool="synthetic", lake="warehouse/lake", seed=0, batch_size=64, group_size=8)
+    for step in range(sched.next_step, 200):
+        batch = sched.next_batch(step)                     # picks: task_id, env_id, half, score, ...
+        rollouts = my_trainer.rollout_and_update(batch)    # [{"task_id", "rollout", "reward"}, ...]
+        sched.observe(step, rollouts)
+
+State lives in the lake, so a restarted trainer builds a new ``Scheduler`` on the same lake and
+continues where it stopped; everything is queryable with ``envsched sql`` and visible in Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.service import (
+    RunSpec,
+    StepError,
+    ensure_pool,
+    ingest_rollouts,
+    load_run,
+    select_step,
+    start_run,
+    statistics_step,
+    status,
+)
+
+
+class Scheduler:
+    def __init__(self, pool: str = "synthetic", lake: str | Lake | None = None, scheduler: str = "envsched",
+                 seed: int = 0, batch_size: int = 64, group_size: int = 8, **config_overrides):
+        self.lake = lake if isinstance(lake, Lake) else Lake(lake)
+        if pool == "synthetic":
+            ensure_pool(self.lake, pool)  # the built-in pool is created on first use
+        if not self.lake.has("tasks", pool=pool):
+            raise StepError(f"pool {pool!r} is not in {self.lake.root}: import or create it first")
+        existing = load_run(self.lake)
+        spec = RunSpec(pool=pool, policy=existing.policy if existing else "external", scheduler=scheduler,
+                       seed=seed, batch_size=batch_size, group_size=group_size, trainer="external",
+                       max_steps=existing.max_steps if existing else 1_000_000, scheduler_config=config_overrides)
+        self.spec = start_run(self.lake, spec)
+
+    @property
+    def next_step(self) -> int:
+        """The first step without ingested rollouts (where a restarted trainer resumes)."""
+        done = self.lake.steps("rollouts")
+        return (done[-1] + 1) if done else 0
+
+    def next_batch(self, step: int | None = None) -> list[dict]:
+        """Manifest of ``step`` (default: next_step). An existing manifest is returned unchanged."""
+        step = self.next_step if step is None else step
+        if not self.lake.has("selections", step=step):
+            select_step(self.lake, step)
+        rows = self.lake.read("selections", step=step).sort_by("slot").to_pylist()
+        for r in rows:
+            r["reason"] = json.loads(r["reason"]) if r.get("reason") else {}
+        return rows
+
+    def observe(self, step: int, rollouts: Iterable[dict]) -> dict:
+        """Hand back step ``step``'s rollouts ({task_id, rollout, reward, ...optional}). Validated,
+        written atomically, then folded into the scheduler's statistics."""
+        metrics = ingest_rollouts(self.lake, step, list(rollouts))
+        statistics_step(self.lake, step)
+        return metrics
+
+    def status(self) -> dict:
+        return status(self.lake)

@@ -1,0 +1,158 @@
+"""Bring your own trainer: the Python API, the CLI step protocol, and the Dagster loop in external mode."""
+
+import json
+import zlib
+
+import dagster as dg
+import pytest
+
+from envsched_pipeline.api import Scheduler
+from envsched_pipeline.cli import main
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.service import StepError
+
+
+def reward_of(step, task_id, rollout):
+    """Deterministic fake trainer: the same rewards for both protocols."""
+    h = zlib.crc32(f"{task_id}|{rollout}|{step // 2}".encode()) % 3
+    return [0.0, 0.5, 1.0][h]
+
+
+def rollouts_for(step, picks, g=4):
+    return [{"task_id": p["task_id"], "rollout": r, "reward": reward_of(step, p["task_id"], r), "tokens": 10}
+            for p in picks for r in range(g)]
+
+
+def cli(lake, *args, capsys):
+    code = main(["--lake", str(lake), *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture
+def two_lakes(tmp_path, capsys):
+    a, b = tmp_path / "api", tmp_path / "cli"
+    for lake in (a, b):
+        code, _, err = cli(lake, "pool", "create", "synthetic", "--name", "mini", "--envs", "5", "--tasks-per-env", "8",
+                           "--seed", "2", capsys=capsys)
+        assert code == 0, err
+    return a, b
+
+
+def test_cli_protocol_matches_python_api(two_lakes, tmp_path, capsys):
+    a, b = two_lakes
+    api = Scheduler(pool="mini", lake=str(a), seed=7, batch_size=6, group_size=4)
+    api_manifests = []
+    for t in range(5):
+        batch = api.next_batch(t)
+        api_manifests.append([(p["task_id"], p["half"], round(p["score"], 9)) for p in batch])
+        api.observe(t, rollouts_for(t, batch))
+    cli_manifests = []
+    for t in range(5):
+        code, out, err = cli(b, "step", "select", "--pool", "mini", "--step", str(t), "--seed", "7",
+                             "--batch-size", "6", "--group-size", "4", capsys=capsys)
+        assert code == 0, err
+        picks = [json.loads(line) for line in out.splitlines()]
+        cli_manifests.append([(p["task_id"], p["half"], round(p["score"], 9)) for p in picks])
+        f = tmp_path / f"r{t}.jsonl"
+        f.write_text("\n".join(json.dumps(r) for r in rollouts_for(t, picks)))
+        code, out, err = cli(b, "step", "ingest", "--pool", "mini", "--step", str(t), "--rollouts", str(f), capsys=capsys)
+        assert code == 0, err
+    assert api_manifests == cli_manifests
+    assert {h for m in api_manifests[1:] for _, h, _ in m} <= {"coverage", "exploit"}
+    code, out, _ = cli(b, "step", "status", "--pool", "mini", capsys=capsys)
+    assert json.loads(out)["last_selected"] == 4 and json.loads(out)["last_ingested"] == 4
+    # re-selecting an existing step returns the stored manifest unchanged
+    before = Lake(b).read("selections", step=2).to_pylist()
+    cli(b, "step", "select", "--pool", "mini", "--step", "2", capsys=capsys)
+    assert Lake(b).read("selections", step=2).to_pylist() == before
+
+
+def test_restarted_trainer_continues(two_lakes):
+    a, _ = two_lakes
+    s1 = Scheduler(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+    for t in range(2):
+        s1.observe(t, rollouts_for(t, s1.next_batch(t)))
+    s2 = Scheduler(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+    assert s2.next_step == 2
+    assert len(s2.next_batch()) == 6
+
+
+@pytest.mark.parametrize("bad,match", [
+    ('{"task_id": "NOPE", "rollout": 0, "reward": 0.5}', "line 1: task 'NOPE' is not in manifest 0"),
+    ('{"task_id": "@T", "rollout": 0, "reward": 1.5}', "line 1: reward 1.5 is not a finite number in \\[0, 1\\]"),
+    ('{"task_id": "@T", "rollout": 0, "reward": NaN}', "line 1: reward nan is not a finite"),
+    ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollout": 0, "reward": 0.5}',
+     "line 2: duplicate rollout"),
+    ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollo', "line 2: invalid JSON"),
+    ('{"task_id": "@T", "reward": 0.5}', "line 1: missing field\\(s\\) rollout"),
+])
+def test_ingest_refusals_name_the_line_and_write_nothing(two_lakes, tmp_path, capsys, bad, match):
+    _, b = two_lakes
+    code, out, _ = cli(b, "step", "select", "--pool", "mini", "--step", "0", "--batch-size", "6", capsys=capsys)
+    task = json.loads(out.splitlines()[0])["task_id"]
+    f = tmp_path / "bad.jsonl"
+    f.write_text(bad.replace("@T", task))
+    code, _, err = cli(b, "step", "ingest", "--pool", "mini", "--step", "0", "--rollouts", str(f), capsys=capsys)
+    assert code == 2
+    import re
+
+    assert re.search(match, err), err
+    assert str(f) in err
+    assert not Lake(b).has("rollouts", step=0)
+
+
+def test_select_refuses_when_previous_step_not_ingested(two_lakes, capsys):
+    _, b = two_lakes
+    cli(b, "step", "select", "--pool", "mini", "--step", "0", capsys=capsys)
+    code, _, err = cli(b, "step", "select", "--pool", "mini", "--step", "1", capsys=capsys)
+    assert code == 2 and "cannot select step 1: rollouts of step 0 are missing" in err
+
+
+def test_parquet_ingest(two_lakes, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a, _ = two_lakes
+    s = Scheduler(pool="mini", lake=str(a), batch_size=6, group_size=4)
+    rows = rollouts_for(0, s.next_batch(0))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet")
+    from envsched_pipeline.service import ingest_rollouts
+
+    m = ingest_rollouts(s.lake, 0, str(tmp_path / "r.parquet"))
+    assert m["rollouts"] == 24
+    with pytest.raises(StepError, match="r.parquet row 0"):
+        pq.write_table(pa.Table.from_pylist([{**rows[0], "reward": -1.0}]), tmp_path / "r.parquet")
+        ingest_rollouts(s.lake, 0, str(tmp_path / "r.parquet"))
+
+
+def test_dagster_loop_with_external_trainer(two_lakes):
+    """With the trainer resource external, the sensor launches nothing and waits for ingested
+    rollouts, then materializes statistics and the next manifest."""
+    from envsched_pipeline.assets import training
+    from envsched_pipeline.resources.lake import LakeResource
+    from envsched_pipeline.resources.trainer import TrainerLauncher
+    from envsched_pipeline.sensors import training_loop_sensor
+    from envsched_pipeline.service import ingest_rollouts, select_step
+
+    a, _ = two_lakes
+    s = Scheduler(pool="mini", lake=str(a), batch_size=6, group_size=4)
+    lake = s.lake
+    res = {"lake": LakeResource(root=str(lake.root)), "trainer": TrainerLauncher(mode="external")}
+    with dg.instance_for_test() as inst:
+        select_step(lake, 0)
+        r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
+        assert isinstance(r, dg.SkipReason) and "waiting for the external trainer" in r.skip_message
+        ingest_rollouts(lake, 0, rollouts_for(0, lake.read("selections", step=0).to_pylist()))
+        r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
+        req = r.run_requests[0]
+        assert req.job_name == "train_job" and req.partition_key == "0"
+        inst.add_dynamic_partitions("training_steps", ["0"])
+        out = dg.materialize([training.training_step, training.reward_statistics], partition_key="0",
+                             instance=inst, resources=res)
+        assert out.success
+        md = {m.asset_key.to_user_string(): m.materialization.metadata for m in out.get_asset_materialization_events()}
+        assert md["training_step"]["trainer"].value == "external"
+        assert lake.has("statistics", step=0)
+        r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
+        assert r.run_requests[0].job_name == "select_job" and r.run_requests[0].partition_key == "1"

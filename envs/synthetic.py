@@ -342,10 +342,13 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
         for j, iid in enumerate(iids):
             items[iid]["name"] = f"{TITLES[j % len(TITLES)]} {j + 1}"
 
-    free = [i for i in iids if items[i]["status"] == "available"]
+    deleted: set[str] = set()
+    owners_touched: set[str] = set()
     for pat in patterns:
         if pat == "lookup":
             continue
+        iids = [i for i in items if i not in deleted]  # later clauses never touch a deleted item
+        free = [i for i in iids if items[i]["status"] == "available"]
         if pat == "update":
             iid = str(rng.choice(iids))
             val = str(rng.choice([v for v in env["field_values"] if v != items[iid][fld]]))
@@ -368,11 +371,14 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             gold.append({"name": f"delete_{e}", "arguments": {f"{e}_id": iid}})
             checks.append(_check(f"{e} {iid} is deleted", f"{json.dumps(iid)} not in final_state[{json.dumps(es)}]"))
             touched.add(iid)
+            deleted.add(iid)
         elif pat == "relation_replacement":
             held = [i for i in iids if items[i][o] and i not in touched]
-            iid = str(rng.choice(held)) if held else str(rng.choice(iids))
+            untouched = [i for i in iids if i not in touched] or iids
+            iid = str(rng.choice(held)) if held else str(rng.choice(untouched))
             cur = items[iid][o]
             new = str(rng.choice([x for x in oids if x != cur]))
+            owners_touched.update(x for x in (cur, new) if x)
             clauses.append(f"Hand {ref(iid)} over from its current {o} to {o} {new}.")
             if items[iid]["status"] != "available":
                 gold.append({"name": f"release_{e}", "arguments": {f"{e}_id": iid}})
@@ -381,8 +387,9 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             checks.append(_check(f"{e} {iid} is {env['assigned']}", f"{_acc([es, iid, 'status'])} == {json.dumps(env['assigned'])}"))
             touched.add(iid)
         elif pat == "eligibility_check":
-            iid = str(rng.choice(free or iids))
-            oid = str(rng.choice(oids))
+            iid = str(rng.choice([i for i in free if i not in touched] or [i for i in iids if i not in touched] or iids))
+            oid = str(rng.choice([x for x in oids if x not in owners_touched] or oids))
+            owners_touched.add(oid)
             clauses.append(
                 f"If {o} {oid} is eligible, give them {ref(iid)}; otherwise tell them why in a message."
             )
@@ -399,7 +406,7 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             else:
                 gold.append({"name": f"notify_{o}", "arguments": {f"{o}_id": oid, "message": "not eligible"}})
                 checks.append(_check(f"ineligible {oid} was told", f"len({_acc([os_, oid, 'inbox'])}) > len({_init([os_, oid, 'inbox'])})"))
-                checks.append(_check(f"{e} {iid} not given to {oid}", f"{_acc([es, iid, o])} != {json.dumps(oid)}"))
+                checks.append(_check(f"{e} {iid} keeps its {o}", f"{_acc([es, iid, o])} == {_init([es, iid, o])}"))
             touched.add(iid)
         elif pat == "transfer":
             a, b = (str(x) for x in rng.choice(iids, size=2, replace=False))
@@ -423,7 +430,7 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             checks.append(_check(f"{oid} got a {word} note", f"any({json.dumps(word)} in m for m in {_acc([os_, oid, 'inbox'])})"))
     # Pad to at least three checks with "nothing else broke" checks, which most rollouts pass:
     # this is where the fixed partial credit of a failed rollout comes from.
-    spare = [i for i in iids if i not in touched]
+    spare = [i for i in items if i not in touched]
     while len(checks) < 3 and spare:
         iid = spare.pop()
         checks.append(_check(f"{e} {iid} left untouched", f"{_acc([es, iid])} == {_init([es, iid])}"))

@@ -1,0 +1,330 @@
+"""Sandboxed execution of untrusted environment and verifier code.
+
+Runtimes run in pooled worker processes (fresh interpreters: nothing inherited from the Dagster or
+scheduler process), each with an address-space limit (RLIMIT_AS), a CPU-time limit, one BLAS thread, and a
+per-check / per-call timeout inside the worker. The parent enforces a per-episode wall-clock limit:
+a worker that hangs is killed and replaced, one that crashes or runs out of memory is replaced.
+Either way the episode becomes reward 0 with an error class (``timeout``, ``env_crash``) — it costs
+that rollout, never the step or the process.
+
+    with SandboxPool(workers=2) as pool:
+        results = pool.map_episodes([(spec, actions), ...])          # batch mode (one round trip)
+        with pool.session(spec) as s:                                # interactive (agent loop)
+            first = s.reset(); obs = s.step(call); nxt = s.end_turn(text); res = s.finish(text)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+
+
+@dataclass
+class Limits:
+    memory_mb: int = 2048  # address-space limit per worker
+    cpu_seconds: int = 600  # CPU-time limit per worker lifetime (it is recycled before)
+    episode_seconds: float = 60.0  # wall clock per episode (parent-enforced)
+    check_seconds: float = 5.0  # per verifier check (worker-enforced)
+    call_seconds: float = 5.0  # per tool call (worker-enforced)
+    episodes_per_worker: int = 500  # recycle a worker after this many episodes
+
+
+def _failure(kind: str, message: str) -> dict:
+    return {"reward": 0.0, "checks": [], "error": message, "error_class": kind, "tool_calls": []}
+
+
+def _worker_main(conn, limits: Limits) -> None:
+    """Worker loop: a fresh interpreter (``python -m envs.sandbox``), talking pickled frames over
+    its own stdin/stdout; stdout is re-pointed at stderr first, so what untrusted code prints
+    can never corrupt the protocol."""
+    import resource
+
+    try:
+        mem = limits.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+    except (ValueError, OSError):
+        pass
+    from envs.runtime import make_runtime, run_actions
+
+    rt = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        op = msg[0]
+        try:
+            if op == "quit":
+                return
+            if op == "episode":
+                spec, actions, answer = msg[1], msg[2], msg[3]
+                spec = dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
+                out = run_actions(spec, actions, answer)
+                out.setdefault("error_class", "none" if not out.get("error") else "task")
+                conn.send(("ok", out))
+            elif op == "open":
+                rt = make_runtime(dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds))
+                conn.send(("ok", rt.reset()))
+            elif op == "step":
+                conn.send(("ok", rt.step(msg[1])))
+            elif op == "end_turn":
+                conn.send(("ok", rt.end_turn(msg[1])))
+            elif op == "finish":
+                out = rt.finish(msg[1])
+                out.setdefault("error_class", "none" if not out.get("error") else "task")
+                rt = None
+                conn.send(("ok", out))
+            else:
+                conn.send(("error", "infra", f"unknown op {op!r}"))
+        except MemoryError:
+            rt = None
+            conn.send(("error", "env_crash", "MemoryError: the environment exceeded its memory limit"))
+        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+            rt = None
+            kind = "verifier_error" if op == "finish" else "env_crash"
+            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            try:
+                conn.send(("error", kind, tb))
+            except Exception:
+                return
+
+
+class _Conn:
+    """Both directions of a worker's stdio as multiprocessing connections."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.r = Connection(read_fd, writable=False)
+        self.w = Connection(write_fd, readable=False)
+
+    def send(self, obj) -> None:
+        self.w.send(obj)
+
+    def recv(self):
+        return self.r.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return self.r.poll(timeout)
+
+    def close(self) -> None:
+        for c in (self.r, self.w):
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+class _Worker:
+    def __init__(self, limits: Limits):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "envs.sandbox", json.dumps(asdict(limits))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        self.conn = _Conn(os.dup(self.proc.stdout.fileno()), os.dup(self.proc.stdin.fileno()))
+        self.proc.stdout.close()
+        self.proc.stdin.close()
+        self.episodes = 0
+
+    def call(self, msg, timeout: float):
+        """(status, payload) or raises TimeoutError / EOFError."""
+        self.conn.send(msg)
+        if not self.conn.poll(timeout):
+            raise TimeoutError
+        return self.conn.recv()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(2)
+        except Exception:
+            pass
+        self.conn.close()
+
+
+class SandboxPool:
+    def __init__(self, workers: int = 2, limits: Limits | None = None):
+        self.limits = limits or Limits()
+        self.size = max(1, int(workers))
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._all: list[_Worker] = []
+        self.stats = {"episodes": 0, "timeouts": 0, "crashes": 0, "respawns": 0}
+        for _ in range(self.size):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> _Worker:
+        w = _Worker(self.limits)
+        with self._lock:
+            self._all.append(w)
+        return w
+
+    def _replace(self, w: _Worker) -> _Worker:
+        w.kill()
+        with self._lock:
+            if w in self._all:
+                self._all.remove(w)
+            self.stats["respawns"] += 1
+        return self._spawn()
+
+    def _checkout(self) -> _Worker:
+        w = self._idle.get()
+        if not w.alive() or w.episodes >= self.limits.episodes_per_worker:
+            w = self._replace(w)
+        return w
+
+    def _checkin(self, w: _Worker) -> None:
+        self._idle.put(w)
+
+    # ------------------------------------------------------------------ batch mode
+    def run_episode(self, spec: dict, actions: list, answer: str | None = None) -> dict:
+        w = self._checkout()
+        t0 = time.perf_counter()
+        try:
+            status, *payload = w.call(("episode", spec, actions, answer), self.limits.episode_seconds)
+        except TimeoutError:
+            self.stats["timeouts"] += 1
+            w = self._replace(w)
+            return _failure("timeout", f"episode exceeded {self.limits.episode_seconds:g}s")
+        except (EOFError, OSError, BrokenPipeError) as exc:
+            self.stats["crashes"] += 1
+            w = self._replace(w)
+            return _failure("env_crash", f"environment worker died ({type(exc).__name__})")
+        finally:
+            w.episodes += 1
+            self.stats["episodes"] += 1
+            self._checkin(w)
+        if status == "ok":
+            out = payload[0]
+        else:
+            out = _failure(payload[0], payload[1])
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def map_episodes(self, jobs: Iterable[tuple], progress: Callable[[int, int], None] | None = None) -> list[dict]:
+        """Run (spec, actions[, answer]) jobs over the workers; results in job order."""
+        jobs = list(jobs)
+        out: list[dict | None] = [None] * len(jobs)
+        done = 0
+        lock = threading.Lock()
+
+        def one(j):
+            nonlocal done
+            job = jobs[j]
+            out[j] = self.run_episode(job[0], job[1], job[2] if len(job) > 2 else None)
+            with lock:
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+
+        with ThreadPoolExecutor(max_workers=self.size) as ex:
+            list(ex.map(one, range(len(jobs))))
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ interactive
+    def session(self, spec: dict) -> Session:
+        return Session(self, spec)
+
+    def close(self) -> None:
+        with self._lock:
+            workers = list(self._all)
+            self._all.clear()
+        for w in workers:
+            try:
+                w.conn.send(("quit",))
+            except Exception:
+                pass
+            w.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Session:
+    """One interactive episode on one worker; every call is bounded by the episode deadline."""
+
+    def __init__(self, pool: SandboxPool, spec: dict):
+        self.pool, self.spec = pool, spec
+        self.worker = pool._checkout()
+        self.deadline = time.perf_counter() + pool.limits.episode_seconds
+        self.failed: dict | None = None
+
+    def _call(self, msg):
+        if self.failed is not None:
+            return None
+        left = self.deadline - time.perf_counter()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            status, *payload = self.worker.call(msg, left)
+        except TimeoutError:
+            self.pool.stats["timeouts"] += 1
+            self.worker = self.pool._replace(self.worker)
+            self.failed = _failure("timeout", f"episode exceeded {self.pool.limits.episode_seconds:g}s")
+            return None
+        except (EOFError, OSError, BrokenPipeError) as exc:
+            self.pool.stats["crashes"] += 1
+            self.worker = self.pool._replace(self.worker)
+            self.failed = _failure("env_crash", f"environment worker died ({type(exc).__name__})")
+            return None
+        if status != "ok":
+            self.failed = _failure(payload[0], payload[1])
+            return None
+        return payload[0]
+
+    def reset(self):
+        return self._call(("open", self.spec))
+
+    def step(self, call: dict):
+        out = self._call(("step", call))
+        return out if out is not None else f"Error: {self.failed['error'] if self.failed else 'no result'}"
+
+    def end_turn(self, answer: str | None):
+        return self._call(("end_turn", answer))
+
+    def finish(self, answer: str | None = None) -> dict:
+        out = self._call(("finish", answer))
+        return self.failed if out is None else out
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.episodes += 1
+            self.pool.stats["episodes"] += 1
+            self.pool._checkin(self.worker)
+            self.worker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _serve() -> None:
+    limits = Limits(**json.loads(sys.argv[1])) if len(sys.argv) > 1 else Limits()
+    proto_out = os.dup(1)
+    os.dup2(2, 1)  # anything printed by untrusted code goes to stderr
+    sys.stdout = sys.stderr
+    _worker_main(_Conn(0, proto_out), limits)
+
+
+if __name__ == "__main__":
+    _serve()

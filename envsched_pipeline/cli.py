@@ -124,7 +124,7 @@ def cmd_train(args) -> int:
     spec = RunSpec(
         pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
         batch_size=args.batch_size, group_size=args.group_size, max_steps=args.steps,
-        trainer="subprocess",
+        trainer="subprocess", policy_config={} if args.sim_mode == "auto" else {"mode": args.sim_mode},
     )
     spec = start_run(lake, spec)
     if not lake.has("tasks", pool=spec.pool):
@@ -214,6 +214,57 @@ def cmd_status(args) -> int:
     from envsched_pipeline.service import status
 
     print(json.dumps(status(_lake(args)), indent=2, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------------- pool import / env run
+def cmd_pool_import(args) -> int:
+    from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
+    from envs.registry import derive_latents
+    from envsched_pipeline.service import import_pool
+
+    lake = _lake(args)
+    try:
+        data = load_envscaler(args.scenarios, args.env_metadata, args.name)
+    except PoolFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"parsed {len(data.environments)} environments, {len(data.tasks)} tasks; building each environment "
+          "once in the sandbox ...", file=sys.stderr, flush=True)
+    report = validate_buildable(data)
+    data.latents = derive_latents(data)
+    counts = import_pool(lake, data)
+    print(json.dumps({**counts, "broken_environments": report["broken_environments"],
+                      "empty_checklists": report["empty_checklists"]}))
+    return 0
+
+
+def cmd_env_run(args) -> int:
+    from envs.registry import episode_spec
+    from envs.sandbox import SandboxPool
+
+    lake = _lake(args)
+    if not lake.has("tasks", pool=args.pool):
+        raise UsageError(f"pool {args.pool!r} is not in {lake.root}")
+    tasks = lake.read("tasks", pool=args.pool)
+    rows = [r for r in tasks.to_pylist() if r["task_id"] == args.task]
+    if not rows:
+        raise UsageError(f"task {args.task!r} is not in pool {args.pool!r}")
+    env = [e for e in lake.read("environments", pool=args.pool).to_pylist() if e["env_id"] == rows[0]["env_id"]]
+    if not env:
+        raise UsageError(f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}")
+    try:
+        actions = json.loads(Path(args.actions).read_text())
+    except FileNotFoundError as exc:
+        raise UsageError(f"{args.actions}: no such file") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{args.actions}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(actions, list) or not all(isinstance(a, dict) and "name" in a for a in actions):
+        raise UsageError(f"{args.actions}: expected a JSON list of {{\"name\", \"arguments\"}} objects")
+    with SandboxPool(workers=1) as pool:
+        res = pool.run_episode(episode_spec(env[0], rows[0]), actions, args.answer)
+    print(json.dumps({"task_id": args.task, "reward": res.get("reward", 0.0),
+                      "checks": [{k: c.get(k) for k in ("item", "passed", "error")} for c in res.get("checks", [])],
+                      "error": res.get("error")}, default=str))
     return 0
 
 
@@ -330,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--group-size", type=int, default=8)
     t.add_argument("--scheduler", default="envsched" if "envsched" in SCHEDULERS else "random",
                    choices=sorted(SCHEDULERS))
+    t.add_argument("--sim-mode", default="auto", choices=["auto", "latent", "real"],
+                   help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
+                        "and run through the real runtime + verifier (default for package pools)")
     t.set_defaults(func=cmd_train)
 
     s = sub.add_parser("sql", help="run SQL over the lake's DuckDB views")
@@ -357,6 +411,22 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--json", default=None, help="write the result document here")
     bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
     bs.set_defaults(func=cmd_bench_scheduler)
+
+    pi = psub.add_parser("import", help="import a pool from files")
+    pi.add_argument("kind", choices=["envscaler"])
+    pi.add_argument("--scenarios", required=True)
+    pi.add_argument("--env-metadata", required=True)
+    pi.add_argument("--name", required=True)
+    pi.set_defaults(func=cmd_pool_import)
+
+    env = sub.add_parser("env", help="environments")
+    esub = env.add_subparsers(dest="env_command", required=True)
+    er = esub.add_parser("run", help="run a list of tool calls against a task, then verify")
+    er.add_argument("--pool", required=True)
+    er.add_argument("--task", required=True)
+    er.add_argument("--actions", required=True, help='JSON list of {"name", "arguments"}')
+    er.add_argument("--answer", default=None, help="final answer text (reasoning_gym)")
+    er.set_defaults(func=cmd_env_run)
 
     pc = psub.add_parser("create", help="make a synthetic pool under a name")
     pc.add_argument("kind", choices=["synthetic"])

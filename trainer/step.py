@@ -40,7 +40,10 @@ def simulated_learner(lake: Lake, spec: RunSpec):
     for r in rows:
         if isinstance(r.get("z"), str):
             r["z"] = json.loads(r["z"])
-    return SimulatedLearner(rows, SimLearnerConfig(**spec.policy_config))
+    known = set(SimLearnerConfig.__dataclass_fields__)
+    learner = SimulatedLearner(rows, SimLearnerConfig(**{k: v for k, v in spec.policy_config.items() if k in known}))
+    learner.source = rows[0].get("source") or "synthetic"
+    return learner
 
 
 def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
@@ -54,7 +57,16 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     t0 = time.perf_counter()
     task_ids = manifest.column("task_id").to_pylist()
     env_ids = manifest.column("env_id").to_pylist()
-    out = learner.rollout(task_ids, spec.group_size, rng)
+    # the generator's pools have an analytic model of their checks; real pools run their verifiers
+    mode = spec.policy_config.get("mode") or ("latent" if learner.source == "synthetic" else "real")
+    if mode == "real":
+        out = real_env_rollouts(lake, spec, learner, task_ids, rng, log)
+    else:
+        out = learner.rollout(task_ids, spec.group_size, rng)
+        n0 = len(task_ids) * spec.group_size
+        out.update(error_class=np.full(n0, "none"), error_message=np.full(n0, ""), tool_calls=np.zeros(n0, dtype=np.int64),
+                   trajectory=np.full(n0, json.dumps({"engine": "simulated", "mode": "latent"})),
+                   hack_flag=np.zeros(n0, dtype=bool), seconds=np.full(n0, np.nan))
     rewards = out["reward"]
     adv = group_advantages(rewards)
     version = learner.version
@@ -72,16 +84,17 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "checks_passed": out["checks_passed"].reshape(-1).astype(np.int64),
         "checks_total": out["n_checks"].reshape(-1).astype(np.int64),
         "turns": np.zeros(n * g, dtype=np.int64),
-        "tool_calls": np.zeros(n * g, dtype=np.int64),
+        "tool_calls": np.asarray(out["tool_calls"], dtype=np.int64).reshape(-1),
         "terminated": np.ones(n * g, dtype=bool),
         "truncated": np.zeros(n * g, dtype=bool),
-        "error_class": np.full(n * g, "none"),
-        "error_message": np.full(n * g, ""),
-        "hack_flag": np.zeros(n * g, dtype=bool),
+        "error_class": np.asarray(out["error_class"]).reshape(-1),
+        "error_message": np.asarray(out["error_message"]).reshape(-1),
+        "hack_flag": np.asarray(out["hack_flag"], dtype=bool).reshape(-1),
         "tokens": np.zeros(n * g, dtype=np.int64),
-        "seconds": np.full(n * g, seconds / max(n * g, 1)),
+        "seconds": np.where(np.isnan(np.asarray(out["seconds"], dtype=float).reshape(-1)),
+                            seconds / max(n * g, 1), np.asarray(out["seconds"], dtype=float).reshape(-1)),
         "policy_version": np.full(n * g, version, dtype=np.int64),
-        "trajectory": np.full(n * g, json.dumps({"engine": "simulated"})),
+        "trajectory": np.asarray(out["trajectory"]).reshape(-1),
     }
     group_var = rewards.var(axis=1)
     metrics = {
@@ -100,8 +113,62 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "tokens": 0,
         "seconds": seconds,
     }
+    metrics["sim_mode"] = mode
+    metrics["errors"] = int((rollouts["error_class"] != "none").sum())
     evals = [{"step": step, "benchmark": "heldout_expected_reward (simulated)", "score": learner.heldout_score()}]
     return {"rollouts": pa.table(rollouts), "metrics": metrics, "evals": evals}
+
+
+def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], rng: np.random.Generator, log=print) -> dict:
+    """Gold actions corrupted with the learner's failure probability, executed by the real
+    runtime in the sandbox and scored by the real verifier (ALGORITHM.md §8)."""
+    from envs.registry import episode_spec
+    from envs.sandbox import SandboxPool
+    from envsched_pipeline.scheduler.hack import flag_trajectory
+    from trainer.realenv import corrupt, tool_names_of
+
+    g = spec.group_size
+    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=spec.pool).to_pylist() if r["task_id"] in set(task_ids)}
+    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
+    idx = np.array([learner.index[t] for t in task_ids])
+    p = learner.solve_prob(idx)
+    jobs = []
+    for t, pi in zip(task_ids, p, strict=True):
+        row, env = tasks[t], envs[tasks[t]["env_id"]]
+        gold = json.loads(row.get("gold") or "[]") or []
+        names = tool_names_of(env)
+        for _ in range(g):
+            jobs.append((episode_spec(env, row), corrupt(gold, float(pi), rng, names)))
+    last = [0]
+
+    def progress(done, total):
+        if done - last[0] >= max(1, total // 4) or done == total:
+            last[0] = done
+            log(f"rollouts {done}/{total}")
+
+    with SandboxPool(workers=int(spec.policy_config.get("workers", 2))) as pool:
+        results = pool.map_episodes(jobs, progress=progress)
+    n = len(task_ids)
+    rew = np.array([r.get("reward", 0.0) for r in results], dtype=float).reshape(n, g)
+    inits = {t: json.loads(tasks[t].get("init_state") or "{}") for t in task_ids}
+    flags = []
+    for (spec_j, _), r in zip(jobs, results, strict=True):
+        t = spec_j["task"]["task_id"]
+        flags.append(bool(r.get("reward", 0) > 0 and flag_trajectory(r.get("tool_calls", []), inits[t],
+                                                                      tasks[t].get("instruction", ""))))
+    return {
+        "reward": rew,
+        "checks_passed": np.array([sum(c.get("passed", False) for c in r.get("checks", [])) for r in results]).reshape(n, g),
+        "n_checks": np.array([len(r.get("checks", [])) for r in results]).reshape(n, g),
+        "error_class": np.array([r.get("error_class") or "none" for r in results]).reshape(n, g),
+        "error_message": np.array([str(r.get("error") or "")[:500] for r in results]).reshape(n, g),
+        "tool_calls": np.array([len(r.get("tool_calls", [])) for r in results]).reshape(n, g),
+        "hack_flag": np.array(flags).reshape(n, g),
+        "seconds": np.array([r.get("seconds", np.nan) for r in results], dtype=float).reshape(n, g),
+        "trajectory": np.array([json.dumps({"engine": "simulated", "mode": "real",
+                                            "tool_calls": r.get("tool_calls", [])[:40]}, default=str)[:20000]
+                                for r in results]).reshape(n, g),
+    }
 
 
 ENGINES = {"simulated": run_simulated}

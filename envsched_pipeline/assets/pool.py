@@ -22,13 +22,20 @@ class PoolConfig(dg.Config):
     ],
 )
 def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: LakeResource):
-    from envs.registry import load_pool
+    from envs.registry import POOLS, PoolData, load_pool
 
     lk = lake.lake()
     run = load_run(lk)
     name = config.pool or (run.pool if run else "synthetic")
-    data = load_pool(name)
-    counts = import_pool(lk, data)
+    if name not in POOLS and lk.has("tasks", pool=name):
+        # imported from files (`envsched pool import`): the lake copy is the source; report it
+        context.log.info(f"pool {name} was imported from files; re-import it with `envsched pool import`")
+        data = PoolData(name=name, environments=lk.read("environments", pool=name).to_pylist(),
+                        tasks=lk.read("tasks", pool=name).to_pylist())
+    else:
+        data = load_pool(name)
+    counts = import_pool(lk, data) if name in POOLS else {
+        "pool": name, "environments": len(data.environments), "tasks": len(data.tasks)}
     per_env: dict[str, int] = {}
     for t in data.tasks:
         per_env[t["env_id"]] = per_env.get(t["env_id"], 0) + 1

@@ -285,15 +285,17 @@ def topk_graph(
     if topo is not None:
         dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 else None
         targets = np.flatnonzero(wanted)
-        for start in range(0, len(targets), chunk):
-            part = targets[start:start + chunk]
+        # bound the dense chunk (rows x n similarities + top-k scratch) to ~40M entries
+        step = max(16, min(chunk, int(4e7 // max(n, 1))))
+        for start in range(0, len(targets), step):
+            part = targets[start:start + step]
             s = dense[part] @ dense.T if dense is not None else (topo[part] @ topo.T).toarray()
             s[env_code[part][:, None] == env_code[None, :]] = -np.inf
             idx, val = _topk_rows(s, cross_candidates)
             cross_idx[part, : idx.shape[1]] = idx
             cross_sim[part, : val.shape[1]] = val
             if progress:
-                progress("cross", min(len(targets), start + chunk), len(targets))
+                progress("cross", min(len(targets), start + step), len(targets))
     return TaskGraph(np.asarray(task_ids), within_idx, within_sim, cross_idx, cross_sim)
 
 

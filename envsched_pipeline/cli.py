@@ -116,6 +116,21 @@ def run_loop(lake, target_steps: int, instance=None, out=sys.stdout, quiet_dagst
     return 0
 
 
+def _policy_config(args) -> dict:
+    pc: dict = {}
+    if args.sim_mode != "auto":
+        pc["mode"] = args.sim_mode
+    if args.model_path:
+        pc["model_path"] = str(Path(args.model_path).resolve())
+    if args.max_new_tokens:
+        pc["max_new_tokens"] = args.max_new_tokens
+    if args.lr is not None:
+        pc["lr"] = args.lr
+    if args.policy == "hf" and not args.model_path:
+        raise UsageError("--policy hf needs --model-path DIR (a local Qwen3 checkpoint); use hf-tiny for a random-init one")
+    return pc
+
+
 def cmd_train(args) -> int:
     from envsched_pipeline.service import RunSpec, ensure_pool, start_run
 
@@ -124,7 +139,7 @@ def cmd_train(args) -> int:
     spec = RunSpec(
         pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
         batch_size=args.batch_size, group_size=args.group_size, max_steps=args.steps,
-        trainer="subprocess", policy_config={} if args.sim_mode == "auto" else {"mode": args.sim_mode},
+        trainer="subprocess", policy_config=_policy_config(args),
     )
     spec = start_run(lake, spec)
     if not lake.has("tasks", pool=spec.pool):
@@ -135,6 +150,8 @@ def cmd_train(args) -> int:
           f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}", flush=True)
     if spec.policy == "simulated":
         print("note: the policy is the SIMULATED learner (ALGORITHM.md section 8), not a neural network.")
+    elif spec.policy == "hf-tiny":
+        print("note: hf-tiny is a random-init tiny Qwen3 (real agent loop + real GRPO update on CPU).")
     t0 = time.perf_counter()
     run_loop(lake, args.steps)
     print(f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
@@ -381,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--group-size", type=int, default=8)
     t.add_argument("--scheduler", default="envsched" if "envsched" in SCHEDULERS else "random",
                    choices=sorted(SCHEDULERS))
+    t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
+    t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (torch policies)")
+    t.add_argument("--lr", type=float, default=None, help="learning rate (torch policies; default 1e-6)")
     t.add_argument("--sim-mode", default="auto", choices=["auto", "latent", "real"],
                    help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
                         "and run through the real runtime + verifier (default for package pools)")

@@ -171,7 +171,14 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
     }
 
 
-ENGINES = {"simulated": run_simulated}
+def _policy_engine(lake, spec, step, manifest, log=print):
+    from trainer.policy_step import run_policy
+
+    return run_policy(lake, spec, step, manifest, log=log)
+
+
+ENGINES = {"simulated": run_simulated, "hf-tiny": _policy_engine, "hf": _policy_engine,
+           "vllm": _policy_engine, "openai": _policy_engine}
 
 
 def run_step(lake: Lake, step: int, log=print) -> dict:

@@ -1,0 +1,67 @@
+"""GRPO loss (torch): token-level clipped surrogate, optional KL to a reference policy.
+
+Shapes: B sequences x T tokens. ``mask`` is 1 on tokens the policy generated (assistant turns)
+and 0 on prompt, tool-result and padding tokens.
+
+Aggregation (documented choice): ``token-mean`` (default, as in DAPO / Dr. GRPO practice) averages
+the per-token loss over all policy tokens of the batch, so long and short responses weigh each of
+their tokens equally; ``seq-mean`` (the original GRPO) averages within each sequence first, then
+over sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each next token. logits (B, T, V), input_ids (B, T) -> (B, T) where
+    position t holds log p(input_ids[t] | input_ids[:t]); position 0 is 0."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0), value=0.0)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    aggregation: str = "token-mean",
+) -> tuple[torch.Tensor, dict]:
+    """logprobs, old_logprobs, mask: (B, T); advantages: (B,) per sequence (broadcast over tokens).
+
+    per-token loss = -min(r * A, clip(r, 1 - eps, 1 + eps) * A) [+ kl_coef * KL_k3], r = exp(lp - old).
+    """
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    surr1 = ratio * adv
+    surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    per_token = -torch.minimum(surr1, surr2)
+    kl = torch.zeros_like(per_token)
+    if kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        d = ref_logprobs - logprobs
+        kl = torch.exp(d) - d - 1.0  # k3 estimator, >= 0
+        per_token = per_token + kl_coef * kl
+    if aggregation == "token-mean":
+        loss = (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+    elif aggregation == "seq-mean":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        loss = per_seq.mean()
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    with torch.no_grad():
+        n = mask.sum().clamp_min(1.0)
+        clipped = ((ratio - 1.0).abs() > clip_eps).to(mask.dtype)
+        stats = {
+            "clip_fraction": float((clipped * mask).sum() / n),
+            "kl": float((kl * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+        }
+    return loss, stats

@@ -1,0 +1,157 @@
+"""One GRPO step with a neural policy: agent-loop rollouts in the sandboxed environments, then
+the torch update (``hf-tiny``, ``hf``, ``vllm``), or rollouts only (``openai``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.service import RunSpec, StepError
+from trainer.grpo import group_advantages
+
+
+def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
+    root = lake.root / "checkpoints"
+    return root / "latest", root
+
+
+def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
+    """Newest checkpoint written at a step < before_step: the rolling ``latest`` or a periodic one."""
+    latest, root = _checkpoint_dirs(lake)
+    best, best_step = None, -1
+    cands = [latest] + sorted(root.glob("step=*/policy"))
+    for c in cands:
+        meta = c / "trainer.json"
+        if meta.exists():
+            s = int(json.loads(meta.read_text())["step"])
+            if best_step < s < before_step:
+                best, best_step = c, s
+    return best, best_step
+
+
+def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
+    import torch
+
+    from envs.registry import episode_spec
+    from envs.sandbox import SandboxPool
+    from trainer.agent import AgentLoop, Episode
+    from trainer.model import load_policy, qwen3_tokenizer
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    pc = dict(spec.policy_config)
+    cfg = GRPOConfig.from_dict(pc)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    tok = qwen3_tokenizer()
+    ckpt, ckpt_step = latest_checkpoint(lake, step)
+    if step > 0 and ckpt is None and spec.policy != "openai":
+        log(f"no checkpoint before step {step}: starting from the initial policy")
+    if spec.policy == "openai":
+        model = None
+    elif ckpt is not None:
+        model = load_policy(str(ckpt), device=device)
+        log(f"resumed policy from {ckpt} (step {ckpt_step})")
+    else:
+        model = load_policy(pc.get("model_path") or None, seed=spec.seed, device=device)
+    trainer = GRPOTrainer(model, tok, cfg, device) if model is not None else None
+    if trainer is not None and ckpt is not None:
+        trainer.load_optimizer(ckpt)
+    if spec.policy == "vllm":
+        from trainer.engines import VLLMEngine
+
+        engine = VLLMEngine(str(ckpt) if ckpt else pc["model_path"])
+    elif spec.policy == "openai":
+        from trainer.engines import OpenAIEngine
+
+        engine = OpenAIEngine(pc["base_url"], pc.get("model", "default"), pc.get("api_key", "none"))
+    else:
+        from trainer.engines import HFEngine
+
+        engine = HFEngine(model, tok, device=device)
+    task_ids = manifest.column("task_id").to_pylist()
+    g = spec.group_size
+    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=spec.pool).to_pylist() if r["task_id"] in set(task_ids)}
+    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
+    missing = [t for t in task_ids if t not in tasks]
+    if missing:
+        raise StepError(f"step {step}: manifest tasks not in pool {spec.pool}: {missing[:3]}")
+    loop = AgentLoop(engine, tok, max_actions=cfg.max_actions, max_new_tokens=cfg.max_new_tokens,
+                     temperature=cfg.temperature, max_context=cfg.max_context)
+    t_roll = time.perf_counter()
+    workers = max(1, int(pc.get("workers", 2)))
+    eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
+    with SandboxPool(workers=workers) as pool:
+        # a session holds a worker for its whole episode: run the episodes in waves of `workers`
+        for s in range(0, len(eps), workers):
+            wave = eps[s:s + workers]
+            for e in wave:
+                e.session = pool.session(episode_spec(envs[tasks[e.task_id]["env_id"]], tasks[e.task_id]))
+            try:
+                loop.run(wave)
+            finally:
+                for e in wave:
+                    e.session.close()
+            log(f"rollouts {min(s + workers, len(eps))}/{len(eps)}")
+    rollout_seconds = time.perf_counter() - t_roll
+    rewards = np.array([float(e.result.get("reward", 0.0)) for e in eps])
+    n = len(task_ids)
+    upd = {"loss": float("nan"), "grad_norm": float("nan"), "clip_fraction": float("nan"), "seconds": 0.0}
+    if trainer is not None:
+        upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
+        latest, root = _checkpoint_dirs(lake)
+        trainer.save(latest, step)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 >= spec.max_steps:
+            trainer.save(root / f"step={step}" / "policy", step)
+        if spec.policy == "vllm":
+            engine.sync_weights(model)
+    adv = group_advantages(rewards.reshape(n, g)).reshape(-1)
+    tokens = np.array([len(e.ids) for e in eps])
+    gen_tokens = np.array([e.generated_tokens for e in eps])
+    err = [e.result.get("error_class") or ("none" if not e.result.get("error") else "task") for e in eps]
+    rollouts = {
+        "step": np.full(n * g, step, dtype=np.int64),
+        "task_id": np.array([e.task_id for e in eps]),
+        "rollout": np.array([e.rollout for e in eps], dtype=np.int64),
+        "env_id": np.array([tasks[e.task_id]["env_id"] for e in eps]),
+        "reward": rewards,
+        "advantage": adv,
+        "checks_passed": np.array([sum(c.get("passed", False) for c in e.result.get("checks", [])) for e in eps]),
+        "checks_total": np.array([len(e.result.get("checks", [])) for e in eps]),
+        "turns": np.array([e.turns for e in eps], dtype=np.int64),
+        "tool_calls": np.array([e.actions for e in eps], dtype=np.int64),
+        "terminated": np.array([not e.truncated for e in eps]),
+        "truncated": np.array([e.truncated for e in eps]),
+        "error_class": np.array(err),
+        "error_message": np.array([str(e.result.get("error") or "")[:500] for e in eps]),
+        "hack_flag": np.zeros(n * g, dtype=bool),
+        "tokens": tokens.astype(np.int64),
+        "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
+        "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),
+        "trajectory": np.array([json.dumps({"engine": spec.policy, "messages": e.messages[-12:],
+                                            "tool_calls": e.tool_log[:40], "parse_errors": e.parse_errors},
+                                           default=str)[:20000] for e in eps]),
+    }
+    r2 = rewards.reshape(n, g)
+    seconds = time.perf_counter() - t0
+    metrics = {
+        "step": step, "policy": spec.policy, "loss": upd["loss"], "grad_norm": upd["grad_norm"], "lr": cfg.lr,
+        "clip_fraction": upd.get("clip_fraction", float("nan")),
+        "reward_mean": float(rewards.mean()), "reward_median": float(np.median(r2.mean(axis=1))),
+        "batch_variance": float(r2.var(axis=1).mean()),
+        "zero_variance_fraction": float((np.ptp(r2, axis=1) <= 1e-6).mean()),
+        "envs_touched": len({tasks[t]["env_id"] for t in task_ids}), "rollouts": n * g,
+        "tokens": int(tokens.sum()), "generated_tokens": int(gen_tokens.sum()),
+        "tokens_per_second": float(gen_tokens.sum() / max(rollout_seconds, 1e-9)),
+        "rollout_seconds": rollout_seconds, "update_seconds": upd.get("seconds", 0.0), "seconds": seconds,
+        "parse_errors": int(sum(e.parse_errors for e in eps)), "truncated": int(sum(e.truncated for e in eps)),
+        "device": device,
+    }
+    if device == "cuda":
+        metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)
+    evals = [{"step": step, "benchmark": "batch_mean_reward", "score": float(rewards.mean())}]
+    return {"rollouts": pa.table(rollouts), "metrics": metrics, "evals": evals}

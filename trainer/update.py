@@ -1,0 +1,187 @@
+"""The GRPO policy update (torch): group advantages, token-level clipped surrogate, AdamW,
+gradient accumulation over micro-batches, bf16 autocast on GPU, optional DeepSpeed ZeRO, and
+checkpoints that a restarted trainer resumes from."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.grpo import group_advantages
+
+
+@dataclass
+class GRPOConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # no KL by default; > 0 keeps a frozen reference copy
+    aggregation: str = "token-mean"  # token-mean | seq-mean (see trainer.loss)
+    micro_batch: int = 4  # sequences per forward/backward (gradient accumulation over the batch)
+    epochs: int = 1  # passes over the batch per step (ratio != 1 only from the second pass)
+    grad_clip: float = 1.0
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    max_actions: int = 40  # the paper's setting
+    max_context: int = 16384
+    checkpoint_every: int = 20
+    deepspeed_config: str = ""  # path to a ZeRO config: use DeepSpeed (GPU, several ranks)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GRPOConfig:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in (d or {}).items() if k in known})
+
+
+class GRPOTrainer:
+    def __init__(self, model, tokenizer, config: GRPOConfig = GRPOConfig(), device: str = "cpu"):
+        import torch
+
+        self.model, self.tok, self.config, self.device = model, tokenizer, config, device
+        self.bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        self.ref = None
+        if config.kl_coef > 0:
+            import copy
+
+            self.ref = copy.deepcopy(model).eval()
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.ds_engine = None
+        if config.deepspeed_config:
+            import deepspeed  # lazy: the gpu extra only
+
+            self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                config=json.loads(Path(config.deepspeed_config).read_text()))
+        else:
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                               betas=(0.9, 0.999), eps=1e-8)
+        self.version = 0
+
+    # ------------------------------------------------------------------ batching
+    def _pad(self, seqs: list[list[int]], masks: list[list[int]]):
+        import torch
+
+        width = max(len(s) for s in seqs)
+        pad = self.tok.pad_token_id
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        msk = torch.zeros((len(seqs), width), dtype=torch.float32)
+        for j, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+            ids[j, : len(s)] = torch.tensor(s)
+            att[j, : len(s)] = 1
+            msk[j, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        return ids.to(self.device), att.to(self.device), msk.to(self.device)
+
+    def _logprobs(self, model, ids, att):
+        import torch
+
+        from trainer.loss import token_logprobs
+
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
+            logits = model(input_ids=ids, attention_mask=att).logits
+        return token_logprobs(logits, ids)
+
+    # ------------------------------------------------------------------ update
+    def update(self, seqs: list[list[int]], masks: list[list[int]], rewards: np.ndarray, group_size: int) -> dict:
+        """One GRPO step. seqs/masks: per rollout, grouped consecutively (G per task); rewards: (n*G,)."""
+        import torch
+
+        from trainer.loss import grpo_loss
+
+        c = self.config
+        t0 = time.perf_counter()
+        adv = group_advantages(np.asarray(rewards, dtype=float).reshape(-1, group_size)).reshape(-1)
+        # zero-advantage sequences carry no gradient: skip their compute entirely
+        keep = [j for j in range(len(seqs)) if abs(adv[j]) > 1e-8 and sum(masks[j]) > 0]
+        metrics = {"sequences": len(seqs), "trained_sequences": len(keep),
+                   "policy_tokens": int(sum(sum(m) for m in masks)), "loss": 0.0, "grad_norm": 0.0,
+                   "lr": c.lr, "clip_fraction": 0.0, "kl": 0.0}
+        if not keep:
+            metrics["seconds"] = time.perf_counter() - t0
+            return metrics
+        model = self.ds_engine or self.model
+        micro = [keep[s:s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
+        total_tokens = float(sum(sum(masks[j]) for j in keep))
+        old: dict[int, torch.Tensor] = {}
+        ref: dict[int, torch.Tensor] = {}
+        self.model.eval()
+        with torch.no_grad():
+            for k, mb in enumerate(micro):
+                ids, att, _ = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
+                old[k] = self._logprobs(self.model, ids, att).detach()
+                if self.ref is not None:
+                    ref[k] = self._logprobs(self.ref, ids, att).detach()
+        self.model.train()
+        losses, norms, clips, kls = [], [], [], []
+        for _ in range(c.epochs):
+            if self.ds_engine is None:
+                self.optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for k, mb in enumerate(micro):
+                ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
+                lp = self._logprobs(model, ids, att)
+                a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
+                loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
+                # scale so the accumulated gradient equals the full-batch aggregation
+                weight = (msk.sum().item() / total_tokens) if c.aggregation == "token-mean" else len(mb) / len(keep)
+                scaled = loss * weight
+                if self.ds_engine is not None:
+                    self.ds_engine.backward(scaled)
+                else:
+                    scaled.backward()
+                step_loss += float(scaled.detach())
+                clips.append(st["clip_fraction"])
+                kls.append(st["kl"])
+            if self.ds_engine is not None:
+                self.ds_engine.step()
+                norms.append(float(self.ds_engine.get_global_grad_norm() or 0.0))
+            else:
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                self.optimizer.step()
+                norms.append(float(norm))
+            losses.append(step_loss)
+        self.version += 1
+        metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), epoch_losses=losses,
+                       clip_fraction=float(np.mean(clips)), kl=float(np.mean(kls)),
+                       seconds=time.perf_counter() - t0)
+        if not math.isfinite(metrics["loss"]):
+            raise FloatingPointError("GRPO loss is not finite; refusing to write a broken checkpoint")
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: Path, step: int) -> None:
+        """Atomically write model + optimizer + meta to ``path`` (a folder)."""
+        import torch
+
+        path = Path(path)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        if self.ds_engine is None:
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "version": self.version,
+                                                      "config": asdict(self.config)}))
+        old = path.with_name(path.name + ".old")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def load_optimizer(self, path: Path) -> None:
+        import torch
+
+        opt = Path(path) / "optimizer.pt"
+        if opt.exists() and self.ds_engine is None:
+            self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=False))
+        meta = Path(path) / "trainer.json"
+        if meta.exists():
+            self.version = int(json.loads(meta.read_text()).get("version", 0))

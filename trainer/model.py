@@ -76,7 +76,7 @@ def load_policy(model_path: str | None = None, seed: int = 0, dtype=None, device
         path = Path(model_path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path}: not a local model folder (no config.json); envsched never downloads")
-        model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype or torch.float32, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, local_files_only=True)
     else:
         model = tiny_qwen3(seed=seed)
         if dtype is not None:

@@ -149,7 +149,7 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "tokens_per_second": float(gen_tokens.sum() / max(rollout_seconds, 1e-9)),
         "rollout_seconds": rollout_seconds, "update_seconds": upd.get("seconds", 0.0), "seconds": seconds,
         "parse_errors": int(sum(e.parse_errors for e in eps)), "truncated": int(sum(e.truncated for e in eps)),
-        "device": device,
+        "device": device, "resumed_from_step": int(ckpt_step),
     }
     if device == "cuda":
         metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)

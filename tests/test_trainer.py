@@ -1,0 +1,230 @@
+"""The GRPO trainer: math against hand-computed values, the Qwen3 format and tokenizer, the agent
+loop on scripted model outputs, a real update with the tiny Qwen3, and a Pipes launch end to end."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from envs.registry import episode_spec, load_synthetic
+from envs.sandbox import SandboxPool
+from trainer.agent import AgentLoop, Episode
+from trainer.chat import parse_assistant, render_assistant, render_system
+from trainer.engines import ScriptedEngine
+from trainer.grpo import group_advantages
+from trainer.loss import grpo_loss, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from trainer.model import qwen3_tokenizer
+
+    return qwen3_tokenizer()
+
+
+# ---------------------------------------------------------------------------- math
+def test_loss_hand_computed_no_clip():
+    lp = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, -0.5]])
+    old = lp.clone()
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]], dtype=torch.float32)
+    loss, st = grpo_loss(lp, old, adv, mask)
+    # ratio 1 everywhere: per-token loss = -A; token-mean over 3 tokens: (-1 - 1 + 1) / 3
+    assert loss.item() == pytest.approx(-1 / 3)
+    loss, _ = grpo_loss(lp, old, adv, mask, aggregation="seq-mean")
+    assert loss.item() == pytest.approx((-1 + 1) / 2)
+    assert st["clip_fraction"] == 0.0
+
+
+def test_loss_clips_large_ratios():
+    old = torch.zeros(1, 2)
+    lp = torch.tensor([[math.log(2.0), math.log(0.5)]])
+    mask = torch.ones(1, 2)
+    pos, st = grpo_loss(lp, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    # A > 0: min(r, clip(r)) -> 1.2 for r = 2, 0.5 for r = 0.5
+    assert pos.item() == pytest.approx(-(1.2 + 0.5) / 2)
+    neg, _ = grpo_loss(lp, old, torch.tensor([-1.0]), mask, clip_eps=0.2)
+    # A < 0: min(-r, -clip(r)) -> -2 for r = 2, -0.8 for r = 0.5
+    assert neg.item() == pytest.approx((2.0 + 0.8) / 2)
+    assert st["clip_fraction"] == 1.0
+
+
+def test_kl_term_is_zero_at_reference_and_positive_away():
+    lp = torch.tensor([[0.0, -1.0]])
+    m = torch.ones(1, 2)
+    base, _ = grpo_loss(lp, lp, torch.tensor([0.0]), m, kl_coef=0.1, ref_logprobs=lp)
+    assert base.item() == pytest.approx(0.0)
+    away, st = grpo_loss(lp, lp, torch.tensor([0.0]), m, kl_coef=0.1, ref_logprobs=lp - 0.5)
+    assert away.item() > 0 and st["kl"] > 0
+
+
+def test_token_logprobs_shift():
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 0, 2] = 10.0  # position 0 predicts token 2
+    lp = token_logprobs(logits, torch.tensor([[1, 2, 3]]))
+    assert lp[0, 0] == 0.0 and lp[0, 1] > -1e-3 and lp[0, 2] == pytest.approx(-math.log(4), abs=1e-5)
+
+
+def test_group_advantages():
+    adv = group_advantages(np.array([[1.0, 0.0], [0.5, 0.5]]))
+    assert np.allclose(adv, [[1, -1], [0, 0]], atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- format
+def test_tokenizer_has_qwen3_special_ids(tok):
+    for name, want in (("<|im_start|>", 151644), ("<|im_end|>", 151645), ("<tool_call>", 151657),
+                       ("<tool_response>", 151665), ("<think>", 151667)):
+        assert tok.convert_tokens_to_ids(name) == want
+    ids = tok.encode("<tool_call>\n{}\n</tool_call>", add_special_tokens=False)
+    assert ids[0] == 151657 and ids[-1] == 151658
+
+
+def test_parse_think_tool_calls_and_errors():
+    p = parse_assistant('<think>plan</think>\nok <tool_call>\n{"name": "get_x", "arguments": {"a": 1}}\n</tool_call>'
+                        '<tool_call>{"name": "f", "arguments": "{\\"b\\": 2}"}</tool_call><|im_end|>')
+    assert p.think == "plan" and p.content == "ok"
+    assert p.tool_calls == [{"name": "get_x", "arguments": {"a": 1}}, {"name": "f", "arguments": {"b": 2}}]
+    bad = parse_assistant("<tool_call>{not json}</tool_call>")
+    assert bad.tool_calls == [] and "not valid JSON" in bad.errors[0]
+    assert parse_assistant("just an answer").tool_calls == []
+    roundtrip = parse_assistant(render_assistant("x", [{"name": "g", "arguments": {"k": "v"}}], think="t"))
+    assert roundtrip.tool_calls == [{"name": "g", "arguments": {"k": "v"}}] and roundtrip.think == "t"
+    assert "<tools>" in render_system([{"type": "function", "function": {"name": "g"}}])
+
+
+# ---------------------------------------------------------------------------- agent loop
+@pytest.fixture(scope="module")
+def pool_and_task():
+    data = load_synthetic(n_envs=2, tasks_per_env=3, seed=5)
+    envs = {e["env_id"]: e for e in data.environments}
+    task = data.tasks[0]
+    with SandboxPool(workers=2) as pool:
+        yield pool, episode_spec(envs[task["env_id"]], task), json.loads(task["gold"])
+
+
+def as_text(calls):
+    return "".join(f'<tool_call>{json.dumps(c)}</tool_call>' for c in calls)
+
+
+def test_agent_loop_gold_script_scores_one(tok, pool_and_task):
+    pool, spec, gold = pool_and_task
+    engine = ScriptedEngine(tok, [[as_text([c]) for c in gold] + ["<think>all done</think>Done."]])
+    with pool.session(spec) as s:
+        ep = AgentLoop(engine, tok).run([Episode("t", 0, s)])[0]
+    assert ep.result["reward"] == 1.0 and ep.actions == len(gold) and not ep.truncated
+    assert ep.answer == "Done."
+    # the mask covers exactly the generated tokens
+    gen = sum(len(tok.encode(x + "<|im_end|>", add_special_tokens=False)) for x in engine.scripts[0][: len(gold) + 1])
+    assert ep.generated_tokens == gen
+    assert [m["role"] for m in ep.messages[:3]] == ["system", "user", "assistant"]
+
+
+def test_agent_loop_parse_errors_and_unknown_tools_are_observations(tok, pool_and_task):
+    pool, spec, _ = pool_and_task
+    engine = ScriptedEngine(tok, [["<tool_call>{oops</tool_call>", as_text([{"name": "teleport", "arguments": {}}]),
+                                   "I give up."]])
+    with pool.session(spec) as s:
+        ep = AgentLoop(engine, tok).run([Episode("t", 0, s)])[0]
+    assert ep.parse_errors == 1 and ep.unknown_tools == 1 and ep.actions == 2
+    tool_msgs = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert "not valid JSON" in tool_msgs[0] and "unknown tool" in tool_msgs[1]
+    assert ep.done and ep.result["reward"] < 1.0
+
+
+def test_agent_loop_action_limit(tok, pool_and_task):
+    pool, spec, gold = pool_and_task
+    engine = ScriptedEngine(tok, [[as_text([gold[0]])] * 50])
+    with pool.session(spec) as s:
+        ep = AgentLoop(engine, tok, max_actions=5).run([Episode("t", 0, s)])[0]
+    assert ep.truncated and ep.actions == 5 and ep.done
+
+
+def test_agent_loop_multi_turn_bfcl(tok):
+    from envs.registry import load_pool
+
+    data = load_pool("bfcl", categories=("multi_turn_base",))
+    envs = {e["env_id"]: e for e in data.environments}
+    t = data.tasks[0]
+    gold_turns = json.loads(t["gold"])
+    script = []
+    for turn in gold_turns:
+        script += [as_text([c]) for c in turn] + ["Done with this request."]
+    engine = ScriptedEngine(tok, [script])
+    with SandboxPool(workers=1) as pool, pool.session(episode_spec(envs[t["env_id"]], t)) as s:
+        ep = AgentLoop(engine, tok).run([Episode(t["task_id"], 0, s)])[0]
+    assert ep.turns == len(gold_turns) and ep.result["reward"] == 1.0
+
+
+# ---------------------------------------------------------------------------- the update
+def test_tiny_qwen3_update_lowers_the_loss(tok):
+    from trainer.model import tiny_qwen3
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    model = tiny_qwen3(seed=0)
+    assert model.config.vocab_size >= 151669 and model.config.model_type == "qwen3"
+    trainer = GRPOTrainer(model, tok, GRPOConfig(lr=3e-3, epochs=6, micro_batch=2))
+    prompt = tok.encode("<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    good = tok.encode("yes yes<|im_end|>", add_special_tokens=False)
+    bad = tok.encode("no no<|im_end|>", add_special_tokens=False)
+    seqs = [prompt + good, prompt + bad] * 2
+    masks = [[0] * len(prompt) + [1] * len(good), [0] * len(prompt) + [1] * len(bad)] * 2
+    rewards = np.array([1.0, 0.0, 1.0, 0.0])
+
+    def margin():
+        ids, att, _ = trainer._pad([seqs[0], seqs[1]], [masks[0], masks[1]])
+        with torch.no_grad():
+            lp = trainer._logprobs(model, ids, att)
+        m = torch.tensor([masks[0], masks[1]], dtype=torch.float32)
+        return float((lp[0] * m[0]).sum() - (lp[1] * m[1]).sum())
+
+    before = margin()
+    m = trainer.update(seqs, masks, rewards, group_size=2)
+    assert m["trained_sequences"] == 4 and m["grad_norm"] > 0
+    assert m["epoch_losses"][-1] < m["epoch_losses"][0]  # the surrogate loss falls within the step
+    for _ in range(3):
+        trainer.update(seqs, masks, rewards, group_size=2)
+    assert margin() > before + 0.5  # the rewarded answer became more likely
+    zero = trainer.update(seqs, masks, np.array([0.5, 0.5, 0.5, 0.5]), group_size=2)
+    assert zero["trained_sequences"] == 0  # zero-variance groups: no gradient, no compute
+
+
+def test_checkpoint_roundtrip(tok, tmp_path):
+    from trainer.model import load_policy, tiny_qwen3
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    model = tiny_qwen3(seed=1)
+    tr = GRPOTrainer(model, tok, GRPOConfig(lr=1e-3))
+    tr.save(tmp_path / "ck", step=3)
+    again = load_policy(str(tmp_path / "ck"))
+    for (a, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(p, q), a
+    assert json.loads((tmp_path / "ck" / "trainer.json").read_text())["step"] == 3
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        load_policy(str(tmp_path / "nothing"))
+
+
+# ---------------------------------------------------------------------------- end to end through Pipes
+def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
+    from envsched_pipeline.lake import Lake
+
+    lake = tmp_path / "lake"
+    cmd = [sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(lake), "train", "--pool", "synthetic",
+           "--policy", "hf-tiny", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "12", "--lr", "1e-4"]
+    p = subprocess.run(cmd + ["--steps", "1"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lk = Lake(lake)
+    r = lk.read("rollouts", step=0)
+    assert r.num_rows == 4 and min(r.column("tokens").to_pylist()) > 100
+    assert (lake / "checkpoints" / "latest" / "trainer.json").exists()
+    tm = lk.read("train_metrics", step=0).to_pylist()[0]
+    assert tm["policy"] == "hf-tiny" and tm["generated_tokens"] > 0 and tm["tokens_per_second"] > 0
+    p = subprocess.run(cmd + ["--steps", "2"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert lk.read("train_metrics", step=1).to_pylist()[0]["resumed_from_step"] == 0
+    assert json.loads((lake / "checkpoints" / "latest" / "trainer.json").read_text())["step"] == 1
+    # the final step also leaves a persistent checkpoint
+    assert (lake / "checkpoints" / "step=1" / "policy" / "trainer.json").exists()

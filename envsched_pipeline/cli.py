@@ -352,6 +352,17 @@ def cmd_step_status(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- report
+def cmd_report(args) -> int:
+    from envsched_pipeline.report import build_report
+
+    lake = _lake(args)
+    index = build_report(lake, Path(args.out), baselines=not args.no_baselines,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"wrote {index}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- bench
 def cmd_bench_scheduler(args) -> int:
     from envsched_pipeline.bench import run_benchmark
@@ -474,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
     sst = ssub.add_parser("status", help="last selected and last ingested step")
     sst.add_argument("--pool", required=True)
     sst.set_defaults(func=cmd_step_status)
+
+    rp = sub.add_parser("report", help="HTML report with plots of the lake's run")
+    rp.add_argument("--out", required=True)
+    rp.add_argument("--no-baselines", action="store_true", help="skip re-running baselines in the simulator")
+    rp.set_defaults(func=cmd_report)
 
     st = sub.add_parser("status", help="the lake's run and its last steps")
     st.set_defaults(func=cmd_status)

@@ -101,3 +101,66 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
     plt.close(fig)
     paths.append(str(p))
     return paths
+
+
+def _series(lake, query: str) -> dict[str, list]:
+    t = lake.sql(query)
+    return {c: t.column(c).to_pylist() for c in t.column_names}
+
+
+def training_curves(lake) -> str:
+    """Loss, reward mean/median and zero-variance fraction over all steps so far."""
+    plt = _plt()
+    s = _series(lake, "select step, loss, reward_mean, reward_median, zero_variance_fraction, batch_variance "
+                      "from train_metrics order by step")
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    ax[0].plot(s["step"], [np.nan if v is None else v for v in s["loss"]], marker=".")
+    ax[0].set_title("GRPO loss" + (" (simulated learner: none)" if all(v is None or v != v for v in s["loss"]) else ""))
+    ax[1].plot(s["step"], s["reward_mean"], label="mean")
+    ax[1].plot(s["step"], s["reward_median"], label="median of groups")
+    ax[1].legend()
+    ax[1].set_title("reward")
+    ax[2].plot(s["step"], s["zero_variance_fraction"], color="#d65f5f", label="zero-variance groups")
+    ax[2].plot(s["step"], s["batch_variance"], color="#4878d0", label="batch variance")
+    ax[2].legend()
+    ax[2].set_title("signal")
+    for a in ax:
+        a.set_xlabel("step")
+    fig.tight_layout()
+    path = Path(lake.root) / "plots" / "training_curves.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)
+
+
+def statistics_trends(lake, pool: str) -> str:
+    """Batch variance, environments touched and pool coverage over steps."""
+    plt = _plt()
+    s = _series(lake, "select step, batch_variance, envs_touched from step_summary order by step")
+    seen = _series(lake, "select step, count(*) over (order by step rows unbounded preceding) as c from "
+                         "(select min(step) as step, task_id from rollouts group by task_id) order by step")
+    n = lake.read("tasks", pool=pool, columns=["task_id"]).num_rows or 1
+    cover: dict[int, int] = {}
+    for st_, c in zip(seen["step"], seen["c"], strict=True):
+        cover[st_] = c
+    running, ys = 0, []
+    for st_ in s["step"]:
+        running = cover.get(st_, running)
+        ys.append(running / n)
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    ax[0].plot(s["step"], s["batch_variance"], marker=".")
+    ax[0].set_title("batch within-task reward variance")
+    ax[1].plot(s["step"], s["envs_touched"], marker=".", color="#6acc64")
+    ax[1].set_title("environments touched")
+    ax[2].plot(s["step"], ys, marker=".", color="#956cb4")
+    ax[2].set_ylim(0, 1.05)
+    ax[2].set_title("fraction of pool seen")
+    for a in ax:
+        a.set_xlabel("step")
+    fig.tight_layout()
+    path = Path(lake.root) / "plots" / "statistics_trends.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)

@@ -27,8 +27,15 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
             raise dg.Failure(f"external trainer: rollouts of step {step} are not ingested yet "
                              "(`envsched step ingest --step {step} ...`)")
         r = lk.read("rollouts", step=step)
-        return dg.MaterializeResult(metadata={"dagster/row_count": r.num_rows, "trainer": "external"})
-    return trainer.launch(context, str(lk.root), step).get_materialize_result()
+        from envsched_pipeline.plots import training_curves
+
+        return dg.MaterializeResult(metadata={"dagster/row_count": r.num_rows, "trainer": "external",
+                                              "curves": dg.MetadataValue.path(training_curves(lk))})
+    from envsched_pipeline.plots import training_curves
+
+    result = trainer.launch(context, str(lk.root), step).get_materialize_result()
+    return dg.MaterializeResult(metadata={**(result.metadata or {}),
+                                          "curves": dg.MetadataValue.path(training_curves(lk))})
 
 
 @dg.asset(
@@ -39,7 +46,11 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
     description="Per-task reward statistics after step t and the scheduler state they update.",
 )
 def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    from envsched_pipeline.service import statistics_step
+    from envsched_pipeline.plots import statistics_trends
+    from envsched_pipeline.service import require_run, statistics_step
 
-    out = statistics_step(lake.lake(), step_of(context))
-    return dg.MaterializeResult(metadata={"dagster/row_count": out["tasks_updated"], **scalar_metadata(out)})
+    lk = lake.lake()
+    out = statistics_step(lk, step_of(context))
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": out["tasks_updated"], **scalar_metadata(out),
+        "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool))})

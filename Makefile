@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test ui lint bench clean-lake
+.PHONY: install demo test ui lint bench clean-lake chromium
 
 # torch is installed pinned *first* (a local CPU build); anything unpinned that wants torch would
 # otherwise pull GBs of CUDA wheels. The pool packages come --no-deps (their full dependency sets
@@ -26,7 +26,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/envsched train --pool synthetic --policy simulated --steps 20
 
-test: $(STAMP)
+# Headless Chromium (Debian's package) for the UI screenshot test.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (apt) for the UI test ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest
 
 ui: $(STAMP)

@@ -250,13 +250,25 @@ class Lake:
     def sql(self, query: str) -> pa.Table:
         con = self.connect()
         try:
-            rel = con.sql(query)
-            if rel is None:  # a statement without a result (e.g. SET)
-                return pa.table({})
-            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
-            return fetch()
+            return self._run(con, query)
+        except duckdb.Error as exc:
+            msg = str(exc)
+            if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
+                bad = self._find_corrupt(sorted(self.root.rglob("part-0.parquet")))
+                if bad is not None:
+                    raise LakeError(f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "
+                                    "re-materialize that partition") from exc
+            raise
         finally:
             con.close()
+
+    @staticmethod
+    def _run(con, query: str) -> pa.Table:
+        rel = con.sql(query)
+        if rel is None:  # a statement without a result (e.g. SET)
+            return pa.table({})
+        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
+        return fetch()
 
 
 def _split_sql(text: str) -> list[str]:

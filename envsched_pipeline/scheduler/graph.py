@@ -283,20 +283,71 @@ def topk_graph(
     cross_idx = np.full((n, cross_candidates), -1, np.int64)
     cross_sim = np.zeros((n, cross_candidates), np.float32)
     if topo is not None:
-        dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 else None
         targets = np.flatnonzero(wanted)
-        # bound the dense chunk (rows x n similarities + top-k scratch) to ~40M entries
-        step = max(16, min(chunk, int(4e7 // max(n, 1))))
-        for start in range(0, len(targets), step):
-            part = targets[start:start + step]
-            s = dense[part] @ dense.T if dense is not None else (topo[part] @ topo.T).toarray()
-            s[env_code[part][:, None] == env_code[None, :]] = -np.inf
-            idx, val = _topk_rows(s, cross_candidates)
-            cross_idx[part, : idx.shape[1]] = idx
-            cross_sim[part, : val.shape[1]] = val
-            if progress:
-                progress("cross", min(len(targets), start + step), len(targets))
+        dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 else None
+        uniq = _unique_rows(dense) if dense is not None else None
+        if uniq is not None and len(uniq[0]) <= 30_000:
+            _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, cross_candidates, progress)
+        else:
+            # many distinct topologies: exact chunked top-k, chunk bounded to ~40M similarities
+            step = max(16, min(chunk, int(4e7 // max(n, 1))))
+            for start in range(0, len(targets), step):
+                part = targets[start:start + step]
+                s = dense[part] @ dense.T if dense is not None else (topo[part] @ topo.T).toarray()
+                s[env_code[part][:, None] == env_code[None, :]] = -np.inf
+                idx, val = _topk_rows(s, cross_candidates)
+                cross_idx[part, : idx.shape[1]] = idx
+                cross_sim[part, : val.shape[1]] = val
+                if progress:
+                    progress("cross", min(len(targets), start + step), len(targets))
     return TaskGraph(np.asarray(task_ids), within_idx, within_sim, cross_idx, cross_sim)
+
+
+def _unique_rows(dense: np.ndarray):
+    """Distinct topology vectors and each task's index into them."""
+    u, inv = np.unique(dense, axis=0, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
+def _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, k, progress=None) -> None:
+    """Exact cross-environment top-k through the distinct topologies: tasks with the same topology
+    vector have the same similarity to every other task, so similarities are computed between
+    distinct vectors only, and each task takes, in descending similarity, the members of the
+    nearest topologies outside its own environment. Ties are broken by a per-task random order, so
+    neighbour lists (and in-degrees) spread over all equally similar tasks instead of a few hubs."""
+    u, inv = uniq
+    n_u = len(u)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(n_u + 1))
+    members = [order[bounds[a]:bounds[a + 1]] for a in range(n_u)]
+    max_env = int(np.bincount(env_code).max()) if len(env_code) else 0
+    rng = np.random.default_rng(0)
+    by_topo: dict[int, list[int]] = {}
+    for t in targets:
+        by_topo.setdefault(int(inv[t]), []).append(int(t))
+    done = 0
+    for a, tasks in by_topo.items():
+        sims = u @ u[a]
+        pool_idx, pool_sim, got = [], [], 0
+        for b in np.argsort(-sims, kind="stable"):
+            if sims[b] <= 0 or got >= k + max_env:
+                break
+            pool_idx.append(members[b])
+            pool_sim.append(np.full(len(members[b]), sims[b], np.float32))
+            got += len(members[b])
+        if not pool_idx:
+            continue
+        pidx, psim = np.concatenate(pool_idx), np.concatenate(pool_sim)
+        penv = env_code[pidx]
+        for t in tasks:
+            ok = penv != env_code[t]
+            cand, cs = pidx[ok], psim[ok]
+            pick = np.lexsort((rng.random(len(cand)), -cs))[:k]
+            cross_idx[t, : len(pick)] = cand[pick]
+            cross_sim[t, : len(pick)] = cs[pick]
+        done += len(tasks)
+        if progress:
+            progress("cross", done, len(targets))
 
 
 def _merge_topk(idx_a, sim_a, idx_b, sim_b, k):

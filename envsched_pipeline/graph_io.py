@@ -57,7 +57,8 @@ def build_topologies(lake: Lake, pool: str, extractor=None, progress: Callable |
         topo = extractor.extract(tasks, progress=progress)
         name, prompt_sha = extractor.name, extractor.prompt_sha
     rows = [
-        {"pool": pool, "task_id": t["task_id"], "env_id": t["env_id"], "topology": json.dumps(topo[t["task_id"]], sort_keys=True),
+        {"pool": pool, "task_id": t["task_id"], "env_id": t["env_id"], "content_hash": t["content_hash"],
+         "topology": json.dumps(topo[t["task_id"]], sort_keys=True),
          "text": topology_text(topo[t["task_id"]]), "extractor": name, "prompt_sha": prompt_sha,
          "operations": ",".join(topo[t["task_id"]].get("operations", []))}
         for t in tasks
@@ -116,14 +117,60 @@ def build_task_graph(lake: Lake, pool: str, progress: Callable | None = None) ->
     }
 
 
+def pool_signature(lake: Lake, pool: str) -> str:
+    import hashlib
+
+    t = lake.read("tasks", pool=pool, columns=["task_id", "content_hash"]).sort_by("task_id")
+    blob = "\n".join(f"{a}|{b}" for a, b in zip(t.column("task_id").to_pylist(), t.column("content_hash").to_pylist(),
+                                                   strict=True))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def ensure_graph(lake: Lake, pool: str) -> None:
-    """Build topologies (offline), features and edges if the lake lacks them."""
+    """Build topologies (offline), features and edges if the lake lacks them, or rebuild them when
+    the pool was re-imported with edits (topologies of unchanged tasks are kept, e.g. LLM ones)."""
+    meta_path = f"graph_meta/pool={pool}.json"
+    sig = pool_signature(lake, pool)
+    meta = lake.read_json(meta_path) or {}
+    stale = meta.get("signature") not in (None, sig) or (meta.get("signature") is None and lake.has("edges", pool=pool)
+                                                          and _edge_tasks(lake, pool) != _pool_task_set(lake, pool))
+    if stale:
+        _refresh_topologies(lake, pool)
     if not lake.has("topologies", pool=pool):
         build_topologies(lake, pool)
-    if not lake.has("features", pool=pool):
+    if stale or not lake.has("features", pool=pool):
         build_features(lake, pool)
-    if not lake.has("edges", pool=pool):
+    if stale or not lake.has("edges", pool=pool):
         build_task_graph(lake, pool)
+    if meta.get("signature") != sig:
+        lake.write_json(meta_path, {"signature": sig})
+
+
+def _pool_task_set(lake: Lake, pool: str) -> set[str]:
+    return set(lake.read("tasks", pool=pool, columns=["task_id"]).column("task_id").to_pylist())
+
+
+def _edge_tasks(lake: Lake, pool: str) -> set[str]:
+    return set(lake.read("edges", pool=pool, columns=["src"]).column("src").to_pylist())
+
+
+def _refresh_topologies(lake: Lake, pool: str) -> None:
+    """Keep the topology of every task whose content is unchanged; extract the rest offline."""
+    if not lake.has("topologies", pool=pool):
+        return
+    tasks, _ = pool_rows(lake, pool)
+    old = {r["task_id"]: r for r in lake.read("topologies", pool=pool).to_pylist()}
+    rows = []
+    for t in tasks:
+        r = old.get(t["task_id"])
+        if r is None or r.get("content_hash", t["content_hash"]) != t["content_hash"]:
+            topo = offline_topology(t)
+            r = {"pool": pool, "task_id": t["task_id"], "env_id": t["env_id"], "topology": json.dumps(topo, sort_keys=True),
+                 "text": topology_text(topo), "extractor": "offline", "prompt_sha": "",
+                 "operations": ",".join(topo.get("operations", []))}
+        r["content_hash"] = t["content_hash"]
+        rows.append(r)
+    lake.write("topologies", rows, pool=pool)
 
 
 def load_graph(lake: Lake, pool: str, state=None) -> TaskGraph:

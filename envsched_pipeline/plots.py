@@ -111,8 +111,10 @@ def _series(lake, query: str) -> dict[str, list]:
 def training_curves(lake) -> str:
     """Loss, reward mean/median and zero-variance fraction over all steps so far."""
     plt = _plt()
-    s = _series(lake, "select step, loss, reward_mean, reward_median, zero_variance_fraction, batch_variance "
-                      "from train_metrics order by step")
+    s = _series(lake, "select * from train_metrics order by step")
+    for col in ("loss", "reward_mean", "reward_median", "zero_variance_fraction", "batch_variance"):
+        s.setdefault(col, [None] * len(s["step"]))  # external trainers report fewer columns
+    s = {k: [np.nan if v is None else v for v in vals] for k, vals in s.items()}
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
     ax[0].plot(s["step"], [np.nan if v is None else v for v in s["loss"]], marker=".")
     ax[0].set_title("GRPO loss" + (" (simulated learner: none)" if all(v is None or v != v for v in s["loss"]) else ""))

@@ -131,13 +131,24 @@ def state_path(lake: Lake, step: int):
 
 def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     """State after ``step`` (a fresh state for step -1)."""
+    tasks = pool_tasks(lake, spec.pool)
+    ids = tasks.column("task_id").to_pylist()
+    envs = tasks.column("env_id").to_pylist()
+    hashes = tasks.column("content_hash").to_pylist()
     if step < 0:
-        tasks = pool_tasks(lake, spec.pool)
-        return SchedulerState.new(tasks.column("task_id").to_pylist(), tasks.column("env_id").to_pylist())
+        return SchedulerState.new(ids, envs, hashes)
     path = state_path(lake, step)
     if not path.exists():
         raise StepError(f"scheduler state after step {step} is missing ({path}); materialize statistics[{step}] first")
-    return SchedulerState.load(path)
+    state = SchedulerState.load(path)
+    stored = state.arrays.get("content_hash")
+    if stored is None or list(state.task_ids.astype(str)) != ids or list(np.asarray(stored).astype(str)) != hashes:
+        # the pool was re-imported with edits: re-key the history by content hash
+        from envsched_pipeline.scheduler.state import align_state
+
+        state, report = align_state(state, ids, envs, hashes)
+        state.extra["last_alignment"] = report
+    return state
 
 
 def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = None):

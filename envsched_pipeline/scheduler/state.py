@@ -87,7 +87,7 @@ class SchedulerState:
     )
 
     @classmethod
-    def new(cls, task_ids, env_ids_per_task) -> SchedulerState:
+    def new(cls, task_ids, env_ids_per_task, content_hashes=None) -> SchedulerState:
         task_ids = np.asarray(task_ids)
         env_ids = sorted(set(env_ids_per_task))
         idx = {e: i for i, e in enumerate(env_ids)}
@@ -101,6 +101,7 @@ class SchedulerState:
         for k in ("recent_mean", "recent_disp"):
             for j in range(3):
                 st.arrays[f"{k}_{j}"][:] = np.nan
+        st.arrays["content_hash"] = np.asarray(content_hashes if content_hashes is not None else task_ids).astype(str)
         st.arrays["env_rollouts"] = np.zeros(len(env_ids))
         st.arrays["env_last_seen"] = np.full(len(env_ids), -1.0)
         return st
@@ -179,3 +180,74 @@ class SchedulerState:
     @classmethod
     def load(cls, path: Path) -> SchedulerState:
         return cls.from_bytes(Path(path).read_bytes())
+
+
+def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tuple[SchedulerState, dict]:
+    """Re-key a state onto an edited pool by task *content hash* (edit-tolerant resume).
+
+    Unchanged tasks keep all their history, also when renamed; new or edited tasks start fresh;
+    removed tasks are archived inside the state (inactive) and restored if they come back.
+    Returns the new state and a report of what matched.
+    """
+    old_hash = state.arrays.get("content_hash")
+    if old_hash is None:  # a state written before hashes were stored: match by task id
+        old_hash = state.task_ids.astype(str)
+        hashes_for_match = np.asarray(task_ids).astype(str)
+    else:
+        hashes_for_match = np.asarray(hashes).astype(str)
+    new = SchedulerState.new(task_ids, env_ids_per_task, hashes)
+    n_old, n_new = state.n_tasks, new.n_tasks
+    pos_old = {h: i for i, h in enumerate(np.asarray(old_hash).astype(str).tolist())}
+    archive_hash = state.arrays.get("archive_hash", np.array([], dtype=str))
+    pos_arch = {h: i for i, h in enumerate(np.asarray(archive_hash).astype(str).tolist())}
+    src = np.array([pos_old.get(h, -1) for h in hashes_for_match.tolist()], dtype=np.int64)
+    src_arch = np.array([pos_arch.get(h, -1) if s < 0 else -1 for h, s in zip(hashes_for_match.tolist(), src, strict=True)],
+                        dtype=np.int64)
+    env_map = {e: i for i, e in enumerate(new.env_ids)}
+    old_env_to_new = np.array([env_map.get(e, -1) for e in state.env_ids], dtype=np.int64)
+    for name, arr in state.arrays.items():
+        if name in ("content_hash",) or name.startswith("archive_"):
+            continue
+        arr = np.asarray(arr)
+        if len(arr) == state.n_envs and name.startswith("env_"):
+            out = new.arrays.get(name, np.zeros(new.n_envs, dtype=arr.dtype)).copy()
+            ok = old_env_to_new >= 0
+            out[old_env_to_new[ok]] = arr[ok]
+            new.arrays[name] = out
+            continue
+        if n_old == 0 or len(arr) % n_old:
+            continue
+        k = len(arr) // n_old
+        rows = arr.reshape(n_old, k)
+        base = new.arrays.get(name)
+        out = (base.reshape(n_new, k).copy() if base is not None and len(base) == n_new * k
+               else np.zeros((n_new, k), dtype=arr.dtype))
+        out[src >= 0] = rows[src[src >= 0]]
+        arch = state.arrays.get(f"archive_{name}")
+        if arch is not None and (src_arch >= 0).any():
+            out[src_arch >= 0] = np.asarray(arch).reshape(len(archive_hash), k)[src_arch[src_arch >= 0]]
+        new.arrays[name] = out.reshape(-1) if k > 1 else out.reshape(n_new)
+    # archive the rows of removed tasks (kept inactive; restored if the task returns)
+    kept = set(src[src >= 0].tolist())
+    removed = np.array([i for i in range(n_old) if i not in kept], dtype=np.int64)
+    restored = set(np.asarray(archive_hash).astype(str)[src_arch[src_arch >= 0]].tolist()) if len(archive_hash) else set()
+    keep_arch = np.array([h not in restored for h in np.asarray(archive_hash).astype(str).tolist()], dtype=bool)
+    new_arch_hash = np.concatenate([np.asarray(archive_hash).astype(str)[keep_arch],
+                                    np.asarray(old_hash).astype(str)[removed]]) if (len(archive_hash) or len(removed)) \
+        else np.array([], dtype=str)
+    if len(new_arch_hash):
+        new.arrays["archive_hash"] = new_arch_hash
+        for name in SchedulerState.TASK_ARRAYS:
+            prev = state.arrays.get(f"archive_{name}", np.zeros(0))
+            prev = np.asarray(prev)[keep_arch] if len(prev) else np.zeros(0)
+            new.arrays[f"archive_{name}"] = np.concatenate([prev, state.arrays[name][removed]])
+    # per-step history stays; picked indices are remapped (picks of removed tasks drop out)
+    remap = np.full(n_old, -1, dtype=np.int64)
+    remap[src[src >= 0]] = np.flatnonzero(src >= 0)
+    new.recent_picks = [remap[p][remap[p] >= 0] for p in state.recent_picks]
+    new.realized_var, new.calib_u, new.calib_s2 = state.realized_var, state.calib_u, state.calib_s2
+    new.extra = {k: v for k, v in state.extra.items() if not k.startswith("_")}
+    new.step = state.step
+    report = {"kept": int((src >= 0).sum()), "restored": int((src_arch >= 0).sum()),
+              "new": int(((src < 0) & (src_arch < 0)).sum()), "archived": int(len(removed))}
+    return new, report

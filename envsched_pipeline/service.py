@@ -191,6 +191,7 @@ def select_step(lake: Lake, step: int) -> dict:
         "retired": int((state.arrays["retired"] > 0).sum()),
         "select_seconds": seconds,
         "relaxations": json.dumps(getattr(sched, "last_relaxations", [])),
+        "quarantined": json.dumps(getattr(sched, "last_quarantined", [])),
         "config_hash": spec.config().hash(),
     }
     lake.write("audits", [audit], step=step)

@@ -43,6 +43,10 @@ class SchedulerConfig:
     cold_var: float = 0.03
     cold_dispersion: float = 0.5
     exposure_unit: str = "groups"  # n_i in the exposure discount counts groups | rollouts (bench: groups 1.54x vs rollouts 1.22x random)
+    quarantine_rate: float = 0.5  # infra-error share (decayed) that quarantines an environment
+    quarantine_min_rollouts: float = 8.0  # ... once at least this many (decayed) rollouts were spent
+    quarantine_steps: int = 3  # steps a quarantined environment is skipped before it is probed again
+    infra_half_life: float = 2.0  # half-life (steps) of the environment infra-error rate
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
 

@@ -106,6 +106,18 @@ def update_state(state: SchedulerState, obs: Observations, config: SchedulerConf
     # environment counters
     np.add.at(a["env_rollouts"], state.env[obs.task_idx], spent)
     a["env_last_seen"][state.env[obs.task_idx]] = obs.step
+    # infrastructure failures per environment (decayed); a spike quarantines the environment
+    g_inf = 2.0 ** (-1.0 / config.infra_half_life)
+    for k in ("env_infra_W", "env_infra_X"):
+        a.setdefault(k, np.zeros(state.n_envs))
+        a[k] *= g_inf ** steps_elapsed
+    a.setdefault("env_quarantine_until", np.full(state.n_envs, -1.0))
+    np.add.at(a["env_infra_W"], state.env[obs.task_idx], spent)
+    np.add.at(a["env_infra_X"], state.env[obs.task_idx], spent - obs.rollouts)
+    rate = a["env_infra_X"] / np.maximum(a["env_infra_W"], 1e-12)
+    hot = (rate > config.quarantine_rate) & (a["env_infra_W"] >= config.quarantine_min_rollouts)
+    hot &= a["env_quarantine_until"] < obs.step  # not already in quarantine
+    a["env_quarantine_until"][hot] = obs.step + config.quarantine_steps
     # per-step history
     state.realized_var = (state.realized_var + [float(s2.mean()) if len(s2) else 0.0])[-config.calib_window:]
     if predicted_u is not None:
@@ -138,12 +150,24 @@ class BatchConstraints:
             both = np.intersect1d(picked_prev[0], picked_prev[1])
             self.streak_block[both] = True
         self.retired = state.arrays["retired"] > 0
+        q = state.arrays.get("env_quarantine_until")
+        self.quarantined_envs = np.flatnonzero(q >= step) if q is not None else np.array([], dtype=np.int64)
+        self.quarantine = np.isin(state.env, self.quarantined_envs)
         self.level = 0
         self.relaxations: list[str] = []
 
+    def quarantine_report(self) -> list[dict]:
+        a = self.state.arrays
+        out = []
+        for e in self.quarantined_envs:
+            rate = a["env_infra_X"][e] / max(a["env_infra_W"][e], 1e-12)
+            out.append({"env_id": self.state.env_ids[e], "until_step": int(a["env_quarantine_until"][e]),
+                        "reason": f"infrastructure error rate {rate:.0%} over recent rollouts"})
+        return out
+
     def eligible(self, level: int | None = None) -> np.ndarray:
         level = self.level if level is None else level
-        ok = ~self.chosen & ~self.retired
+        ok = ~self.chosen & ~self.retired & ~self.quarantine
         env = self.state.env
         if level < 1 and self.config.consecutive_cap > 0:
             ok &= ~self.streak_block
@@ -162,9 +186,13 @@ class BatchConstraints:
             self.relaxations.append(names[self.level - 1])
             ok = self.eligible()
         if not ok.any():  # last resort: retired tasks come back rather than an empty slot
-            ok = ~self.chosen
+            ok = ~self.chosen & ~self.quarantine
             if ok.any() and "retired" not in self.relaxations:
                 self.relaxations.append("retired")
+        if not ok.any():  # and only then quarantined environments
+            ok = ~self.chosen
+            if ok.any() and "quarantine" not in self.relaxations:
+                self.relaxations.append("quarantine")
         return ok
 
     def take(self, i: int) -> dict:

@@ -44,6 +44,7 @@ class EnvSched:
         if name:
             self.name = name
         self.last_relaxations: list[str] = []
+        self.last_quarantined: list[dict] = []
 
     # ------------------------------------------------------------------ §2 + §4
     def predict(self, state: SchedulerState) -> dict[str, np.ndarray]:
@@ -142,6 +143,7 @@ class EnvSched:
         c = self.config
         b = min(batch_size, state.n_tasks)
         cons = BatchConstraints(state, c, step)
+        self.last_quarantined = cons.quarantine_report()
         if state.step < 0 or not state.observed.any():
             picks = self._cold_start(state, b, rng, cons)
             self.last_relaxations = cons.relaxations

@@ -68,5 +68,16 @@ class Scheduler:
         statistics_step(self.lake, step)
         return metrics
 
+    def predicted_yield(self, step: int) -> float:
+        """Predicted share of informative (non-zero-variance) groups in manifest ``step``."""
+        self.next_batch(step)
+        return float(self.lake.read("audits", step=step).to_pylist()[0]["predicted_yield"])
+
+    def oversampling_factor(self, step: int) -> float:
+        """Roll out this many times B tasks to keep B informative groups after DAPO-style filtering
+        (1 / predicted yield, calibrated on the realized yield of recent steps)."""
+        self.next_batch(step)
+        return float(self.lake.read("audits", step=step).to_pylist()[0]["oversampling_factor"])
+
     def status(self) -> dict:
         return status(self.lake)

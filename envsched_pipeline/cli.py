@@ -327,6 +327,9 @@ def cmd_step_select(args) -> int:
         select_step(lake, args.step)
     for r in lake.read("selections", step=args.step).sort_by("slot").to_pylist():
         print(json.dumps({k: r[k] for k in ("task_id", "env_id", "half", "score", "pred_var", "p_nonzero")}, default=float))
+    audit = lake.read("audits", step=args.step).to_pylist()[0]
+    print(json.dumps({"step": args.step, "predicted_yield": audit.get("predicted_yield"),
+                      "oversampling_factor": audit.get("oversampling_factor")}), file=sys.stderr)
     return 0
 
 

@@ -54,6 +54,7 @@ STEP_TABLES: dict[str, dict[str, str]] = {
     "train_metrics": {"step": "int", "seconds": "float"},
     "evals": {"step": "int", "benchmark": "str", "score": "float"},
     "audits": {"step": "int"},
+    "yields": {"step": "int", "predicted_yield": "float", "realized_yield": "float"},
 }
 ALL_TABLES = {**POOL_TABLES, **STEP_TABLES}
 

@@ -166,3 +166,26 @@ def statistics_trends(lake, pool: str) -> str:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return str(path)
+
+
+def yield_calibration_plot(lake) -> str:
+    """Predicted vs realized share of informative groups per step."""
+    plt = _plt()
+    s = _series(lake, "select step, predicted_yield, realized_yield from yields order by step")
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax[0].plot(s["step"], s["predicted_yield"], label="predicted", marker=".")
+    ax[0].plot(s["step"], s["realized_yield"], label="realized", marker=".")
+    ax[0].set_ylim(0, 1.05)
+    ax[0].set_title("informative-group yield per step")
+    ax[0].legend()
+    ax[1].scatter(s["predicted_yield"], s["realized_yield"], s=12)
+    ax[1].plot([0, 1], [0, 1], color="grey", lw=1)
+    ax[1].set_xlabel("predicted")
+    ax[1].set_ylabel("realized")
+    ax[1].set_title("calibration")
+    fig.tight_layout()
+    path = Path(lake.root) / "plots" / "yield_calibration.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)

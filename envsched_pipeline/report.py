@@ -109,6 +109,15 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         fig.savefig(out_dir / figs[-1][0], dpi=90)
         plt.close(fig)
 
+    # 3b. predicted vs realized yield (share of informative groups)
+    from envsched_pipeline.plots import yield_calibration_plot
+
+    if lake.steps("yields"):
+        import shutil
+
+        shutil.copy(yield_calibration_plot(lake), out_dir / "yield.png")
+        figs.append(("yield.png", "Predicted vs realized yield of informative groups"))
+
     # 4. environment x step heatmap of picks
     picks = _series(lake, "select env_id, step, count(*) as n from selections group by 1, 2")
     envs = sorted(set(picks["env_id"]))

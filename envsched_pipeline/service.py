@@ -181,6 +181,7 @@ def select_step(lake: Lake, step: int) -> dict:
     picks = sched.select(state, spec.batch_size, step_rng(spec, step), step)
     seconds = time.perf_counter() - t0
     rows = manifest_rows(step, picks, spec)
+    yield_pred = predicted_yield(state, picks)
     lake.write("selections", rows, step=step)
     audit = {
         "step": step,
@@ -193,6 +194,8 @@ def select_step(lake: Lake, step: int) -> dict:
         "relaxations": json.dumps(getattr(sched, "last_relaxations", [])),
         "quarantined": json.dumps(getattr(sched, "last_quarantined", [])),
         "config_hash": spec.config().hash(),
+        "predicted_yield": yield_pred,
+        "oversampling_factor": oversampling_factor(lake, step, yield_pred),
     }
     lake.write("audits", [audit], step=step)
     return {"picks": picks, "rows": rows, "audit": audit}
@@ -217,6 +220,34 @@ def manifest_rows(step: int, picks: list[Pick], spec: RunSpec) -> list[dict]:
         }
         for j, p in enumerate(picks)
     ]
+
+
+# ---------------------------------------------------------------------------- yield
+def predicted_yield(state: SchedulerState, picks: list[Pick]) -> float:
+    """Predicted share of this batch's groups with non-zero reward variance: the mean of the picks'
+    predicted non-zero-variance probabilities (schedulers without one: the decayed observed share)."""
+    p = [x.p_nonzero for x in picks if x.p_nonzero == x.p_nonzero]
+    if p:
+        return float(np.mean(np.clip(p, 0.0, 1.0)))
+    W = state.arrays["W"]
+    return float(state.arrays["Xd"].sum() / W.sum()) if W.sum() > 0 else 0.5
+
+
+def yield_calibration(lake: Lake, before_step: int, window: int = 8) -> float:
+    """realized / predicted yield over the last ``window`` steps (1.0 without history)."""
+    if not lake.steps("yields"):
+        return 1.0
+    rows = [r for r in lake.read("yields").to_pylist() if before_step - window <= r["step"] < before_step]
+    pred = sum(r["predicted_yield"] for r in rows)
+    real = sum(r["realized_yield"] for r in rows)
+    return float(real / pred) if rows and pred > 0 else 1.0
+
+
+def oversampling_factor(lake: Lake, step: int, yield_pred: float, cap: float = 8.0) -> float:
+    """How many times B tasks to roll out so that, after dropping zero-variance groups (DAPO-style
+    dynamic sampling), B informative groups remain: 1 / calibrated predicted yield, capped."""
+    calibrated = yield_pred * yield_calibration(lake, step)
+    return float(min(cap, 1.0 / max(calibrated, 1.0 / cap)))
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -286,7 +317,14 @@ def statistics_step(lake: Lake, step: int) -> dict:
         "hack_rate": np.where(a["hack_W"][i] > 0, a["hack_X"][i] / np.maximum(a["hack_W"][i], 1e-12), 0.0),
     }
     lake.write("statistics", pa.table(rows), step=step)
+    audit = lake.read("audits", step=step).to_pylist()
+    realized = float((obs.dispersion > 0).mean()) if len(i) else 0.0
+    pred_y = float(audit[0]["predicted_yield"]) if audit and audit[0].get("predicted_yield") is not None else float("nan")
+    lake.write("yields", [{"step": step, "predicted_yield": pred_y, "realized_yield": realized, "groups": len(i)}],
+               step=step)
     return {
+        "predicted_yield": pred_y,
+        "realized_yield": realized,
         "tasks_updated": len(i),
         "tasks_observed": int(state.observed.sum()),
         "retired": int((a["retired"] > 0).sum()),

@@ -46,11 +46,12 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
     description="Per-task reward statistics after step t and the scheduler state they update.",
 )
 def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    from envsched_pipeline.plots import statistics_trends
+    from envsched_pipeline.plots import statistics_trends, yield_calibration_plot
     from envsched_pipeline.service import require_run, statistics_step
 
     lk = lake.lake()
     out = statistics_step(lk, step_of(context))
     return dg.MaterializeResult(metadata={
         "dagster/row_count": out["tasks_updated"], **scalar_metadata(out),
-        "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool))})
+        "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool)),
+        "yield_calibration": dg.MetadataValue.path(yield_calibration_plot(lk))})

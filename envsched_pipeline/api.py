@@ -33,7 +33,8 @@ from envsched_pipeline.service import (
 
 class Scheduler:
     def __init__(self, pool: str = "synthetic", lake: str | Lake | None = None, scheduler: str = "envsched",
-                 seed: int = 0, batch_size: int = 64, group_size: int = 8, **config_overrides):
+                 seed: int = 0, batch_size: int = 64, group_size: int = 8, prior_lake: str = "",
+                 prior_discount: float = 0.5, **config_overrides):
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
         if pool == "synthetic":
             ensure_pool(self.lake, pool)  # the built-in pool is created on first use
@@ -42,7 +43,8 @@ class Scheduler:
         existing = load_run(self.lake)
         spec = RunSpec(pool=pool, policy=existing.policy if existing else "external", scheduler=scheduler,
                        seed=seed, batch_size=batch_size, group_size=group_size, trainer="external",
-                       max_steps=existing.max_steps if existing else 1_000_000, scheduler_config=config_overrides)
+                       max_steps=existing.max_steps if existing else 1_000_000, scheduler_config=config_overrides,
+                       prior_lake=str(Lake(prior_lake).root) if prior_lake else "", prior_discount=prior_discount)
         self.spec = start_run(self.lake, spec)
 
     @property

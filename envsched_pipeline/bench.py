@@ -38,11 +38,16 @@ def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | 
 
 
 def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, group_size: int = 8,
-            overrides: dict | None = None, use_graph: bool = True) -> dict:
-    """One scheduler, one seed: per-step series."""
+            overrides: dict | None = None, use_graph: bool = True, init_state: SchedulerState | None = None,
+            difficulty_shift: float = 0.0, return_state: bool = False) -> dict:
+    """One scheduler, one seed: per-step series. ``difficulty_shift`` > 0 simulates a weaker model
+    (e.g. a smaller one whose run provides a cross-run prior)."""
     tasks = pool["tasks"]
-    learner = SimulatedLearner(pool["latents"])
-    state = SchedulerState.new([t["task_id"] for t in tasks], [t["env_id"] for t in tasks])
+    lat = pool["latents"] if not difficulty_shift else [dict(r, difficulty=r["difficulty"] + difficulty_shift)
+                                                         for r in pool["latents"]]
+    learner = SimulatedLearner(lat)
+    state = init_state or SchedulerState.new([t["task_id"] for t in tasks], [t["env_id"] for t in tasks],
+                                             [t["content_hash"] for t in tasks])
     config = SchedulerConfig(batch_size=batch_size, group_size=group_size).with_overrides(**(overrides or {}))
     if name == "oracle":
         sched = Oracle(config, true_variance=lambda ids: learner.true_variance(
@@ -53,7 +58,8 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
     roll_rng = np.random.default_rng([seed, 99])
     series: dict[str, list] = {k: [] for k in ("batch_variance", "zero_variance_fraction", "envs_touched",
                                                "median_reward", "mean_reward", "pool_seen_fraction", "heldout",
-                                               "select_seconds", "relaxations", "predicted_nonzero")}
+                                               "select_seconds", "relaxations", "predicted_nonzero",
+                                               "informative_per_second")}
     seen = np.zeros(state.n_tasks, dtype=bool)
     for t in range(steps):
         t0 = time.perf_counter()
@@ -65,6 +71,7 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
         r = out["reward"]
         learner.learn(ids, r)
         obs = Observations.from_groups(t, idx, list(r))
+        obs.cost = out["seconds"].mean(axis=1)
         t1 = time.perf_counter()
         sched.update(state, obs, predicted_u=np.array([p.pred_var for p in picks]))
         t_upd = time.perf_counter() - t1
@@ -81,6 +88,9 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
         series["relaxations"].append(len(getattr(sched, "last_relaxations", []) or []))
         pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
         series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
+        series["informative_per_second"].append(float((np.ptp(r, axis=1) > 1e-6).sum() / out["seconds"].sum()))
+    if return_state:
+        series["_state"] = state
     return series
 
 
@@ -101,6 +111,7 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "steps_to_random_best": steps_to,
         "select_seconds_median": float(np.median(series["select_seconds"])),
         "relaxations": float(np.mean(series["relaxations"])),
+        "informative_groups_per_second": float(np.mean(series["informative_per_second"])),
     }
 
 
@@ -144,5 +155,5 @@ def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, 
                 agg[m] = float(np.mean(vals))
         agg["batch_variance_sd"] = float(np.std([x["batch_variance"] for x in summaries[n]]))
         out["schedulers"][n] = agg
-        out["series"][n] = {k: np.mean([r[k] for r in runs[n]], axis=0).tolist() for k in runs[n][0]}
+        out["series"][n] = {k: np.mean([r[k] for r in runs[n]], axis=0).tolist() for k in runs[n][0] if not k.startswith("_")}
     return out

@@ -140,6 +140,8 @@ def cmd_train(args) -> int:
         pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
         batch_size=args.batch_size, group_size=args.group_size, max_steps=args.steps,
         trainer="subprocess", policy_config=_policy_config(args),
+        prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "", prior_discount=args.prior_discount,
+        scheduler_config={"cost_aware": True} if args.cost_aware else {},
     )
     spec = start_run(lake, spec)
     if not lake.has("tasks", pool=spec.pool):
@@ -415,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
     t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (torch policies)")
     t.add_argument("--lr", type=float, default=None, help="learning rate (torch policies; default 1e-6)")
+    t.add_argument("--prior-lake", default="", help="start the estimates from another run's lake (cross-run prior)")
+    t.add_argument("--prior-discount", type=float, default=0.5, help="weight of the prior run's statistics")
+    t.add_argument("--cost-aware", action="store_true", help="score informativeness per predicted rollout second")
     t.add_argument("--sim-mode", default="auto", choices=["auto", "latent", "real"],
                    help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
                         "and run through the real runtime + verifier (default for package pools)")

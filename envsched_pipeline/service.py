@@ -46,6 +46,8 @@ class RunSpec:
     max_steps: int = 20
     trainer: str = "subprocess"  # subprocess | external (rollouts ingested by an outside trainer)
     run_id: str = ""  # set when the run starts; part of every sensor run_key
+    prior_lake: str = ""  # start the estimates from this lake's final scheduler state (cross-run prior)
+    prior_discount: float = 0.5
     scheduler_config: dict = field(default_factory=dict)
     policy_config: dict = field(default_factory=dict)
 
@@ -136,6 +138,8 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     envs = tasks.column("env_id").to_pylist()
     hashes = tasks.column("content_hash").to_pylist()
     if step < 0:
+        if spec.prior_lake:
+            return prior_state(spec, ids, envs, hashes)
         return SchedulerState.new(ids, envs, hashes)
     path = state_path(lake, step)
     if not path.exists():
@@ -149,6 +153,16 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
         state, report = align_state(state, ids, envs, hashes)
         state.extra["last_alignment"] = report
     return state
+
+
+def prior_state(spec: RunSpec, ids, envs, hashes) -> SchedulerState:
+    from envsched_pipeline.scheduler.state import prior_from
+
+    prev = Lake(spec.prior_lake)
+    done = [s for s in prev.steps("statistics") if state_path(prev, s).exists()]
+    if not done:
+        raise StepError(f"prior lake {prev.root} has no scheduler state to start from")
+    return prior_from(SchedulerState.load(state_path(prev, done[-1])), ids, envs, hashes, spec.prior_discount)
 
 
 def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = None):
@@ -266,15 +280,19 @@ def observations_from_rollouts(state: SchedulerState, step: int, rollouts: pa.Ta
     tids = list(order)
     idx = state.index_of(tids)
     outcome = np.array([e in ("none", "task", None) for e in err])
-    groups, flags, spent = [], [], []
+    secs = (np.asarray(rollouts.column("seconds").to_pylist(), dtype=float)
+            if "seconds" in cols else np.full(len(task_ids), np.nan))
+    groups, flags, spent, cost = [], [], [], []
     for t in tids:
         js = np.array(order[t])
         ok = js[outcome[js]]
         groups.append(rewards[ok])
         flags.append(float(hack[ok][rewards[ok] > 0].sum()))
         spent.append(len(js))
+        cost.append(float(np.nanmean(secs[js])) if np.isfinite(secs[js]).any() else np.nan)
     obs = Observations.from_groups(step, idx, groups, hack_flags=flags)
     obs.spent = np.asarray(spent, dtype=float)  # exposure counts every rollout spent
+    obs.cost = np.asarray(cost, dtype=float)
     return obs
 
 

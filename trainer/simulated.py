@@ -64,6 +64,11 @@ class SimulatedLearner:
         self.n_checks = np.array([int(r["n_checks"]) for r in latents])
         self.easy = np.array([int(r["easy_checks"]) for r in latents])
         self.heldout = np.array([r["split"] == "heldout" for r in latents])
+        # simulated rollout cost (seconds): longer for multi-pattern tasks, per-environment speed
+        rng = np.random.default_rng(1234)
+        env_speed = np.exp(rng.normal(0.0, 0.6, len(envs)))
+        n_pat = (z > 0).sum(axis=1)
+        self.cost = (1.0 + 0.8 * n_pat) * env_speed[self.env] * np.exp(rng.normal(0.0, 0.3, len(latents)))
         self.skill = np.zeros(self.z.shape[1])
         self.familiarity = np.zeros(len(envs))
         self.version = 0
@@ -109,7 +114,9 @@ class SimulatedLearner:
             np.where(stick, self.easy[idx][:, None], random_pass),
         )
         reward = np.round(passed / k, 4)
-        return {"reward": reward, "checks_passed": passed, "n_checks": np.broadcast_to(k, (n, g)).copy()}
+        seconds = self.cost[idx][:, None] * np.exp(rng.normal(0.0, 0.1, (n, g)))
+        return {"reward": reward, "checks_passed": passed, "n_checks": np.broadcast_to(k, (n, g)).copy(),
+                "seconds": seconds}
 
     def learn(self, task_ids: list[str] | np.ndarray, rewards: np.ndarray) -> dict:
         """One simulated GRPO update from the groups of this step (rewards: (n, G))."""

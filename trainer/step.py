@@ -66,7 +66,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         n0 = len(task_ids) * spec.group_size
         out.update(error_class=np.full(n0, "none"), error_message=np.full(n0, ""), tool_calls=np.zeros(n0, dtype=np.int64),
                    trajectory=np.full(n0, json.dumps({"engine": "simulated", "mode": "latent"})),
-                   hack_flag=np.zeros(n0, dtype=bool), seconds=np.full(n0, np.nan))
+                   hack_flag=np.zeros(n0, dtype=bool))  # seconds: the simulator's modeled rollout cost
     rewards = out["reward"]
     adv = group_advantages(rewards)
     version = learner.version

@@ -47,6 +47,8 @@ class SchedulerConfig:
     quarantine_min_rollouts: float = 8.0  # ... once at least this many (decayed) rollouts were spent
     quarantine_steps: int = 3  # steps a quarantined environment is skipped before it is probed again
     infra_half_life: float = 2.0  # half-life (steps) of the environment infra-error rate
+    cost_aware: bool = False  # opt-in: score per unit of predicted rollout cost (seconds)
+    cost_floor: float = 0.25  # a slow task keeps at least this share of its score (no starvation)
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
 

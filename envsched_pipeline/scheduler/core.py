@@ -52,7 +52,8 @@ def update_state(state: SchedulerState, obs: Observations, config: SchedulerConf
     gamma = 2.0 ** (-1.0 / config.h_long)
     steps_elapsed = max(1, obs.step - state.step) if state.step >= 0 else 1
     decay = gamma**steps_elapsed
-    for k in ("W", "Xm", "Xs2", "Xd", "hack_W", "hack_X"):
+    for k in ("W", "Xm", "Xs2", "Xd", "hack_W", "hack_X", "cost_W", "cost_X"):
+        a.setdefault(k, np.zeros(state.n_tasks))
         a[k] *= decay
     i = obs.task_idx
     has = obs.rollouts > 0  # a group that produced task outcomes
@@ -68,6 +69,11 @@ def update_state(state: SchedulerState, obs: Observations, config: SchedulerConf
     a["ema_short"][i] = np.where(first, s2, (1 - a_s) * a["ema_short"][i] + a_s * s2)
     a["ema_long"][i] = np.where(first, s2, (1 - a_l) * a["ema_long"][i] + a_l * s2)
     a["n_groups"][i] += 1
+    if obs.cost is not None:
+        c = np.asarray(obs.cost, dtype=float)[has]
+        ok = np.isfinite(c) & (c > 0)
+        a["cost_W"][i[ok]] += 1.0
+        a["cost_X"][i[ok]] += c[ok]
     spent = obs.rollouts if obs.spent is None else obs.spent
     a["exposure"][obs.task_idx] += spent  # rollouts spent, successful or not
     a["last_seen"][obs.task_idx] = obs.step

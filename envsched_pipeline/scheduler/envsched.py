@@ -120,9 +120,24 @@ class EnvSched:
         decline = np.where(seen, 1.0 - c.eta * delta, 1.0)
         hack = np.where(a["hack_W"] > 0, a["hack_X"] / np.maximum(a["hack_W"], 1e-12), 0.0)
         score = norm * exposure * decline * (1.0 - hack)
+        cost = np.ones_like(score)
+        if c.cost_aware:
+            cost = self.predicted_cost(state)
+            rel = cost / max(float(np.median(cost)), 1e-9)
+            score = score * np.clip(1.0 / np.maximum(rel, 1e-9), c.cost_floor, 1.0 / c.cost_floor)
         return {"u": u, "calibrated": cal, "norm": norm, "exposure": exposure, "decline": decline,
-                "hack": hack, "score": score, "recent_var": np.full(1, recent),
+                "hack": hack, "score": score, "cost": cost, "recent_var": np.full(1, recent),
                 "is_calibrated": np.full(1, calibrated)}
+
+    def predicted_cost(self, state: SchedulerState) -> np.ndarray:
+        """Seconds per rollout: own decayed mean, else the environment's, else the global mean."""
+        a = state.arrays
+        cw, cx = a.get("cost_W", np.zeros(state.n_tasks)), a.get("cost_X", np.zeros(state.n_tasks))
+        glob = cx.sum() / cw.sum() if cw.sum() > 0 else 1.0
+        ew = np.bincount(state.env, weights=cw, minlength=state.n_envs)
+        ex = np.bincount(state.env, weights=cx, minlength=state.n_envs)
+        env_mean = np.where(ew > 0, ex / np.maximum(ew, 1e-12), glob)[state.env]
+        return np.where(cw > 0, (cx + env_mean) / (cw + 1.0), env_mean)
 
     def _returning(self, state: SchedulerState, pred, rng: np.random.Generator) -> np.ndarray:
         """Retired tasks that come back this step: p = return_prob, or a neighbour heats up."""
@@ -144,7 +159,7 @@ class EnvSched:
         b = min(batch_size, state.n_tasks)
         cons = BatchConstraints(state, c, step)
         self.last_quarantined = cons.quarantine_report()
-        if state.step < 0 or not state.observed.any():
+        if not state.observed.any():  # no history (and no cross-run prior): cold start
             picks = self._cold_start(state, b, rng, cons)
             self.last_relaxations = cons.relaxations
             return picks
@@ -258,6 +273,7 @@ class EnvSched:
             "exposure_discount": f(inf["exposure"][i]),
             "decline_factor": f(inf["decline"][i]),
             "hack_factor": f(1.0 - inf["hack"][i]),
+            "predicted_cost_s": f(inf["cost"][i]) if self.config.cost_aware else None,
             "similarity_penalty": f(penalty),
             "n_within": int(pred["n_within"][i]),
             "n_cross": int(pred["n_cross"][i]),

@@ -38,6 +38,7 @@ class Observations:
     hack_flags: np.ndarray  # rewarded rollouts flagged by the identifier-hack detector
     rewarded: np.ndarray  # rollouts with reward > 0
     spent: np.ndarray | None = None  # all rollouts spent per task (incl. infra failures); exposure
+    cost: np.ndarray | None = None  # mean seconds per rollout of the group (cost-aware scheduling)
 
     @classmethod
     def from_groups(cls, step: int, task_idx, rewards_per_task: list[np.ndarray],
@@ -84,6 +85,7 @@ class SchedulerState:
         "recent_mean_0", "recent_mean_1", "recent_mean_2",  # last 3 group means (retirement)
         "recent_disp_0", "recent_disp_1", "recent_disp_2",  # last 3 group dispersions
         "retired", "retired_at", "hack_W", "hack_X",
+        "cost_W", "cost_X",  # decayed seconds per rollout (cost-aware scheduling)
     )
 
     @classmethod
@@ -251,3 +253,19 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
     report = {"kept": int((src >= 0).sum()), "restored": int((src_arch >= 0).sum()),
               "new": int(((src < 0) & (src_arch < 0)).sum()), "archived": int(len(removed))}
     return new, report
+
+
+def prior_from(previous: SchedulerState, task_ids, env_ids_per_task, hashes, discount: float) -> SchedulerState:
+    """A fresh state whose statistics start from a previous run's final state (matched by content
+    hash), discounted: W and X sums are multiplied by ``discount``, so the old run counts as
+    ``discount`` of an observation per group it saw. Exposure, retirement and constraints start
+    empty: this run has spent nothing yet."""
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"prior discount must be in [0, 1], got {discount}")
+    aligned, report = align_state(previous, task_ids, env_ids_per_task, hashes)
+    fresh = SchedulerState.new(task_ids, env_ids_per_task, hashes)
+    for k in ("W", "Xm", "Xs2", "Xd", "cost_W", "cost_X"):
+        if k in aligned.arrays:
+            fresh.arrays[k] = aligned.arrays[k] * discount
+    fresh.extra["prior"] = {**report, "discount": discount, "from_step": previous.step}
+    return fresh

@@ -21,7 +21,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from envsched_pipeline.bench import prepare_pool, run_benchmark  # noqa: E402
+from envsched_pipeline.bench import prepare_pool, run_benchmark, run_one  # noqa: E402
 from envsched_pipeline.plots import bench_plots  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"

@@ -263,15 +263,18 @@ def topk_graph(
     wanted = np.ones(n, dtype=bool) if rows_subset is None else np.isin(np.arange(n), rows_subset)
     order = np.argsort(env_code, kind="stable")
     bounds = np.searchsorted(env_code[order], np.arange(len(envs) + 1))
+    cat = _concat_views(mats)
     for e_no in range(len(envs)):
         rows = order[bounds[e_no]:bounds[e_no + 1]]
         targets = rows[wanted[rows]]
+        if not len(targets) or cat is None:
+            continue
+        contiguous = rows[-1] - rows[0] + 1 == len(rows)
+        block = cat[rows[0]:rows[-1] + 1] if contiguous else cat[rows]
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
-            s = np.zeros((len(part), len(rows)), np.float32)
-            for m in mats:
-                s += (m[part] @ m[rows].T).toarray()
-            s /= max(len(mats), 1)
+            local = np.searchsorted(rows, part) if contiguous else None
+            s = ((block[local] if contiguous else cat[part]) @ block.T).toarray().astype(np.float32)
             self_pos = np.searchsorted(rows, part) if np.all(np.diff(rows) > 0) else \
                 np.array([np.flatnonzero(rows == p)[0] for p in part])
             s[np.arange(len(part)), self_pos] = -np.inf  # no self edge
@@ -303,10 +306,23 @@ def topk_graph(
     return TaskGraph(np.asarray(task_ids), within_idx, within_sim, cross_idx, cross_sim)
 
 
+def _concat_views(mats: list[sp.csr_matrix]) -> sp.csr_matrix | None:
+    """The views side by side, scaled by 1/sqrt(#views): a single product then gives the mean of
+    the per-view cosines (each view's rows are L2-normalized)."""
+    if not mats:
+        return None
+    return (sp.hstack(mats, format="csr") * (1.0 / np.sqrt(len(mats)))).astype(np.float32).tocsr()
+
+
 def _unique_rows(dense: np.ndarray):
-    """Distinct topology vectors and each task's index into them."""
-    u, inv = np.unique(dense, axis=0, return_inverse=True)
-    return u, inv.reshape(-1)
+    """Distinct topology vectors and each task's index into them. Rows are keyed by two random
+    projections (float64): distinct rows collide with probability zero, and a 1-D unique is far
+    faster than a row-wise one."""
+    r = np.random.default_rng(12345).standard_normal((dense.shape[1], 2))
+    proj = dense.astype(np.float64) @ r
+    key = proj[:, 0] + 1j * proj[:, 1]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return dense[first], inv.reshape(-1)
 
 
 def _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, k, progress=None) -> None:
@@ -351,17 +367,17 @@ def _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, k, progress=
 
 
 def _merge_topk(idx_a, sim_a, idx_b, sim_b, k):
-    """Merge two candidate lists per row (sorted desc), keeping the k best, deduplicated."""
+    """Merge two candidate lists per row, keeping the k best, deduplicated (vectorized)."""
     idx = np.concatenate([idx_a, idx_b], axis=1)
     sim = np.concatenate([sim_a, np.where(idx_b >= 0, sim_b, 0.0)], axis=1).astype(np.float32)
     sim = np.where(idx >= 0, sim, -np.inf)
-    order = np.argsort(-sim, axis=1, kind="stable")
-    idx = np.take_along_axis(idx, order, axis=1)
-    sim = np.take_along_axis(sim, order, axis=1)
-    # drop duplicates (a pair present in both lists)
-    dup = np.zeros_like(idx, dtype=bool)
-    for j in range(1, idx.shape[1]):
-        dup[:, j] = (idx[:, j] >= 0) & (idx[:, :j] == idx[:, j : j + 1]).any(axis=1)
+    # a pair present in both lists: keep one copy (sort by index, mark equal neighbours)
+    by_idx = np.argsort(idx, axis=1, kind="stable")
+    sorted_idx = np.take_along_axis(idx, by_idx, axis=1)
+    dup_sorted = np.zeros_like(sorted_idx, dtype=bool)
+    dup_sorted[:, 1:] = (sorted_idx[:, 1:] == sorted_idx[:, :-1]) & (sorted_idx[:, 1:] >= 0)
+    dup = np.zeros_like(dup_sorted)
+    np.put_along_axis(dup, by_idx, dup_sorted, axis=1)
     sim = np.where(dup, -np.inf, sim)
     order = np.argsort(-sim, axis=1, kind="stable")[:, :k]
     idx = np.take_along_axis(idx, order, axis=1)
@@ -390,25 +406,34 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
     is_new[new_rows] = True
     envs = sorted(set(env_of.tolist()))
     env_code = np.searchsorted(envs, env_of)
-    # old rows x new tasks of the same environment
-    for e in np.unique(env_code[new_rows]):
+    # old rows x new tasks of the same environment: merge only rows a new task would enter
+    cat = _concat_views(mats)
+    for e in np.unique(env_code[new_rows]) if cat is not None else []:
         old = np.flatnonzero((env_code == e) & ~is_new)
         new = np.flatnonzero((env_code == e) & is_new)
         if len(old) == 0:
             continue
-        s = np.zeros((len(old), len(new)), np.float32)
-        for m in mats:
-            s += (m[old] @ m[new].T).toarray()
-        s /= max(len(mats), 1)
-        idx, val = _topk_rows(s, min(cw, len(new)))
+        s = (cat[old] @ cat[new].T).toarray().astype(np.float32)
+        cutoff = np.where(wi[old, -1] >= 0, ws[old, -1], 0.0)
+        hit = s.max(axis=1) > cutoff
+        if not hit.any():
+            continue
+        rows_hit = old[hit]
+        idx, val = _topk_rows(s[hit], min(cw, len(new)))
         idx = np.where(idx >= 0, new[np.maximum(idx, 0)], -1)
-        wi[old], ws[old] = _merge_topk(wi[old], ws[old], idx, val, cw)
-    # old rows x new tasks of other environments
+        wi[rows_hit], ws[rows_hit] = _merge_topk(wi[rows_hit], ws[rows_hit], idx, val, cw)
+    # old rows x new tasks of other environments, through the distinct topology vectors
     if topo is not None:
+        dense = topo.toarray().astype(np.float32)
+        u, inv = _unique_rows(dense)
+        sims_u = u @ dense[new_rows].T  # (distinct topologies, new tasks)
         old_all = np.flatnonzero(~is_new)
-        for start in range(0, len(old_all), chunk):
-            part = old_all[start:start + chunk]
-            s = (topo[part] @ topo[new_rows].T).toarray().astype(np.float32)
+        best_u = sims_u.max(axis=1)
+        cutoff = np.where(xi[old_all, -1] >= 0, xs[old_all, -1], 0.0)
+        cand = old_all[best_u[inv[old_all]] > cutoff]
+        for start in range(0, len(cand), chunk):
+            part = cand[start:start + chunk]
+            s = sims_u[inv[part]].copy()
             s[env_code[part][:, None] == env_code[new_rows][None, :]] = -np.inf
             idx, val = _topk_rows(s, min(cx, len(new_rows)))
             idx = np.where(idx >= 0, new_rows[np.maximum(idx, 0)], -1)

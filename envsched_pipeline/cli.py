@@ -397,6 +397,19 @@ def cmd_bench_scheduler(args) -> int:
     return 0
 
 
+def cmd_bench_replay(args) -> int:
+    from envsched_pipeline.lake import Lake
+    from envsched_pipeline.replay import replay
+
+    lake = Lake(args.replay_lake) if args.replay_lake else _lake(args)
+    names = [s.strip() for s in args.schedulers.split(",") if s.strip()]
+    out = replay(lake, names, window=args.window, log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     from envsched_pipeline.scheduler import SCHEDULERS
@@ -498,6 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", required=True)
     rp.add_argument("--no-baselines", action="store_true", help="skip re-running baselines in the simulator")
     rp.set_defaults(func=cmd_report)
+
+    br = bsub.add_parser("replay", help="offline evaluation of schedulers on a logged run (no new rollouts)")
+    br.add_argument("--lake", dest="replay_lake", default=None, help="the logged run's lake")
+    br.add_argument("--schedulers", default="random,envsched,exploit-only,greso,mopps,dps")
+    br.add_argument("--window", type=int, default=4, help="steps within which a task's logged variance is reused")
+    br.add_argument("--json", default=None)
+    br.set_defaults(func=cmd_bench_replay)
 
     st = sub.add_parser("status", help="the lake's run and its last steps")
     st.set_defaults(func=cmd_status)

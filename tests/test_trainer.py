@@ -228,3 +228,18 @@ def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
     assert json.loads((lake / "checkpoints" / "latest" / "trainer.json").read_text())["step"] == 1
     # the final step also leaves a persistent checkpoint
     assert (lake / "checkpoints" / "step=1" / "policy" / "trainer.json").exists()
+
+
+def test_masked_logprobs_equal_full_logprobs(tok):
+    from trainer.model import tiny_qwen3
+    from trainer.update import GRPOTrainer
+
+    model = tiny_qwen3(seed=2).eval()
+    tr = GRPOTrainer(model, tok)
+    seqs = [[151644, 872, 198, 9707, 151645], [151644, 872, 198, 9707, 1879, 0, 151645]]
+    masks = [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 1]]
+    ids, att, msk = tr._pad(seqs, masks)
+    with torch.no_grad():
+        full = tr._logprobs(model, ids, att)
+        part = tr._logprobs(model, ids, att, msk)
+    assert torch.allclose(full * msk, part, atol=1e-5)

@@ -80,14 +80,27 @@ class GRPOTrainer:
             msk[j, : len(m)] = torch.tensor(m, dtype=torch.float32)
         return ids.to(self.device), att.to(self.device), msk.to(self.device)
 
-    def _logprobs(self, model, ids, att):
+    def _logprobs(self, model, ids, att, mask=None):
+        """(B, T) log-probabilities of each token given its prefix. With a mask, the vocabulary
+        projection runs only at the positions that predict policy tokens (the rest are 0): the
+        (B, T, V) logits of a 150k vocabulary would dominate memory and time otherwise."""
         import torch
 
         from trainer.loss import token_logprobs
 
+        base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
-            logits = model(input_ids=ids, attention_mask=att).logits
-        return token_logprobs(logits, ids)
+            if mask is None or base is None or head is None or self.ds_engine is not None:
+                return token_logprobs(model(input_ids=ids, attention_mask=att).logits, ids)
+            hidden = base(input_ids=ids, attention_mask=att).last_hidden_state
+            sel = mask[:, 1:] > 0
+            logits = head(hidden[:, :-1][sel]).float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
+        out = torch.zeros(ids.shape, dtype=lp.dtype, device=lp.device)
+        inner = out[:, 1:].clone()
+        inner[sel] = lp
+        out = torch.cat([out[:, :1], inner], dim=1)
+        return out
 
     # ------------------------------------------------------------------ update
     def update(self, seqs: list[list[int]], masks: list[list[int]], rewards: np.ndarray, group_size: int) -> dict:
@@ -115,10 +128,10 @@ class GRPOTrainer:
         self.model.eval()
         with torch.no_grad():
             for k, mb in enumerate(micro):
-                ids, att, _ = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                old[k] = self._logprobs(self.model, ids, att).detach()
+                ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
+                old[k] = self._logprobs(self.model, ids, att, msk).detach()
                 if self.ref is not None:
-                    ref[k] = self._logprobs(self.ref, ids, att).detach()
+                    ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
         self.model.train()
         losses, norms, clips, kls = [], [], [], []
         for _ in range(c.epochs):
@@ -127,7 +140,7 @@ class GRPOTrainer:
             step_loss = 0.0
             for k, mb in enumerate(micro):
                 ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                lp = self._logprobs(model, ids, att)
+                lp = self._logprobs(model, ids, att, msk)
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
                 loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
                 # scale so the accumulated gradient equals the full-batch aggregation

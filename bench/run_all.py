@@ -188,7 +188,8 @@ def section_incremental(sizes: list[int]) -> None:
         view_matrices,
     )
 
-    rows = ["| tasks | full top-k build s | add 1% incrementally s | ratio | peak RSS GB |", "|---|---|---|---|---|"]
+    rows = ["| tasks | scenario | full top-k build s | add 1% incrementally s | ratio | peak RSS GB |",
+            "|---|---|---|---|---|---|"]
     for n in sizes:
         pool = prepare_pool(max(1, n // 50), 50, 0)
         tasks = pool["tasks"]
@@ -201,20 +202,28 @@ def section_incremental(sizes: list[int]) -> None:
         topk_graph(ids, env, mats, topo)
         full = time.perf_counter() - t0
         rng = np.random.default_rng(0)
-        new = np.sort(rng.choice(len(ids), size=max(1, len(ids) // 100), replace=False))
-        old = np.setdiff1d(np.arange(len(ids)), new)
-        base = topk_graph(ids[old], env[old], [m[old] for m in mats], topo[old]).reindex(ids)
-        t0 = time.perf_counter()
-        add_tasks(base, env, mats, topo, new)
-        inc = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-        rows.append(f"| {n:,} | {full:.2f} | {inc:.2f} | {inc / full:.3f} | {peak:.1f} |")
-        print(f"incremental {n}: full {full:.2f}s, +1% {inc:.2f}s", flush=True)
+        envs_sorted = sorted(set(env.tolist()))
+        scenarios = {
+            "1% new tasks spread over all environments": np.sort(rng.choice(len(ids), size=max(1, len(ids) // 100),
+                                                                             replace=False)),
+            "1% new tasks as new environments": np.flatnonzero(np.isin(env, envs_sorted[-max(1, len(envs_sorted) // 100):])),
+        }
+        for label, new in scenarios.items():
+            old = np.setdiff1d(np.arange(len(ids)), new)
+            base = topk_graph(ids[old], env[old], [m[old] for m in mats], topo[old]).reindex(ids)
+            t0 = time.perf_counter()
+            add_tasks(base, env, mats, topo, new)
+            inc = time.perf_counter() - t0
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            rows.append(f"| {n:,} | {label} | {full:.2f} | {inc:.2f} | {inc / full:.3f} | {peak:.1f} |")
+            print(f"incremental {n} ({label}): full {full:.2f}s, +1% {inc:.2f}s", flush=True)
     write_section("incremental", "\n".join([
         "## Incremental graph update (1% new tasks) vs full rebuild", "",
         "Same features; the incremental path computes only similarities that involve a new task "
         "(new rows in full, old rows against the new tasks, merged into their candidate lists). "
-        "Target: ≤ 5% of a full rebuild.", "", *rows]))
+        "Target: ≤ 5% of a full rebuild. New tasks spread at random touch about half of all environment blocks, "
+        "and the per-block work is dominated by fixed sparse-product overhead, which is what limits that scenario; "
+        "new environments touch only their own blocks.", "", *rows]))
 
 
 def section_pools() -> None:

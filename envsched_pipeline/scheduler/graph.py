@@ -251,6 +251,8 @@ def topk_graph(
     chunk: int = 1024,
     rows_subset: np.ndarray | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    _cat=None,
+    _uniq=None,
 ) -> TaskGraph:
     """Top candidates per task: mean cosine of the views inside each environment block; topology
     cosine across environments in row chunks. ``rows_subset``: compute only these rows (the
@@ -263,7 +265,7 @@ def topk_graph(
     wanted = np.ones(n, dtype=bool) if rows_subset is None else np.isin(np.arange(n), rows_subset)
     order = np.argsort(env_code, kind="stable")
     bounds = np.searchsorted(env_code[order], np.arange(len(envs) + 1))
-    cat = _concat_views(mats)
+    cat = _cat if _cat is not None else _concat_views(mats)
     for e_no in range(len(envs)):
         rows = order[bounds[e_no]:bounds[e_no + 1]]
         targets = rows[wanted[rows]]
@@ -287,8 +289,8 @@ def topk_graph(
     cross_sim = np.zeros((n, cross_candidates), np.float32)
     if topo is not None:
         targets = np.flatnonzero(wanted)
-        dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 else None
-        uniq = _unique_rows(dense) if dense is not None else None
+        dense = topo.toarray().astype(np.float32) if topo.shape[1] <= 512 and _uniq is None else None
+        uniq = _uniq if _uniq is not None else (_unique_rows(dense) if dense is not None else None)
         if uniq is not None and len(uniq[0]) <= 30_000:
             _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, cross_candidates, progress)
         else:
@@ -397,7 +399,10 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
         return graph
     n = len(graph.task_ids)
     cw, cx = graph.within_idx.shape[1], graph.cross_idx.shape[1]
-    fresh = topk_graph(graph.task_ids, env_of, mats, topo, cw, cx, chunk, rows_subset=new_rows)
+    cat = _concat_views(mats)
+    dense = topo.toarray().astype(np.float32) if topo is not None and topo.shape[1] <= 512 else None
+    uniq = _unique_rows(dense) if dense is not None else None
+    fresh = topk_graph(graph.task_ids, env_of, mats, topo, cw, cx, chunk, rows_subset=new_rows, _cat=cat, _uniq=uniq)
     wi, ws = graph.within_idx.copy(), graph.within_sim.copy()
     xi, xs = graph.cross_idx.copy(), graph.cross_sim.copy()
     wi[new_rows], ws[new_rows] = fresh.within_idx[new_rows], fresh.within_sim[new_rows]
@@ -407,7 +412,6 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
     envs = sorted(set(env_of.tolist()))
     env_code = np.searchsorted(envs, env_of)
     # old rows x new tasks of the same environment: merge only rows a new task would enter
-    cat = _concat_views(mats)
     for e in np.unique(env_code[new_rows]) if cat is not None else []:
         old = np.flatnonzero((env_code == e) & ~is_new)
         new = np.flatnonzero((env_code == e) & is_new)
@@ -423,9 +427,8 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
         idx = np.where(idx >= 0, new[np.maximum(idx, 0)], -1)
         wi[rows_hit], ws[rows_hit] = _merge_topk(wi[rows_hit], ws[rows_hit], idx, val, cw)
     # old rows x new tasks of other environments, through the distinct topology vectors
-    if topo is not None:
-        dense = topo.toarray().astype(np.float32)
-        u, inv = _unique_rows(dense)
+    if topo is not None and uniq is not None:
+        u, inv = uniq
         sims_u = u @ dense[new_rows].T  # (distinct topologies, new tasks)
         old_all = np.flatnonzero(~is_new)
         best_u = sims_u.max(axis=1)

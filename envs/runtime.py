@@ -53,6 +53,20 @@ def to_text(value: Any, limit: int = 4000) -> str:
     return s if len(s) <= limit else s[: limit - 20] + "...(truncated)"
 
 
+def call_parts(call: dict) -> tuple[str, dict | None, str | None]:
+    """(name, arguments, error observation) of a tool call; arguments may arrive as a JSON string."""
+    name = call.get("name")
+    args = call.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return name, None, "Error: arguments are not valid JSON"
+    if not isinstance(args, dict):
+        return name, None, "Error: arguments must be a JSON object"
+    return name, args, None
+
+
 class Runtime(ABC):
     """Base class; subclasses implement the pool's semantics."""
 
@@ -128,17 +142,11 @@ class EnvScalerRuntime(Runtime):
         return {"observation": self.task.get("instruction", ""), "tools": self.tools}
 
     def step(self, call: dict) -> str:
-        name = call.get("name")
-        args = call.get("arguments") or {}
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return "Error: arguments are not valid JSON"
+        name, args, err = call_parts(call)
         if name not in self.tool_names or name.startswith("_") or not callable(getattr(self.instance, name, None)):
             return f"Error: unknown tool {name!r}"
-        if not isinstance(args, dict):
-            return "Error: arguments must be a JSON object"
+        if err:
+            return err
         try:
             with time_limit(self.call_timeout):
                 out = getattr(self.instance, name)(**args)

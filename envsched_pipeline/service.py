@@ -394,21 +394,14 @@ def step_summary(lake: Lake) -> list[dict]:
     """Per-step table for the CLI (computed from the lake, so a resumed run prints every step)."""
     con = lake.connect()
     try:
+        # the documented step_summary view (warehouse/views.sql) + timing and held-out score
         q = """
-        select r.step,
-               avg(g.v) as batch_variance,
-               avg(case when g.spread then 0 else 1 end) as zero_variance_fraction,
-               count(distinct g.env_id) as envs_touched,
-               avg(g.m) as mean_reward,
-               max(tm.seconds) as seconds,
-               max(ev.score) as heldout
-        from (select distinct step from rollouts) r
-        join (select step, task_id, any_value(env_id) as env_id, var_pop(reward) as v, avg(reward) as m,
-                     max(reward) - min(reward) > 1e-6 as spread
-              from rollouts group by step, task_id) g on g.step = r.step
-        left join train_metrics tm on tm.step = r.step
-        left join (select step, avg(score) as score from evals group by step) ev on ev.step = r.step
-        group by r.step order by r.step
+        select s.step, s.batch_variance, s.zero_variance_fraction, s.envs_touched, s.mean_reward,
+               tm.seconds as seconds, ev.score as heldout
+        from step_summary s
+        left join train_metrics tm on tm.step = s.step
+        left join (select step, avg(score) as score from evals group by step) ev on ev.step = s.step
+        order by s.step
         """
         cur = con.execute(q)
         names = [d[0] for d in cur.description]

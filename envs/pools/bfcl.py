@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from envs.registry import PoolData
-from envs.runtime import Runtime, register, time_limit, to_text
+from envs.runtime import Runtime, call_parts, register, time_limit, to_text
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 MISSED_TURN_MESSAGE = "I have added new functions you can use: {names}. Please continue with the task."
@@ -188,13 +188,9 @@ class BFCLRuntime(Runtime):
         return text
 
     def step(self, call: dict) -> str:
-        name = call.get("name")
-        args = call.get("arguments") or {}
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return "Error: arguments are not valid JSON"
+        name, args, err = call_parts(call)
+        if err:
+            return err
         allowed = {t["function"]["name"] for t in self._tools_for_turn()}
         if name not in allowed or name not in self.methods:
             return f"Error: unknown tool {name!r}"

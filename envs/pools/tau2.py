@@ -16,7 +16,7 @@ import inspect
 import json
 
 from envs.registry import PoolData
-from envs.runtime import Runtime, register, time_limit, to_text
+from envs.runtime import Runtime, call_parts, register, time_limit, to_text
 
 DOMAINS = ("airline", "retail", "telecom")
 SOLO = {"telecom"}
@@ -123,12 +123,9 @@ class Tau2Runtime(Runtime):
         return {"observation": _task_prompt(self.task), "tools": tools}
 
     def step(self, call: dict) -> str:
-        name, args = call.get("name"), call.get("arguments") or {}
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return "Error: arguments are not valid JSON"
+        name, args, err = call_parts(call)
+        if err:
+            return err
         if name not in self.names:
             return f"Error: unknown tool {name!r}"
         try:

@@ -23,7 +23,8 @@ from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimulatedLearner
 
 METRICS = ("batch_variance", "zero_variance_fraction", "envs_touched", "median_reward", "mean_reward",
-           "pool_seen_fraction", "heldout_final", "steps_to_random_best", "select_seconds_median", "relaxations")
+           "pool_seen_fraction", "heldout_final", "steps_to_random_best", "select_seconds_median", "relaxations",
+           "informative_groups_per_second")
 
 
 def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | None = None) -> dict:

@@ -77,6 +77,8 @@ def load(name: str = "tau2", domains: tuple[str, ...] = DOMAINS) -> PoolData:
 
 
 _BASE: dict[str, object] = {}
+_GOLD: dict[str, tuple] = {}
+_TOOLS: dict[str, list] = {}
 
 
 def _fresh_env(domain: str):
@@ -91,9 +93,12 @@ def _fresh_env(domain: str):
         kw["db"] = copy.deepcopy(base.tools.db)
     if "user_db" in params and getattr(base, "user_tools", None) is not None:
         kw["user_db"] = copy.deepcopy(base.user_tools.db)
+    env = mod.get_environment(**kw)
     if domain in SOLO:
-        kw["solo_mode"] = True
-    return mod.get_environment(**kw)
+        # the cached base environment was built (and validated) in solo mode; the flag is all that
+        # differs, and re-validating rebuilds every tool schema per episode
+        env.solo_mode = True
+    return env
 
 
 @register("tau2")
@@ -116,9 +121,12 @@ class Tau2Runtime(Runtime):
 
     def reset(self) -> dict:
         self.env = self._init(_fresh_env(self.domain))
-        tools = [t.openai_schema for t in self.env.get_tools()]
-        if self.domain in SOLO and self.env.user_tools is not None:
-            tools += [t.openai_schema for t in self.env.get_user_tools()]
+        if self.domain not in _TOOLS:  # static per domain; building the schemas is the costly part
+            tools = [t.openai_schema for t in self.env.get_tools()]
+            if self.domain in SOLO and self.env.user_tools is not None:
+                tools += [t.openai_schema for t in self.env.get_user_tools()]
+            _TOOLS[self.domain] = tools
+        tools = _TOOLS[self.domain]
         self.names = {t["function"]["name"] for t in tools}
         return {"observation": _task_prompt(self.task), "tools": tools}
 
@@ -136,18 +144,26 @@ class Tau2Runtime(Runtime):
         except Exception as exc:
             return f"Error: {type(exc).__name__}: {exc}"
 
+    def _gold_hashes(self) -> tuple:
+        """DB hashes of the gold end state; deterministic per task, so cached per worker."""
+        key = self.row["task_id"]
+        if key not in _GOLD:
+            gold = self._init(_fresh_env(self.domain))
+            for a in self.task.evaluation_criteria.actions or []:
+                try:
+                    requestor = "assistant" if self.domain in SOLO else a.requestor
+                    gold.make_tool_call(a.name, requestor=requestor, **a.arguments)
+                    gold.sync_tools()
+                except Exception:
+                    continue  # the package's evaluator also tolerates failing gold actions
+            _GOLD[key] = (gold.get_db_hash(), gold.get_user_db_hash())
+        return _GOLD[key]
+
     def finish(self, answer: str | None = None) -> dict:
         crit = self.task.evaluation_criteria
-        gold = self._init(_fresh_env(self.domain))
-        for a in crit.actions or []:
-            try:
-                requestor = "assistant" if self.domain in SOLO else a.requestor
-                gold.make_tool_call(a.name, requestor=requestor, **a.arguments)
-                gold.sync_tools()
-            except Exception:
-                continue  # the package's evaluator also tolerates failing gold actions
+        gold_db, gold_user = self._gold_hashes()
         basis = {str(getattr(b, "value", b)).upper() for b in (crit.reward_basis or [])}
-        db_ok = gold.get_db_hash() == self.env.get_db_hash() and gold.get_user_db_hash() == self.env.get_user_db_hash()
+        db_ok = gold_db == self.env.get_db_hash() and gold_user == self.env.get_user_db_hash()
         checks = [{"item": "database matches the gold end state", "passed": db_ok, "error": None}]
         reward = 1.0 if ("DB" not in basis or db_ok) else 0.0
         for a in crit.env_assertions or []:

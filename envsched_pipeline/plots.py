@@ -103,6 +103,17 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
     return paths
 
 
+def _save(fig, lake, name: str) -> str:
+    """Write a figure under the lake's plots/ folder and close it; returns the path."""
+    plt = _plt()
+    path = Path(lake.root) / "plots" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return str(path)
+
+
 def _series(lake, query: str) -> dict[str, list]:
     t = lake.sql(query)
     return {c: t.column(c).to_pylist() for c in t.column_names}
@@ -128,12 +139,7 @@ def training_curves(lake) -> str:
     ax[2].set_title("signal")
     for a in ax:
         a.set_xlabel("step")
-    fig.tight_layout()
-    path = Path(lake.root) / "plots" / "training_curves.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, lake, "training_curves.png")
 
 
 def statistics_trends(lake, pool: str) -> str:
@@ -160,12 +166,7 @@ def statistics_trends(lake, pool: str) -> str:
     ax[2].set_title("fraction of pool seen")
     for a in ax:
         a.set_xlabel("step")
-    fig.tight_layout()
-    path = Path(lake.root) / "plots" / "statistics_trends.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, lake, "statistics_trends.png")
 
 
 def yield_calibration_plot(lake) -> str:
@@ -183,9 +184,4 @@ def yield_calibration_plot(lake) -> str:
     ax[1].set_xlabel("predicted")
     ax[1].set_ylabel("realized")
     ax[1].set_title("calibration")
-    fig.tight_layout()
-    path = Path(lake.root) / "plots" / "yield_calibration.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, lake, "yield_calibration.png")

@@ -173,23 +173,14 @@ class EnvSched:
         # -- coverage half: environments by (rollouts spent, last seen, random), round robin
         env_key = np.lexsort((rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"]))
         exposure = state.arrays["exposure"]
-        while len(picks) < n_cov:
-            progressed = False
-            for e in env_key:
-                if len(picks) >= n_cov:
-                    break
-                ok = cons.eligible() & (state.env == e)
-                if not ok.any():
-                    continue
-                cand = np.flatnonzero(ok)
-                fewest = cand[exposure[cand] == exposure[cand].min()]
-                best = fewest[score[fewest] == score[fewest].max()]
-                i = int(best[0]) if len(best) == 1 else int(rng.choice(best))
-                snap = cons.take(i)
-                picks.append(self._pick(state, i, "coverage", pred, inf, snap, 1.0 / len(best), 0.0))
-                progressed = True
-            if not progressed and not self._relaxed(cons):
-                break
+
+        def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
+            fewest = cand[exposure[cand] == exposure[cand].min()]
+            best = fewest[score[fewest] == score[fewest].max()]
+            return (int(best[0]) if len(best) == 1 else int(rng.choice(best))), 1.0 / len(best)
+
+        for i, snap, prop in self._round_robin(state, cons, env_key, n_cov, fewest_exposed):
+            picks.append(self._pick(state, i, "coverage", pred, inf, snap, prop, 0.0))
         # -- exploitation half: greedy MMR
         penalty = np.zeros(state.n_tasks)
         sym = self.graph.symmetric() if (self.graph is not None and c.lambda_sim > 0) else None
@@ -220,29 +211,44 @@ class EnvSched:
         sym = self.graph.symmetric() if self.graph is not None else None
         order = rng.permutation(state.n_envs)
         max_sim = np.zeros(state.n_tasks)
+
+        sim_at_pick: dict[int, float] = {}
+
+        def most_diverse(cand):  # max-min similarity to what the batch already holds
+            least = cand[max_sim[cand] == max_sim[cand].min()]
+            i = int(rng.choice(least))
+            sim_at_pick[i] = float(max_sim[i])
+            if sym is not None:
+                self._add_penalty(sym, i, max_sim)
+            return i, 1.0 / len(least)
+
         picks: list[Pick] = []
-        while len(picks) < b:
+        for i, snap, prop in self._round_robin(state, cons, order, b, most_diverse):
+            reason = {"half": "cold", "max_sim_to_batch": sim_at_pick[i], "constraints": snap}
+            picks.append(Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="cold",
+                              score=0.0, pred_var=self.config.cold_var, p_nonzero=self.config.cold_dispersion,
+                              propensity=prop, reason=reason, index=i))
+        return picks
+
+    def _round_robin(self, state, cons: BatchConstraints, env_order, n: int, choose) -> list[tuple]:
+        """Visit environments in ``env_order`` repeatedly, taking one eligible task from each with
+        ``choose(candidates) -> (index, propensity)``, until ``n`` picks; when a full pass finds
+        nothing, relax the next constraint. Returns (index, constraint snapshot, propensity)."""
+        taken: list[tuple] = []
+        while len(taken) < n:
             progressed = False
-            for e in order:
-                if len(picks) >= b:
+            for e in env_order:
+                if len(taken) >= n:
                     break
                 ok = cons.eligible() & (state.env == e)
                 if not ok.any():
                     continue
-                cand = np.flatnonzero(ok)
-                least = cand[max_sim[cand] == max_sim[cand].min()]
-                i = int(rng.choice(least))
-                snap = cons.take(i)
-                reason = {"half": "cold", "max_sim_to_batch": float(max_sim[i]), "constraints": snap}
-                picks.append(Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="cold",
-                                  score=0.0, pred_var=self.config.cold_var, p_nonzero=self.config.cold_dispersion,
-                                  propensity=1.0 / len(least), reason=reason, index=i))
-                if sym is not None:
-                    self._add_penalty(sym, i, max_sim)
+                i, prop = choose(np.flatnonzero(ok))
+                taken.append((i, cons.take(i), prop))
                 progressed = True
             if not progressed and not self._relaxed(cons):
                 break
-        return picks
+        return taken
 
     @staticmethod
     def _relaxed(cons: BatchConstraints) -> bool:

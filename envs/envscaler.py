@@ -161,11 +161,15 @@ def validate_buildable(data: PoolData, pool=None) -> dict:
             empty.append(t["task_id"])
     envs = {e["env_id"]: e for e in data.environments}
     jobs = [({"kind": "envscaler", "env": envs[e], "task": t}, []) for e, t in first_task.items()]
+    from tqdm import tqdm
+
     own = pool is None
     pool = pool or SandboxPool(workers=2)
+    bar = tqdm(total=len(jobs), desc="building environments", unit="env", leave=False)
     try:
-        results = pool.map_episodes(jobs)
+        results = pool.map_episodes(jobs, progress=lambda done, total: bar.update(done - bar.n))
     finally:
+        bar.close()
         if own:
             pool.close()
     broken = {}

@@ -85,6 +85,9 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     t_roll = time.perf_counter()
     workers = max(1, int(pc.get("workers", 2)))
     eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(eps), desc="agent rollouts", unit="episode", leave=False)
     with SandboxPool(workers=workers) as pool:
         # a session holds a worker for its whole episode: run the episodes in waves of `workers`
         for s in range(0, len(eps), workers):
@@ -96,7 +99,9 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
             finally:
                 for e in wave:
                     e.session.close()
+            bar.update(len(wave))
             log(f"rollouts {min(s + workers, len(eps))}/{len(eps)}")
+    bar.close()
     rollout_seconds = time.perf_counter() - t_roll
     rewards = np.array([float(e.result.get("reward", 0.0)) for e in eps])
     n = len(task_ids)

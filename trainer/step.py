@@ -139,15 +139,20 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
         names = tool_names_of(env)
         for _ in range(g):
             jobs.append((episode_spec(env, row), corrupt(gold, float(pi), rng, names)))
+    from tqdm import tqdm
+
     last = [0]
+    bar = tqdm(total=len(jobs), desc=f"step {spec.pool} rollouts", unit="rollout", leave=False, mininterval=0.5)
 
     def progress(done, total):
+        bar.update(done - bar.n)
         if done - last[0] >= max(1, total // 4) or done == total:
             last[0] = done
             log(f"rollouts {done}/{total}")
 
     with SandboxPool(workers=int(spec.policy_config.get("workers", 2))) as pool:
         results = pool.map_episodes(jobs, progress=progress)
+    bar.close()
     n = len(task_ids)
     rew = np.array([r.get("reward", 0.0) for r in results], dtype=float).reshape(n, g)
     inits = {t: json.loads(tasks[t].get("init_state") or "{}") for t in task_ids}

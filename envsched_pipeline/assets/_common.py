@@ -16,10 +16,20 @@ def pool_name(config: PoolSelection, lake) -> str:
 
 
 def progress_logger(context, every: int = 10):
-    """A progress callback that logs every ``every`` percent to the run's log."""
-    last = {}
+    """A progress callback: a tqdm bar per stage on stderr (visible when the CLI drives the job)
+    and a line every ``every`` percent in the run's log (visible in the Dagster UI)."""
+    from tqdm import tqdm
+
+    last: dict[str, int] = {}
+    bars: dict[str, tqdm] = {}
 
     def cb(stage: str, done: int, total: int) -> None:
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(total=total, desc=stage, unit="task", leave=False, mininterval=0.5)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
         pct = int(100 * done / max(total, 1))
         if pct >= last.get(stage, -every) + every or done == total:
             last[stage] = pct

@@ -318,6 +318,11 @@ def statistics_step(lake: Lake, step: int) -> dict:
     a = state.arrays
     i = obs.task_idx
     w = np.maximum(a["W"][i], 1e-12)
+    # what the scheduler now believes about these tasks (graph/environment prior and blend)
+    prior_var = hat_var = np.full(len(i), np.nan)
+    if hasattr(sched, "predict"):
+        pred = sched.predict(state)
+        prior_var, hat_var = pred["prior_s2"][i], pred["hat_s2"][i]
     rows = {
         "step": np.full(len(i), step, dtype=np.int64),
         "task_id": state.task_ids[i].astype(str),
@@ -331,6 +336,8 @@ def statistics_step(lake: Lake, step: int) -> dict:
         "own_dispersion": a["Xd"][i] / w,
         "exposure": a["exposure"][i],
         "predicted_var": u,
+        "prior_var": prior_var,
+        "posterior_var": hat_var,
         "retired": a["retired"][i] > 0,
         "hack_rate": np.where(a["hack_W"][i] > 0, a["hack_X"][i] / np.maximum(a["hack_W"][i], 1e-12), 0.0),
     }

@@ -37,6 +37,19 @@ def test_three_steps_and_next_action(small_run):
     assert len(keys) == r.num_rows
 
 
+def test_statistics_record_prior_and_posterior_for_envsched(small_pool):
+    lake = small_pool
+    start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", seed=1, batch_size=8, group_size=4, max_steps=2))
+    for t in range(2):
+        one_step(lake, t)
+    st = lake.read("statistics", step=1).to_pylist()
+    assert st and all(np.isfinite(r["prior_var"]) and np.isfinite(r["posterior_var"]) for r in st)
+    # the blend lies between the task's own history and its prior
+    for r in st:
+        lo, hi = sorted((r["own_var"], r["prior_var"]))
+        assert lo - 1e-9 <= r["posterior_var"] <= hi + 1e-9
+
+
 def test_rematerializing_a_step_gives_identical_rows(small_run):
     lake = small_run
     one_step(lake, 0)

@@ -402,29 +402,42 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
     cat = _concat_views(mats)
     dense = topo.toarray().astype(np.float32) if topo is not None and topo.shape[1] <= 512 else None
     uniq = _unique_rows(dense) if dense is not None else None
-    fresh = topk_graph(graph.task_ids, env_of, mats, topo, cw, cx, chunk, rows_subset=new_rows, _cat=cat, _uniq=uniq)
+    # cross-environment rows of the new tasks (within-environment ones are done per block below)
+    fresh = topk_graph(graph.task_ids, env_of, [], topo, cw, cx, chunk, rows_subset=new_rows, _uniq=uniq)
     wi, ws = graph.within_idx.copy(), graph.within_sim.copy()
     xi, xs = graph.cross_idx.copy(), graph.cross_sim.copy()
-    wi[new_rows], ws[new_rows] = fresh.within_idx[new_rows], fresh.within_sim[new_rows]
     xi[new_rows], xs[new_rows] = fresh.cross_idx[new_rows], fresh.cross_sim[new_rows]
     is_new = np.zeros(n, dtype=bool)
     is_new[new_rows] = True
     envs = sorted(set(env_of.tolist()))
     env_code = np.searchsorted(envs, env_of)
-    # old rows x new tasks of the same environment: merge only rows a new task would enter
+    order = np.argsort(env_code, kind="stable")
+    bounds = np.searchsorted(env_code[order], np.arange(len(envs) + 1))
+    # one similarity block per touched environment: the new rows in full, and the old rows
+    # against the new tasks (merged only where a new task enters their candidate list)
     for e in np.unique(env_code[new_rows]) if cat is not None else []:
-        old = np.flatnonzero((env_code == e) & ~is_new)
-        new = np.flatnonzero((env_code == e) & is_new)
-        if len(old) == 0:
+        rows = order[bounds[e]:bounds[e + 1]]
+        contiguous = rows[-1] - rows[0] + 1 == len(rows)
+        block = cat[rows[0]:rows[-1] + 1] if contiguous else cat[rows]
+        sim = (block @ block.T).toarray().astype(np.float32)
+        np.fill_diagonal(sim, -np.inf)
+        new_l = np.flatnonzero(is_new[rows])
+        old_l = np.flatnonzero(~is_new[rows])
+        idx, val = _topk_rows(sim[new_l], cw)
+        k = idx.shape[1]
+        wi[rows[new_l], :k] = np.where(idx >= 0, rows[np.maximum(idx, 0)], -1)
+        ws[rows[new_l], :k] = val
+        if len(old_l) == 0:
             continue
-        s = (cat[old] @ cat[new].T).toarray().astype(np.float32)
+        s = sim[np.ix_(old_l, new_l)]
+        old = rows[old_l]
         cutoff = np.where(wi[old, -1] >= 0, ws[old, -1], 0.0)
         hit = s.max(axis=1) > cutoff
         if not hit.any():
             continue
         rows_hit = old[hit]
-        idx, val = _topk_rows(s[hit], min(cw, len(new)))
-        idx = np.where(idx >= 0, new[np.maximum(idx, 0)], -1)
+        idx, val = _topk_rows(s[hit], min(cw, len(new_l)))
+        idx = np.where(idx >= 0, rows[new_l][np.maximum(idx, 0)], -1)
         wi[rows_hit], ws[rows_hit] = _merge_topk(wi[rows_hit], ws[rows_hit], idx, val, cw)
     # old rows x new tasks of other environments, through the distinct topology vectors
     if topo is not None and uniq is not None:

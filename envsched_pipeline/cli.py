@@ -138,7 +138,7 @@ def cmd_train(args) -> int:
     dagster_home()
     spec = RunSpec(
         pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
-        batch_size=args.batch_size, group_size=args.group_size, max_steps=args.steps,
+        batch_size=args.batch_size, group_size=args.group_size, max_steps=max(args.steps, args.max_steps or 0),
         trainer="subprocess", policy_config=_policy_config(args),
         prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "", prior_discount=args.prior_discount,
         scheduler_config={"cost_aware": True} if args.cost_aware else {},
@@ -422,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--pool", default="synthetic")
     t.add_argument("--policy", default="simulated", help="simulated (CPU testbed) | hf-tiny | hf | vllm | openai")
     t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
+    t.add_argument("--max-steps", type=int, default=None,
+                   help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
+                        "step here and lets the loop sensor in `make ui` drive the rest")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--group-size", type=int, default=8)

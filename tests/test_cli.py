@@ -47,3 +47,12 @@ def test_pool_list(small_pool, capsys):
     assert main(["--lake", str(small_pool.root), "pool", "list"]) == 0
     out = capsys.readouterr().out
     assert "synthetic" in out and "yes" in out
+
+
+def test_max_steps_leaves_the_rest_to_the_sensor(small_pool, dagster_home):
+    from envsched_pipeline.service import load_run, next_action
+
+    p = envsched("train", "--batch-size", "8", "--group-size", "4", "--steps", "1", "--max-steps", "5",
+                 lake=small_pool.root)
+    assert p.returncode == 0, p.stderr
+    assert load_run(small_pool).max_steps == 5 and next_action(small_pool) == ("select", 1)

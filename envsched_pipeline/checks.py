@@ -9,6 +9,7 @@ import dagster as dg
 from envsched_pipeline.metadata import md_table
 from envsched_pipeline.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.scheduler import GRAPH_SCHEDULERS
 
 
 def manifest_problems(rows: list[dict], batch_size: int, config, relaxations: list[str],
@@ -21,8 +22,8 @@ def manifest_problems(rows: list[dict], batch_size: int, config, relaxations: li
         problems.append(f"duplicate tasks: {dup[:5]}")
     if len(ids) != batch_size:
         problems.append(f"{len(ids)} tasks, expected B = {batch_size}")
-    if rows and rows[0].get("scheduler") in ("random", "variance-greedy", "greso", "mopps", "dps"):
-        return problems  # these baselines run without quotas, as in the paper
+    if rows and rows[0].get("scheduler") not in GRAPH_SCHEDULERS:
+        return problems  # only the EnvSched family applies quotas; the baselines run without, as in the paper
     per_env = Counter(r["env_id"] for r in rows)
     if "C1 per-step cap" not in relaxations:
         over = {e: n for e, n in per_env.items() if n > config.cap_env_step}

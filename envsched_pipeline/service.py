@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from envsched_pipeline.lake import Lake, LakeError
-from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler
+from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.core import Pick
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
@@ -167,7 +167,7 @@ def prior_state(spec: RunSpec, ids, envs, hashes) -> SchedulerState:
 
 def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = None):
     graph = None
-    if spec.scheduler in ("envsched", "exploit-only", "coverage-only") or spec.scheduler.startswith("envsched"):
+    if spec.scheduler in GRAPH_SCHEDULERS:
         from envsched_pipeline.graph_io import load_graph
 
         graph = load_graph(lake, spec.pool, state)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import RunSpec, StepError
+from envsched_pipeline.service import RunSpec
 from trainer.grpo import group_advantages
 
 
@@ -41,6 +41,7 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     from envs.sandbox import SandboxPool
     from trainer.agent import AgentLoop, Episode
     from trainer.model import load_policy, qwen3_tokenizer
+    from trainer.realenv import episode_rows
     from trainer.update import GRPOConfig, GRPOTrainer
 
     pc = dict(spec.policy_config)
@@ -75,11 +76,7 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         engine = HFEngine(model, tok, device=device)
     task_ids = manifest.column("task_id").to_pylist()
     g = spec.group_size
-    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=spec.pool).to_pylist() if r["task_id"] in set(task_ids)}
-    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
-    missing = [t for t in task_ids if t not in tasks]
-    if missing:
-        raise StepError(f"step {step}: manifest tasks not in pool {spec.pool}: {missing[:3]}")
+    tasks, envs = episode_rows(lake, spec.pool, task_ids)
     loop = AgentLoop(engine, tok, max_actions=cfg.max_actions, max_new_tokens=cfg.max_new_tokens,
                      temperature=cfg.temperature, max_context=cfg.max_context)
     t_roll = time.perf_counter()

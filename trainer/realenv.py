@@ -60,3 +60,16 @@ def tool_names_of(env_row: dict) -> list[str]:
         return [t.get("function", t).get("name") for t in json.loads(env_row.get("tools") or "[]")]
     except (json.JSONDecodeError, AttributeError):
         return []
+
+
+def episode_rows(lake, pool: str, task_ids: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The lake rows a step's episodes need: task rows of ``task_ids`` and every environment row."""
+    from envsched_pipeline.service import StepError
+
+    wanted = set(task_ids)
+    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=pool).to_pylist() if r["task_id"] in wanted}
+    missing = [t for t in task_ids if t not in tasks]
+    if missing:
+        raise StepError(f"manifest tasks not in pool {pool}: {missing[:3]}")
+    envs = {r["env_id"]: r for r in lake.read("environments", pool=pool).to_pylist()}
+    return tasks, envs

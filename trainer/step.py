@@ -125,11 +125,10 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
     from envs.registry import episode_spec
     from envs.sandbox import SandboxPool
     from envsched_pipeline.scheduler.hack import flag_trajectory
-    from trainer.realenv import corrupt, tool_names_of
+    from trainer.realenv import corrupt, episode_rows, tool_names_of
 
     g = spec.group_size
-    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=spec.pool).to_pylist() if r["task_id"] in set(task_ids)}
-    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
+    tasks, envs = episode_rows(lake, spec.pool, task_ids)
     idx = np.array([learner.index[t] for t in task_ids])
     p = learner.solve_prob(idx)
     jobs = []

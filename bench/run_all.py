@@ -21,8 +21,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from envsched_pipeline.bench import prepare_pool, run_benchmark, run_one  # noqa: E402
-from envsched_pipeline.plots import bench_plots  # noqa: E402
+from envsched_pipeline.analysis.bench import prepare_pool, run_benchmark, run_one  # noqa: E402
+from envsched_pipeline.analysis.plots import bench_plots  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 PAPER = {  # Qwen3-4B, 200 steps (paper's table)
@@ -152,7 +152,7 @@ def section_latency(sizes: list[int]) -> None:
         sel_t, upd_t = [], []
         for step in range(6):
             a = time.perf_counter()
-            picks = sched.select(state, 64, np.random.default_rng([0, step]), step)
+            picks = sched.select(state, 64, np.random.default_rng([0, step]), step).picks
             b = time.perf_counter()
             idx = np.array([p.index for p in picks])
             rewards = [rng.choice([0.33, 0.67, 1.0], size=8) for _ in picks]
@@ -179,14 +179,9 @@ def section_incremental(sizes: list[int]) -> None:
     """Adding 1% new tasks incrementally vs a full rebuild of the similarity top-k."""
     import resource
 
-    from envsched_pipeline.scheduler.graph import (
-        add_tasks,
-        offline_topology,
-        topk_graph,
-        topology_matrix,
-        topology_text,
-        view_matrices,
-    )
+    from envsched_pipeline.graph.topk import add_tasks, topk_graph
+    from envsched_pipeline.graph.topology import offline_topology, topology_matrix, topology_text
+    from envsched_pipeline.graph.views import view_matrices
 
     rows = ["| tasks | scenario | full top-k build s | add 1% incrementally s | ratio | peak RSS GB |",
             "|---|---|---|---|---|---|"]
@@ -318,9 +313,12 @@ def section_replay(steps: int = 60) -> None:
     import tempfile
 
     from envs.registry import load_synthetic
+    from envsched_pipeline.analysis.replay import replay
+    from envsched_pipeline.core.pools import import_pool
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import Lake
-    from envsched_pipeline.replay import replay
-    from envsched_pipeline.service import RunSpec, import_pool, select_step, start_run, statistics_step
+    from envsched_pipeline.run import RunSpec, start_run
     from trainer.step import run_step
 
     names = ["envsched", "exploit-only", "variance-greedy", "greso", "dps"]
@@ -329,7 +327,7 @@ def section_replay(steps: int = 60) -> None:
         import_pool(lake, load_synthetic("synthetic"))
         start_run(lake, RunSpec(pool="synthetic", scheduler="random", seed=0, max_steps=steps))
         for t in range(steps):
-            select_step(lake, t)
+            select_manifest(lake, t)
             run_step(lake, t, log=lambda *_: None)
             statistics_step(lake, t)
         rep = replay(lake, names)

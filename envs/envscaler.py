@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from envs.registry import PoolData, envscaler_rows
+from envs.sandbox import SandboxPool
 
 
 class PoolFormatError(ValueError):
@@ -151,7 +152,6 @@ def load_envscaler(scenarios: str | Path, env_metadata: str | Path, name: str) -
 def validate_buildable(data: PoolData, pool=None) -> dict:
     """Build every environment once (with its first task's config) inside the sandbox, and list
     empty checklists. Returns a report; nothing here raises for a broken environment."""
-    from envs.sandbox import SandboxPool
 
     first_task: dict[str, dict] = {}
     empty = []

@@ -20,6 +20,7 @@ class PoolData:
     environments: list[dict]
     tasks: list[dict]
     latents: list[dict] = field(default_factory=list)
+    heldout: list[dict] = field(default_factory=list)  # task rows kept out of the pool (evaluation only)
 
 
 def _sha(text: str) -> str:
@@ -64,10 +65,11 @@ def load_synthetic(name: str = "synthetic", **kw) -> PoolData:
     cfg = synthetic.SyntheticConfig(**kw)
     gen = synthetic.generate(cfg)
     env_rows, task_rows = envscaler_rows(name, gen.environments, gen.tasks)
+    _, heldout_rows = envscaler_rows(name, gen.environments, gen.heldout)
     latents = [
         {**r, "pool": name, "z": json.dumps(r["z"]), "source": "synthetic"} for r in gen.latents
     ]
-    return PoolData(name=name, environments=env_rows, tasks=task_rows, latents=latents)
+    return PoolData(name=name, environments=env_rows, tasks=task_rows, latents=latents, heldout=heldout_rows)
 
 
 def _package_pool(module: str, kind: str):
@@ -77,41 +79,9 @@ def _package_pool(module: str, kind: str):
         data = importlib.import_module(f"envs.pools.{module}").load(name=name, **kw)
         for e in data.environments:
             e["kind"] = kind
-        data.latents = derive_latents(data)
         return data
 
     return load
-
-
-def derive_latents(data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: float = 1.2,
-                   shift: float = 0.0) -> list[dict]:
-    """Latents for the simulated learner on a real pool (ALGORITHM.md §8): patterns = the task's
-    abstract operation categories (offline topology), difficulty = environment offset + task noise
-    + a term for the number of gold actions. Seeded; stored in ``task_latents`` for the learner only."""
-    import numpy as np
-
-    from envsched_pipeline.scheduler.graph import offline_topology
-
-    cats = ["lookup", "eligibility_check", "relation_replacement", "dependent_state_validation", "create",
-            "update", "delete", "transfer", "notify", "answer"]
-    rng = np.random.default_rng(seed)
-    env_off = {e["env_id"]: float(rng.normal(0, env_sd)) for e in data.environments}
-    out = []
-    for t in data.tasks:
-        topo = offline_topology(t)
-        z = [1.0 if c in topo["operations"] else 0.0 for c in cats]
-        gold = json.loads(t.get("gold") or "[]") or []
-        n_actions = sum(len(x) if isinstance(x, list) else 1 for x in gold)
-        if not any(z):
-            z[-1] = 1.0
-        out.append({
-            "pool": data.name, "task_id": t["task_id"], "env_id": t["env_id"], "split": "train",
-            "patterns": json.dumps([c for c, v in zip(cats, z, strict=True) if v]), "z": json.dumps(z),
-            "difficulty": shift + env_off[t["env_id"]] + float(rng.normal(0, task_sd)) + 0.15 * n_actions,
-            "n_checks": max(1, len(json.loads(t.get("checks") or "[]"))), "easy_checks": 0,
-            "n_actions": n_actions, "source": "derived",
-        })
-    return out
 
 
 # name -> (loader, one-line description)

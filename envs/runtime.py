@@ -23,6 +23,35 @@ class CheckTimeout(Exception):
     pass
 
 
+_CODE_CACHE: dict[tuple[str, str], object] = {}
+
+
+_TOOLS_CACHE: dict[str, list] = {}
+
+
+def _parsed_tools(text: str) -> list:
+    """Tool schemas of an environment row, decoded once per worker (read-only afterwards)."""
+    tools = _TOOLS_CACHE.get(text)
+    if tools is None:
+        if len(_TOOLS_CACHE) > 5_000:
+            _TOOLS_CACHE.clear()
+        tools = _TOOLS_CACHE[text] = json.loads(text)
+    return tools
+
+
+def compiled(source: str, filename: str):
+    """``compile`` with a per-process cache: a worker runs many episodes of the same environment
+    class and checklist, and compiling their source dominated a synthetic episode. Only the code
+    object is cached; every episode still executes it in a fresh namespace, so no state is shared."""
+    key = (filename, source)
+    code = _CODE_CACHE.get(key)
+    if code is None:
+        if len(_CODE_CACHE) > 20_000:
+            _CODE_CACHE.clear()
+        code = _CODE_CACHE[key] = compile(source, filename, "exec")
+    return code
+
+
 @contextmanager
 def time_limit(seconds: float):
     """SIGALRM-based limit for one check or tool call (worker main thread only)."""
@@ -106,12 +135,12 @@ class EnvScalerRuntime(Runtime):
         self.initial_state: dict = {}
         self.tools = self.env.get("tools") or []
         if isinstance(self.tools, str):
-            self.tools = json.loads(self.tools)
+            self.tools = _parsed_tools(self.tools)
         self.tool_names = {t.get("function", t).get("name") for t in self.tools}
 
     def _build(self):
         ns: dict = {"__name__": f"envsched_env_{self.env.get('env_id', 'x')}"}
-        exec(compile(self.env["code"], f"<env {self.env.get('env_id')}>", "exec"), ns)  # sandboxed worker
+        exec(compiled(self.env["code"], f"<env {self.env.get('env_id')}>"), ns)  # sandboxed worker
         name = self.task.get("class_name") or self.env.get("class_name")
         if name not in ns:
             raise LookupError(f"environment code defines no class {name!r}")
@@ -170,7 +199,7 @@ class EnvScalerRuntime(Runtime):
             passed, err = False, None
             try:
                 with time_limit(self.check_timeout):
-                    exec(compile(c.get("check_func", ""), "<check>", "exec"), ns)
+                    exec(compiled(c.get("check_func", ""), "<check>"), ns)
                     fn = ns.get("check_func")
                     if not callable(fn):
                         raise LookupError("no check_func defined")

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
+from envs.runtime import make_runtime, run_actions
+
 
 @dataclass
 class Limits:
@@ -55,9 +57,9 @@ def _worker_main(conn, limits: Limits) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
     except (ValueError, OSError):
         pass
-    from envs.runtime import make_runtime, run_actions
 
     rt = None
+    many: dict[int, object] = {}  # vector mode: episode id -> runtime
     while True:
         try:
             msg = conn.recv()
@@ -67,6 +69,9 @@ def _worker_main(conn, limits: Limits) -> None:
         try:
             if op == "quit":
                 return
+            if op.startswith("v"):
+                conn.send(("ok", _vector_op(op, msg, many, limits)))
+                continue
             if op == "episode":
                 spec, actions, answer = msg[1], msg[2], msg[3]
                 spec = dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
@@ -98,6 +103,55 @@ def _worker_main(conn, limits: Limits) -> None:
                 conn.send(("error", kind, tb))
             except Exception:
                 return
+
+
+def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
+    """Many episodes on one worker, one message per operation: ``vopen`` (envs, [(eid, env_key,
+    task, extra)]), ``vstep`` [(eid, call)], ``vfinish`` [(eid, answer)]. Each episode's outcome is
+    ("ok", value) or ("error", error_class, message): one episode's failure never affects another."""
+
+    out = []
+    if op == "vopen":
+        envs, items = msg[1], msg[2]
+        first_of: dict[str, int] = {}  # tool schemas travel once per environment and message
+        for eid, env_key, task, extra in items:
+            try:
+                rt = make_runtime({**extra, "env": envs[env_key], "task": task, "check_timeout": limits.check_seconds,
+                                   "call_timeout": limits.call_seconds})
+                first = rt.reset()
+                many[eid] = rt
+                if env_key in first_of and isinstance(first, dict):
+                    first = dict(first, tools=None, same_tools_as=first_of[env_key])
+                else:
+                    first_of[env_key] = eid
+                out.append((eid, "ok", first))
+            except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+                many.pop(eid, None)
+                out.append((eid, "error", "env_crash", _short(exc)))
+        return out
+    for eid, arg in msg[1]:
+        rt = many.get(eid)
+        if rt is None:
+            out.append((eid, "error", "infra", "episode is not open on this worker"))
+            continue
+        try:
+            if op == "vstep":
+                out.append((eid, "ok", rt.step(arg)))
+            elif op == "vfinish":
+                res = rt.finish(arg)
+                res.setdefault("error_class", "none" if not res.get("error") else "task")
+                many.pop(eid, None)
+                out.append((eid, "ok", res))
+            else:
+                out.append((eid, "error", "infra", f"unknown op {op!r}"))
+        except BaseException as exc:  # noqa: BLE001
+            many.pop(eid, None)
+            out.append((eid, "error", "verifier_error" if op == "vfinish" else "env_crash", _short(exc)))
+    return out
+
+
+def _short(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
 class _Conn:
@@ -240,6 +294,10 @@ class SandboxPool:
     def session(self, spec: dict) -> Session:
         return Session(self, spec)
 
+    def batch(self, envs: dict[str, dict], episodes: list[tuple[str, dict]], kind: str = "envscaler") -> VectorBatch:
+        """Many interactive episodes in lock-step over all workers (see :class:`VectorBatch`)."""
+        return VectorBatch(self, envs, episodes, kind)
+
     def close(self) -> None:
         with self._lock:
             workers = list(self._all)
@@ -310,6 +368,175 @@ class Session:
             self.pool.stats["episodes"] += 1
             self.pool._checkin(self.worker)
             self.worker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class VectorBatch:
+    """Many interactive episodes at once, spread over the pool's workers, one message per worker
+    per operation (the neural learner steps hundreds of episodes in lock-step).
+
+        b = pool.batch(envs, [(env_key, task_row), ...])
+        firsts = b.reset()                        # per episode: {"observation", "tools"} or None (failed)
+        obs = b.step({j: call, ...})              # tool results for the episodes given
+        res = b.finish({j: answer, ...})          # verifier results; the episode is closed
+
+    A worker that hangs or dies in an operation is replaced, and its episodes are replayed one by
+    one on a fresh worker (reset + the calls they made so far) so that only the episode that hangs
+    or crashes fails (``timeout`` / ``env_crash``): one episode's failure costs that rollout only.
+    """
+
+    def __init__(self, pool: SandboxPool, envs: dict[str, dict], episodes: list[tuple[str, dict]], kind: str):
+        self.pool, self.envs, self.kind = pool, envs, kind
+        self.episodes = episodes
+        self.history: list[list[dict]] = [[] for _ in episodes]
+        self.failed: dict[int, dict] = {}
+        self.closed: set[int] = set()
+        self.workers = [pool._checkout() for _ in range(min(pool.size, max(1, len(episodes))))]
+        self.owner = [j % len(self.workers) for j in range(len(episodes))]
+
+    def _deadline(self, n: int) -> float:
+        lim = self.pool.limits
+        return max(lim.episode_seconds, n * (lim.call_seconds + lim.check_seconds) + 5.0)
+
+    def _open_items(self, js: list[int]) -> list[tuple]:
+        return [(j, self.episodes[j][0], self.episodes[j][1], {"kind": self.kind}) for j in js]
+
+    def _send(self, w: int, op: str, payload: list[tuple], envs: dict | None = None) -> list[tuple] | None:
+        msg = (op, envs, payload) if op == "vopen" else (op, payload)
+        try:
+            status, *out = self.workers[w].call(msg, self._deadline(len(payload)))
+        except (TimeoutError, EOFError, OSError, BrokenPipeError):
+            return None
+        return out[0] if status == "ok" else None
+
+    def _run(self, op: str, items: dict[int, object]) -> dict[int, tuple]:
+        by_worker: dict[int, list[int]] = {}
+        for j in items:
+            if j not in self.failed:
+                by_worker.setdefault(self.owner[j], []).append(j)
+        results: dict[int, tuple] = {}
+
+        def one(w: int) -> None:
+            js = by_worker[w]
+            if op == "vopen":
+                envs = {self.episodes[j][0]: self.envs[self.episodes[j][0]] for j in js}
+                out = self._send(w, op, self._open_items(js), envs)
+            else:
+                out = self._send(w, op, [(j, items[j]) for j in js])
+            if out is None:  # the worker hung or died: isolate the episode that did it
+                results.update(self._isolate(w, op, js, items))
+                return
+            for eid, *res in out:
+                results[eid] = tuple(res)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(by_worker))) as ex:
+            list(ex.map(one, list(by_worker)))
+        return results
+
+    def _isolate(self, w: int, op: str, js: list[int], items: dict[int, object]) -> dict[int, tuple]:
+        """Replace worker ``w`` and replay its open episodes one at a time: only an episode that
+        fails on its own is failed; the others get their result as if nothing had happened."""
+        self.workers[w] = self.pool._replace(self.workers[w])
+        out: dict[int, tuple] = {}
+        alive = [j for j in range(len(self.episodes))
+                 if self.owner[j] == w and j not in self.failed and j not in self.closed]
+        for j in alive:
+            res = self._solo(w, j, op if j in items else None, items.get(j))
+            if j in items:
+                out[j] = res
+            elif res[0] != "ok":
+                self._fail(j, res)
+        return out
+
+    def _solo(self, w: int, j: int, op: str | None, arg) -> tuple:
+        """Re-open episode ``j`` on worker ``w``, replay its calls, then run ``op``; the last outcome."""
+        lim = self.pool.limits
+        ops = [("vopen", None)] + [("vstep", c) for c in self.history[j]]
+        if op is not None and op != "vopen":
+            ops.append((op, arg))
+        last: tuple = ("error", "infra", "nothing ran")
+        for o, a in ops:
+            if o == "vopen":
+                msg = (o, {self.episodes[j][0]: self.envs[self.episodes[j][0]]}, self._open_items([j]))
+            else:
+                msg = (o, [(j, a)])
+            try:
+                status, *got = self.workers[w].call(msg, lim.episode_seconds)
+            except TimeoutError:
+                self.pool.stats["timeouts"] += 1
+                self.workers[w] = self.pool._replace(self.workers[w])
+                return ("error", "timeout", f"episode exceeded {lim.episode_seconds:g}s")
+            except (EOFError, OSError, BrokenPipeError) as exc:
+                self.pool.stats["crashes"] += 1
+                self.workers[w] = self.pool._replace(self.workers[w])
+                return ("error", "env_crash", f"environment worker died ({type(exc).__name__})")
+            if status != "ok":
+                return ("error", "infra", str(got))
+            last = tuple(got[0][0][1:])
+            if last[0] != "ok":
+                return last
+        return last
+
+    def _fail(self, j: int, res: tuple) -> None:
+        self.failed[j] = _failure(res[1], res[2])
+
+    def reset(self) -> list[dict | None]:
+        got = self._run("vopen", {j: None for j in range(len(self.episodes))})
+        out: list[dict | None] = []
+        for j in range(len(self.episodes)):
+            r = got.get(j)
+            if r is None or r[0] != "ok":
+                self._fail(j, r or ("error", "infra", "no result"))
+                out.append(None)
+            else:
+                first = r[1]
+                if isinstance(first, dict) and "same_tools_as" in first:
+                    src = got[first.pop("same_tools_as")][1]
+                    first["tools"] = src.get("tools")
+                out.append(first)
+        return out
+
+    def step(self, calls: dict[int, dict]) -> dict[int, str]:
+        got = self._run("vstep", calls)
+        out = {}
+        for j, call in calls.items():
+            r = got.get(j)
+            if j in self.failed:
+                out[j] = f"Error: {self.failed[j]['error']}"
+            elif r is None or r[0] != "ok":
+                self._fail(j, r or ("error", "infra", "no result"))
+                out[j] = f"Error: {self.failed[j]['error']}"
+            else:
+                self.history[j].append(call)
+                out[j] = r[1]
+        return out
+
+    def finish(self, answers: dict[int, str | None]) -> dict[int, dict]:
+        got = self._run("vfinish", answers)
+        out = {}
+        for j in answers:
+            r = got.get(j)
+            if j in self.failed:
+                out[j] = self.failed[j]
+            elif r is None or r[0] != "ok":
+                self._fail(j, r or ("error", "infra", "no result"))
+                out[j] = self.failed[j]
+            else:
+                out[j] = r[1]
+            self.closed.add(j)
+        return out
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.episodes += 1
+            self.pool._checkin(w)
+        self.pool.stats["episodes"] += len(self.episodes)
+        self.workers = []
 
     def __enter__(self):
         return self

@@ -59,6 +59,41 @@ DOMAINS = [
     ("vet", "kennel", "kennels", "owner_of_pet", "pet_owners", "block", ["dogs", "cats", "exotics"], "meals", "boarding_fee", "boarded"),
 ]
 
+# Environments that the default (training) pool never contains, in two disjoint families:
+# ``warmstart`` (behaviour-cloning warm start of the neural learner) and ``unseen`` (held-out
+# evaluation on environments never trained on). Same tuple layout as DOMAINS.
+EXTRA_DOMAINS = {
+    "warmstart": [
+        ("marina", "mooring", "moorings", "sailor", "sailors", "dock", ["north", "south", "outer"], "days", "mooring_fee", "moored"),
+        ("museum", "exhibit", "exhibits", "curator", "curators", "gallery", ["west", "east", "atrium"], "visitors", "insurance_fee", "lent"),
+        ("farm", "tractor", "tractors", "farmer", "farmers", "plot", ["f1", "f2", "f3"], "hours_used", "rental_fee", "leased_out"),
+        ("theater", "costume", "costumes", "actor", "actors", "rack", ["r1", "r2", "r3"], "fittings", "cleaning_fee", "worn"),
+        ("studio", "camera", "cameras", "photographer", "photographers", "kit", ["basic", "pro", "cine"], "shoots", "damage_fee", "signed_out"),
+        ("garden", "planter", "planters", "gardener", "gardeners", "bed", ["sunny", "shade", "raised"], "harvests", "water_fee", "tended"),
+        ("archive", "record", "records", "archivist", "archivists", "vault", ["v1", "v2", "v3"], "pages", "retrieval_fee", "pulled"),
+        ("kitchen", "burner", "burners", "chef", "chefs", "line", ["hot", "cold", "pastry"], "orders", "prep_fee", "lit"),
+        ("airport", "gate", "gates", "crew", "crews", "terminal", ["t1", "t2", "t3"], "departures", "landing_fee", "staffed"),
+        ("rental", "bike", "bikes", "rider", "riders", "station", ["dock_a", "dock_b", "dock_c"], "rides", "late_charge", "ridden"),
+        ("harbor", "crane", "cranes", "operator", "operators", "quay", ["q1", "q2", "q3"], "lifts", "operating_fee", "engaged"),
+        ("library_annex", "journal", "journals", "reader", "readers", "stack", ["s1", "s2", "s3"], "issues", "reading_fee", "borrowed"),
+    ],
+    "unseen": [
+        ("observatory", "telescope", "telescopes", "astronomer", "astronomers", "dome", ["alpha", "beta", "gamma"], "nights_booked", "observing_fee", "scheduled"),
+        ("stable", "horse", "horses", "jockey", "jockeys", "paddock", ["east", "west", "ring"], "rides", "feed_fee", "saddled"),
+        ("printshop", "press", "presses", "designer", "designers", "bay", ["b1", "b2", "b3"], "prints", "ink_fee", "running"),
+        ("camp", "cabin", "cabins", "camper", "campers", "site", ["lakeside", "hill", "forest"], "nights", "site_fee", "claimed"),
+        ("brewery", "tank", "tanks", "brewer", "brewers", "cellar", ["c1", "c2", "c3"], "liters", "keg_fee", "filled"),
+        ("salon", "chair", "chairs", "stylist", "stylists", "area", ["front", "back", "vip"], "appointments", "chair_rent", "taken"),
+        ("zoo", "enclosure", "enclosures", "keeper", "keepers", "zone", ["savanna", "arctic", "jungle"], "feedings", "care_fee", "tended"),
+        ("laundromat", "washer", "washers", "patron", "patrons", "row", ["w1", "w2", "w3"], "cycles", "soap_fee", "spinning"),
+        ("dojo", "mat", "mats", "student_fighter", "student_fighters", "hall", ["main", "small"], "classes", "belt_fee", "reserved"),
+        ("greenhouse", "tray", "trays", "grower", "growers", "house", ["h1", "h2", "h3"], "seedlings", "heating_fee", "planted"),
+        ("ferry", "cabin_berth", "cabin_berths", "traveller", "travellers", "deck", ["upper", "lower"], "crossings", "port_fee", "booked"),
+        ("pharmacy", "batch", "batches", "pharmacist", "pharmacists", "shelf_unit", ["cold", "dry", "locked"], "doses", "dispensing_fee", "dispensed"),
+    ],
+}
+FAMILIES = ("train", *EXTRA_DOMAINS)
+
 ID_SHAPES = (
     lambda p, i: f"{p[:2].upper()}-{100 + i}",
     lambda p, i: f"{p[:3]}_{i:03d}",
@@ -85,6 +120,7 @@ class SyntheticConfig:
     env_difficulty_sd: float = 2.2  # spread of environment difficulty (logit units)
     task_difficulty_sd: float = 1.6  # spread of task difficulty within an environment
     difficulty_shift: float = 0.7  # calibrated so random scheduling sees the paper's regime
+    family: str = "train"  # train: the default pool | warmstart | unseen: environments it never contains
 
 
 @dataclass
@@ -242,11 +278,11 @@ def _tool_schemas(env: dict) -> list[dict]:
     ]
 
 
-def _make_env(idx: int, rng: np.random.Generator) -> dict:
-    dom = DOMAINS[idx % len(DOMAINS)]
-    variant = idx // len(DOMAINS)
+def _make_env(idx: int, rng: np.random.Generator, domains: list = DOMAINS) -> dict:
+    dom = domains[idx % len(domains)]
+    variant = idx // len(domains)
     domain, e, es, o, os_, fld, vals, qty, fee, assigned = dom
-    env_id = f"{domain}_{variant}" if idx >= len(DOMAINS) else domain
+    env_id = f"{domain}_{variant}" if idx >= len(domains) else domain
     class_name = "".join(w.capitalize() for w in env_id.split("_")) + "Service"
     max_assign = int(rng.integers(1, 4))
     env = {
@@ -263,7 +299,7 @@ def _make_env(idx: int, rng: np.random.Generator) -> dict:
         "qty": qty,
         "fee": fee,
         "assigned": assigned,
-        "id_shape": variant % len(ID_SHAPES),
+        "id_shape": (variant if domains is DOMAINS else idx) % len(ID_SHAPES),
         "rules": {f"max_assigned_per_{o}": max_assign, "suspended_may_not_hold": True},
         "summary": f"A {domain} service that manages {es} and the {os_} who hold them.",
         "introduction": (
@@ -448,11 +484,14 @@ def generate(config: SyntheticConfig = SyntheticConfig()) -> SyntheticPool:
     """Generate the pool. Deterministic for a config (seed included)."""
     if config.n_envs < 1 or config.tasks_per_env < 1:
         raise ValueError("n_envs and tasks_per_env must be >= 1")
+    if config.family not in FAMILIES:
+        raise ValueError(f"unknown environment family {config.family!r}; choose one of {', '.join(FAMILIES)}")
+    domains = DOMAINS if config.family == "train" else EXTRA_DOMAINS[config.family]
     rng = np.random.default_rng(config.seed)
     envs, tasks, heldout, latents = [], [], [], []
     # Each environment favours a few patterns; shared patterns are what transfers across envs.
     for k in range(config.n_envs):
-        env = _make_env(k, rng)
+        env = _make_env(k, rng, domains)
         env_offset = float(rng.normal(0.0, config.env_difficulty_sd))
         favoured = rng.dirichlet(np.full(len(PATTERNS), 0.6))
         envs.append({key: env[key] for key in (

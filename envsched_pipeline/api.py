@@ -1,14 +1,14 @@
 """Bring your own trainer: the scheduler as a step-by-step service over the lake (no Dagster).
 
-    from envsched_pipeline.api import Scheduler
+    from envsched_pipeline.api import ExternalRun
 
-    sched = Scheduler(pool="synthetic", lake="warehouse/lake", seed=0, batch_size=64, group_size=8)
-    for step in range(sched.next_step, 200):
-        batch = sched.next_batch(step)                     # picks: task_id, env_id, half, score, ...
+    run = ExternalRun(pool="synthetic", lake="warehouse/lake", seed=0, batch_size=64, group_size=8)
+    for step in range(run.next_step, 200):
+        batch = run.manifest(step)                         # picks: task_id, env_id, half, score, ...
         rollouts = my_trainer.rollout_and_update(batch)    # [{"task_id", "rollout", "reward"}, ...]
-        sched.observe(step, rollouts)
+        run.observe(step, rollouts)
 
-State lives in the lake, so a restarted trainer builds a new ``Scheduler`` on the same lake and
+State lives in the lake, so a restarted trainer builds a new ``ExternalRun`` on the same lake and
 continues where it stopped; everything is queryable with ``envsched sql`` and visible in Dagster.
 """
 
@@ -17,21 +17,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from envsched_pipeline.core.ingest import ingest_rollouts
+from envsched_pipeline.core.loop import status
+from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import (
-    RunSpec,
-    StepError,
-    ensure_pool,
-    ingest_rollouts,
-    load_run,
-    select_step,
-    start_run,
-    statistics_step,
-    status,
-)
+from envsched_pipeline.run import RunSpec, load_run, start_run
 
 
-class Scheduler:
+class ExternalRun:
+    """A run whose rollouts come from your trainer: ask for each step's manifest, hand back rewards."""
+
     def __init__(self, pool: str = "synthetic", lake: str | Lake | None = None, scheduler: str = "envsched",
                  seed: int = 0, batch_size: int = 64, group_size: int = 8, prior_lake: str = "",
                  prior_discount: float = 0.5, **config_overrides):
@@ -53,12 +51,12 @@ class Scheduler:
         done = self.lake.steps("rollouts")
         return (done[-1] + 1) if done else 0
 
-    def next_batch(self, step: int | None = None) -> list[dict]:
+    def manifest(self, step: int | None = None) -> list[dict]:
         """Manifest of ``step`` (default: next_step). An existing manifest is returned unchanged."""
         step = self.next_step if step is None else step
-        if not self.lake.has("selections", step=step):
-            select_step(self.lake, step)
-        rows = self.lake.read("selections", step=step).sort_by("slot").to_pylist()
+        if not self.lake.has("manifests", step=step):
+            select_manifest(self.lake, step)
+        rows = self.lake.read("manifests", step=step).sort_by("slot").to_pylist()
         for r in rows:
             r["reason"] = json.loads(r["reason"]) if r.get("reason") else {}
         return rows
@@ -72,13 +70,13 @@ class Scheduler:
 
     def predicted_yield(self, step: int) -> float:
         """Predicted share of informative (non-zero-variance) groups in manifest ``step``."""
-        self.next_batch(step)
+        self.manifest(step)
         return float(self.lake.read("audits", step=step).to_pylist()[0]["predicted_yield"])
 
     def oversampling_factor(self, step: int) -> float:
         """Roll out this many times B tasks to keep B informative groups after DAPO-style filtering
         (1 / predicted yield, calibrated on the realized yield of recent steps)."""
-        self.next_batch(step)
+        self.manifest(step)
         return float(self.lake.read("audits", step=step).to_pylist()[0]["oversampling_factor"])
 
     def status(self) -> dict:

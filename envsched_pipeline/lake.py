@@ -4,7 +4,7 @@ Layout under the root (``$ENVSCHED_LAKE``, default ``warehouse/lake``)::
 
     environments/pool=synthetic/part-0.parquet      pool-level tables, one partition per pool
     tasks/pool=synthetic/part-0.parquet
-    selections/step=12/part-0.parquet                per-step tables, one partition per step
+    manifests/step=12/part-0.parquet                per-step tables, one partition per step
     rollouts/step=12/part-0.parquet
     state/step=12/scheduler.npz                      artifacts (scheduler state, policy checkpoints)
     run.json                                         the training run this lake holds
@@ -34,6 +34,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from envsched_pipeline.errors import LakeError
+
 DEFAULT_ROOT = "warehouse/lake"
 # Documented derived views, committed beside the (gitignored) lake.
 VIEWS_SQL = Path(__file__).resolve().parents[1] / "warehouse" / "views.sql"
@@ -48,7 +50,7 @@ POOL_TABLES: dict[str, dict[str, str]] = {
     "edges": {"pool": "str", "src": "str", "dst": "str", "kind": "str", "similarity": "float"},
 }
 STEP_TABLES: dict[str, dict[str, str]] = {
-    "selections": {"step": "int", "slot": "int", "task_id": "str", "env_id": "str", "half": "str", "score": "float"},
+    "manifests": {"step": "int", "slot": "int", "task_id": "str", "env_id": "str", "half": "str", "score": "float"},
     "rollouts": {"step": "int", "task_id": "str", "rollout": "int", "env_id": "str", "reward": "float"},
     "statistics": {"step": "int", "task_id": "str"},
     "train_metrics": {"step": "int", "seconds": "float"},
@@ -57,10 +59,6 @@ STEP_TABLES: dict[str, dict[str, str]] = {
     "yields": {"step": "int", "predicted_yield": "float", "realized_yield": "float"},
 }
 ALL_TABLES = {**POOL_TABLES, **STEP_TABLES}
-
-
-class LakeError(RuntimeError):
-    """A problem with lake contents that a user can act on (names the file or table)."""
 
 
 def _kind_ok(arrow_type: pa.DataType, kind: str) -> bool:

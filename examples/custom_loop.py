@@ -3,14 +3,14 @@
     python examples/custom_loop.py --lake /tmp/envsched-example --steps 5
 
 Replace ``rollout_group`` with your trainer's rollouts (vLLM, an agent framework, remote
-workers); keep ``sched.next_batch`` / ``sched.observe`` around it. Everything lands in the lake:
+workers); keep ``run.manifest`` / ``run.observe`` around it. Everything lands in the lake:
 `envsched --lake /tmp/envsched-example sql "select * from step_summary"`.
 """
 
 import argparse
 import random
 
-from envsched_pipeline.api import Scheduler
+from envsched_pipeline.api import ExternalRun
 
 
 def rollout_group(task: dict, group_size: int, rng: random.Random) -> list[dict]:
@@ -24,13 +24,13 @@ def main() -> None:
     ap.add_argument("--lake", default="/tmp/envsched-example")
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
-    sched = Scheduler(pool="synthetic", lake=args.lake, seed=0, batch_size=64, group_size=8)
+    run = ExternalRun(pool="synthetic", lake=args.lake, seed=0, batch_size=64, group_size=8)
     rng = random.Random(0)
-    for step in range(sched.next_step, args.steps):
-        batch = sched.next_batch(step)
+    for step in range(run.next_step, args.steps):
+        batch = run.manifest(step)
         rollouts = [r for task in batch for r in rollout_group(task, 8, rng)]
         # ... your GRPO update on `rollouts` goes here ...
-        m = sched.observe(step, rollouts)
+        m = run.observe(step, rollouts)
         print(f"step {step}: {len(batch)} tasks, zero-variance groups {m['zero_variance_fraction']:.2f}")
 
 

@@ -11,16 +11,16 @@ and a reward callback hands the rewards back after the step:
     # after each step, from a TrainerCallback.on_step_end or your reward function:
     sampler.report(step, [(task_id, rollout_idx, reward), ...])
 
-For ROLL (agentic pipelines with environment managers), call ``Scheduler.next_batch(step)`` in the
+For ROLL (agentic pipelines with environment managers), call ``ExternalRun.manifest(step)`` in the
 environment manager's reset to choose which (environment, task) pair each env worker resets to,
-and ``Scheduler.observe`` when the step's trajectories are scored.
+and ``ExternalRun.observe`` when the step's trajectories are scored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from envsched_pipeline.api import Scheduler
+from envsched_pipeline.api import ExternalRun
 
 
 class EnvSchedSampler:
@@ -28,7 +28,7 @@ class EnvSchedSampler:
 
     def __init__(self, dataset_task_ids: list[str], lake: str, pool: str = "synthetic", group_size: int = 8,
                  batch_size: int = 64, steps: int = 1000, seed: int = 0):
-        self.sched = Scheduler(pool=pool, lake=lake, seed=seed, batch_size=batch_size, group_size=group_size)
+        self.sched = ExternalRun(pool=pool, lake=lake, seed=seed, batch_size=batch_size, group_size=group_size)
         self.index_of = {t: i for i, t in enumerate(dataset_task_ids)}
         self.group_size, self.steps = group_size, steps
         self.current_step = self.sched.next_step
@@ -36,7 +36,7 @@ class EnvSchedSampler:
     def __iter__(self) -> Iterator[int]:
         for step in range(self.sched.next_step, self.steps):
             self.current_step = step
-            for pick in self.sched.next_batch(step):
+            for pick in self.sched.manifest(step):
                 for _ in range(self.group_size):
                     yield self.index_of[pick["task_id"]]
 

@@ -4,8 +4,9 @@ import warnings
 import pytest
 
 from envs.registry import load_synthetic
+from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import RunSpec, import_pool, start_run
+from envsched_pipeline.run import RunSpec, start_run
 
 warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
 

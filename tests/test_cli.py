@@ -50,7 +50,8 @@ def test_pool_list(small_pool, capsys):
 
 
 def test_max_steps_leaves_the_rest_to_the_sensor(small_pool, dagster_home):
-    from envsched_pipeline.service import load_run, next_action
+    from envsched_pipeline.core.loop import next_action
+    from envsched_pipeline.run import load_run
 
     p = envsched("train", "--batch-size", "8", "--group-size", "4", "--steps", "1", "--max-steps", "5",
                  lake=small_pool.root)

@@ -4,18 +4,15 @@ import numpy as np
 import pytest
 
 from envs.registry import load_synthetic
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.state_store import load_state
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.run import RunSpec, start_run
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.core import update_state
 from envsched_pipeline.scheduler.envsched import EnvSched
 from envsched_pipeline.scheduler.state import Observations, SchedulerState, prior_from
-from envsched_pipeline.service import (
-    RunSpec,
-    import_pool,
-    load_state,
-    select_step,
-    start_run,
-    statistics_step,
-)
+from envsched_pipeline.scheduler.update import update_state
 from trainer.step import run_step
 
 
@@ -54,12 +51,12 @@ def test_run_started_from_a_previous_lake(tmp_path):
         import_pool(lk, data)
     start_run(a, RunSpec(pool="synthetic", batch_size=10, group_size=4, max_steps=3))
     for t in range(3):
-        select_step(a, t)
+        select_manifest(a, t)
         run_step(a, t, log=lambda *_: None)
         statistics_step(a, t)
     spec = start_run(b, RunSpec(pool="synthetic", batch_size=10, group_size=4, max_steps=2,
                                 prior_lake=str(a.root), prior_discount=0.5))
     st0 = load_state(b, spec, -1)
     assert st0.arrays["W"].sum() > 0 and st0.extra["prior"]["discount"] == 0.5
-    out = select_step(b, 0)
+    out = select_manifest(b, 0)
     assert {p.half for p in out["picks"]} <= {"coverage", "exploit"}  # no cold start: it has estimates

@@ -3,10 +3,10 @@
 import dagster as dg
 
 from envsched_pipeline.definitions import defs
-from envsched_pipeline.partitions import training_steps
+from envsched_pipeline.orchestration.partitions import training_steps
+from envsched_pipeline.orchestration.sensors import training_loop_sensor
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher
-from envsched_pipeline.sensors import training_loop_sensor
 
 
 def test_definitions_load():
@@ -21,7 +21,7 @@ def resources(lake):
 
 def test_step_assets_materialize_through_pipes(small_run):
     lake = small_run
-    assets = dg.load_assets_from_modules([__import__("envsched_pipeline.assets.selection", fromlist=["x"]),
+    assets = dg.load_assets_from_modules([__import__("envsched_pipeline.assets.manifest", fromlist=["x"]),
                                           __import__("envsched_pipeline.assets.training", fromlist=["x"])])
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(training_steps.name, ["0"])
@@ -44,7 +44,8 @@ def test_step_assets_materialize_through_pipes(small_run):
 
 def test_sensor_requests_select_then_train_then_next_select(small_run):
     lake = small_run
-    from envsched_pipeline.service import select_step, statistics_step
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
     from trainer.step import run_step
 
     with dg.instance_for_test() as instance:
@@ -53,7 +54,7 @@ def test_sensor_requests_select_then_train_then_next_select(small_run):
         assert [q.job_name for q in r.run_requests] == ["select_job"]
         assert r.run_requests[0].partition_key == "0"
         assert r.dynamic_partitions_requests[0].partition_keys == ["0"]
-        select_step(lake, 0)
+        select_manifest(lake, 0)
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
         assert [q.job_name for q in r.run_requests] == ["train_job"]
         run_step(lake, 0, log=lambda *_: None)

@@ -6,10 +6,10 @@ import zlib
 import dagster as dg
 import pytest
 
-from envsched_pipeline.api import Scheduler
+from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
+from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import StepError
 
 
 def reward_of(step, task_id, rollout):
@@ -41,10 +41,10 @@ def two_lakes(tmp_path, capsys):
 
 def test_cli_protocol_matches_python_api(two_lakes, tmp_path, capsys):
     a, b = two_lakes
-    api = Scheduler(pool="mini", lake=str(a), seed=7, batch_size=6, group_size=4)
+    api = ExternalRun(pool="mini", lake=str(a), seed=7, batch_size=6, group_size=4)
     api_manifests = []
     for t in range(5):
-        batch = api.next_batch(t)
+        batch = api.manifest(t)
         api_manifests.append([(p["task_id"], p["half"], round(p["score"], 9)) for p in batch])
         api.observe(t, rollouts_for(t, batch))
     cli_manifests = []
@@ -63,19 +63,19 @@ def test_cli_protocol_matches_python_api(two_lakes, tmp_path, capsys):
     code, out, _ = cli(b, "step", "status", "--pool", "mini", capsys=capsys)
     assert json.loads(out)["last_selected"] == 4 and json.loads(out)["last_ingested"] == 4
     # re-selecting an existing step returns the stored manifest unchanged
-    before = Lake(b).read("selections", step=2).to_pylist()
+    before = Lake(b).read("manifests", step=2).to_pylist()
     cli(b, "step", "select", "--pool", "mini", "--step", "2", capsys=capsys)
-    assert Lake(b).read("selections", step=2).to_pylist() == before
+    assert Lake(b).read("manifests", step=2).to_pylist() == before
 
 
 def test_restarted_trainer_continues(two_lakes):
     a, _ = two_lakes
-    s1 = Scheduler(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+    s1 = ExternalRun(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
     for t in range(2):
-        s1.observe(t, rollouts_for(t, s1.next_batch(t)))
-    s2 = Scheduler(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+        s1.observe(t, rollouts_for(t, s1.manifest(t)))
+    s2 = ExternalRun(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
     assert s2.next_step == 2
-    assert len(s2.next_batch()) == 6
+    assert len(s2.manifest()) == 6
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -114,10 +114,10 @@ def test_parquet_ingest(two_lakes, tmp_path):
     import pyarrow.parquet as pq
 
     a, _ = two_lakes
-    s = Scheduler(pool="mini", lake=str(a), batch_size=6, group_size=4)
-    rows = rollouts_for(0, s.next_batch(0))
+    s = ExternalRun(pool="mini", lake=str(a), batch_size=6, group_size=4)
+    rows = rollouts_for(0, s.manifest(0))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet")
-    from envsched_pipeline.service import ingest_rollouts
+    from envsched_pipeline.core.ingest import ingest_rollouts
 
     m = ingest_rollouts(s.lake, 0, str(tmp_path / "r.parquet"))
     assert m["rollouts"] == 24
@@ -130,20 +130,21 @@ def test_dagster_loop_with_external_trainer(two_lakes):
     """With the trainer resource external, the sensor launches nothing and waits for ingested
     rollouts, then materializes statistics and the next manifest."""
     from envsched_pipeline.assets import training
+    from envsched_pipeline.core.ingest import ingest_rollouts
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.orchestration.sensors import training_loop_sensor
     from envsched_pipeline.resources.lake import LakeResource
     from envsched_pipeline.resources.trainer import TrainerLauncher
-    from envsched_pipeline.sensors import training_loop_sensor
-    from envsched_pipeline.service import ingest_rollouts, select_step
 
     a, _ = two_lakes
-    s = Scheduler(pool="mini", lake=str(a), batch_size=6, group_size=4)
+    s = ExternalRun(pool="mini", lake=str(a), batch_size=6, group_size=4)
     lake = s.lake
     res = {"lake": LakeResource(root=str(lake.root)), "trainer": TrainerLauncher(mode="external")}
     with dg.instance_for_test() as inst:
-        select_step(lake, 0)
+        select_manifest(lake, 0)
         r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
         assert isinstance(r, dg.SkipReason) and "waiting for the external trainer" in r.skip_message
-        ingest_rollouts(lake, 0, rollouts_for(0, lake.read("selections", step=0).to_pylist()))
+        ingest_rollouts(lake, 0, rollouts_for(0, lake.read("manifests", step=0).to_pylist()))
         r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
         req = r.run_requests[0]
         assert req.job_name == "train_job" and req.partition_key == "0"

@@ -6,15 +6,11 @@ import json
 import numpy as np
 
 from envs.registry import load_synthetic
-from envsched_pipeline.service import (
-    RunSpec,
-    import_pool,
-    load_state,
-    observations_from_rollouts,
-    select_step,
-    start_run,
-    statistics_step,
-)
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.state_store import load_state
+from envsched_pipeline.core.statistics import observations_from_rollouts, statistics_step
+from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
 
@@ -23,7 +19,7 @@ def test_flaky_environment_is_not_hard_and_is_quarantined(lake):
     spec = start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=12, group_size=4, max_steps=8))
     flaky = None
     for t in range(6):
-        out = select_step(lake, t)
+        out = select_manifest(lake, t)
         envs_now = {p.env_id for p in out["picks"]}
         if t == 0:
             flaky = sorted(envs_now)[0]
@@ -44,7 +40,7 @@ def test_flaky_environment_is_not_hard_and_is_quarantined(lake):
     in_env = state.env == e
     # its crashed rollouts never entered the task statistics: not "hard", just unobserved
     assert state.arrays["W"][in_env].sum() == 0 and state.arrays["exposure"][in_env].sum() > 0
-    picks_flaky = lake.sql(f"select count(*) as n from selections where env_id = '{flaky}' and step between 1 and 3")
+    picks_flaky = lake.sql(f"select count(*) as n from manifests where env_id = '{flaky}' and step between 1 and 3")
     assert picks_flaky.column("n")[0].as_py() == 0  # quarantined for quarantine_steps after the spike
     audits = lake.sql("select step, quarantined from audits order by step").to_pylist()
     assert any(flaky in a["quarantined"] for a in audits)
@@ -52,7 +48,7 @@ def test_flaky_environment_is_not_hard_and_is_quarantined(lake):
 
 def test_infra_errors_excluded_from_group_statistics(small_run):
     lake = small_run
-    select_step(lake, 0)
+    select_manifest(lake, 0)
     run_step(lake, 0, log=lambda *_: None)
     rows = lake.read("rollouts", step=0).to_pylist()
     task = rows[0]["task_id"]
@@ -61,7 +57,7 @@ def test_infra_errors_excluded_from_group_statistics(small_run):
             r.update(reward=0.0, error_class="timeout")
     from envsched_pipeline.lake import Lake  # noqa: F401
 
-    state = load_state(lake, __import__("envsched_pipeline.service", fromlist=["x"]).require_run(lake), -1)
+    state = load_state(lake, __import__("envsched_pipeline.run", fromlist=["x"]).require_run(lake), -1)
     import pyarrow as pa
 
     obs = observations_from_rollouts(state, 0, pa.Table.from_pylist(rows))

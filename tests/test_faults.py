@@ -13,8 +13,10 @@ import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.lake import Lake, LakeError
-from envsched_pipeline.service import RunSpec, import_pool, select_step, start_run
+from envsched_pipeline.run import RunSpec, start_run
 
 
 def test_trainer_killed_mid_step_then_rerun_leaves_exactly_b_x_g(tmp_path):
@@ -23,7 +25,7 @@ def test_trainer_killed_mid_step_then_rerun_leaves_exactly_b_x_g(tmp_path):
     # real-environment mode: each rollout runs in the sandbox, so the step takes seconds
     start_run(lake, RunSpec(pool="synthetic", scheduler="random", batch_size=64, group_size=8, max_steps=1,
                             policy_config={"mode": "real"}))
-    select_step(lake, 0)
+    select_manifest(lake, 0)
     cmd = [sys.executable, "-m", "trainer.step", "--lake", str(lake.root), "--step", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     time.sleep(2.0)

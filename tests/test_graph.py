@@ -6,18 +6,10 @@ import dagster as dg
 import numpy as np
 
 from envs.registry import load_synthetic
-from envsched_pipeline.graph_io import build_features, build_task_graph, build_topologies, load_graph
-from envsched_pipeline.scheduler.graph import (
-    VIEWS,
-    add_tasks,
-    build_graph,
-    offline_topology,
-    task_views,
-    topk_graph,
-    topology_matrix,
-    topology_text,
-    view_matrices,
-)
+from envsched_pipeline.graph.store import build_features, build_task_graph, build_topologies, load_graph
+from envsched_pipeline.graph.topk import add_tasks, build_graph, topk_graph
+from envsched_pipeline.graph.topology import offline_topology, topology_matrix, topology_text
+from envsched_pipeline.graph.views import VIEWS, task_views, view_matrices
 
 
 def pool(n_envs=6, per_env=12, seed=0):

@@ -3,14 +3,11 @@
 import numpy as np
 import pytest
 
-from envsched_pipeline.service import (
-    RunSpec,
-    StepError,
-    next_action,
-    select_step,
-    start_run,
-    statistics_step,
-)
+from envsched_pipeline.core.loop import next_action
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
 
@@ -20,7 +17,7 @@ def rows(table):
 
 
 def one_step(lake, t):
-    select_step(lake, t)
+    select_manifest(lake, t)
     run_step(lake, t, log=lambda *_: None)
     statistics_step(lake, t)
 
@@ -53,23 +50,23 @@ def test_statistics_record_prior_and_posterior_for_envsched(small_pool):
 def test_rematerializing_a_step_gives_identical_rows(small_run):
     lake = small_run
     one_step(lake, 0)
-    first = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("selections", "rollouts")}
-    select_step(lake, 0)
+    first = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("manifests", "rollouts")}
+    select_manifest(lake, 0)
     run_step(lake, 0, log=lambda *_: None)
-    again = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("selections", "rollouts")}
-    assert rows(first["selections"]) == rows(again["selections"])
+    again = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("manifests", "rollouts")}
+    assert rows(first["manifests"]) == rows(again["manifests"])
     assert rows(first["rollouts"]) == rows(again["rollouts"])
     assert first["rollouts"].num_rows == 32
 
 
 def test_select_refuses_when_previous_step_missing(small_run):
     with pytest.raises(StepError, match="cannot select step 1: rollouts of step 0 are missing"):
-        select_step(small_run, 1)
+        select_manifest(small_run, 1)
 
 
 def test_statistics_use_task_outcomes_only(small_run):
     lake = small_run
-    select_step(lake, 0)
+    select_manifest(lake, 0)
     run_step(lake, 0, log=lambda *_: None)
     r = lake.read("rollouts", step=0).to_pandas() if False else lake.read("rollouts", step=0).to_pylist()
     # an infrastructure failure must not look like a failed task: mark one group's rollouts as infra
@@ -92,7 +89,7 @@ def test_resumed_run_with_other_settings_is_refused(small_run):
 
 
 def test_selection_is_seeded_and_distinct(small_run):
-    out = select_step(small_run, 0)
+    out = select_manifest(small_run, 0)
     ids = [p.task_id for p in out["picks"]]
     assert len(ids) == len(set(ids)) == 8
     assert np.isclose(out["rows"][0]["propensity"], 8 / 60)

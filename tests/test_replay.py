@@ -3,9 +3,12 @@
 import json
 
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.cli import main
-from envsched_pipeline.replay import replay
-from envsched_pipeline.service import RunSpec, import_pool, select_step, start_run, statistics_step
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
 
@@ -13,7 +16,7 @@ def test_replay_estimates_with_standard_errors(lake, capsys):
     import_pool(lake, load_synthetic("synthetic", n_envs=8, tasks_per_env=15, seed=2))
     start_run(lake, RunSpec(pool="synthetic", scheduler="random", batch_size=24, group_size=8, max_steps=10))
     for t in range(10):
-        select_step(lake, t)
+        select_manifest(lake, t)
         run_step(lake, t, log=lambda *_: None)
         statistics_step(lake, t)
     out = replay(lake, ["random", "envsched", "variance-greedy"], log=lambda *_: None)
@@ -26,6 +29,6 @@ def test_replay_estimates_with_standard_errors(lake, capsys):
         assert e["stderr"] > 0 and 0 <= e["overlap_with_log"] <= 1
     # a variance-seeking scheduler is estimated above random on the same logged states
     assert out["schedulers"]["variance-greedy"]["batch_variance_estimate"] > r["batch_variance_estimate"]
-    assert main(["bench", "replay", "--lake", str(lake.root), "--schedulers", "random,dps"]) == 0
+    assert main(["--lake", str(lake.root), "bench", "replay", "--schedulers", "random,dps"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["schedulers"]) == {"random", "dps"}

@@ -7,20 +7,17 @@ import numpy as np
 import pytest
 
 from envs.registry import PoolData, load_synthetic
-from envsched_pipeline.service import (
-    RunSpec,
-    import_pool,
-    load_state,
-    select_step,
-    start_run,
-    statistics_step,
-)
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.state_store import load_state
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
 
 def run_steps(lake, steps):
     for t in steps:
-        select_step(lake, t)
+        select_manifest(lake, t)
         run_step(lake, t, log=lambda *_: None)
         statistics_step(lake, t)
 
@@ -40,7 +37,7 @@ def reimport(lake, data, tasks, latents=None):
 
 
 def observed(lake, spec_step=2):
-    from envsched_pipeline.service import require_run
+    from envsched_pipeline.run import require_run
 
     st = load_state(lake, require_run(lake), spec_step)
     return st, {t: st.arrays["W"][i] for i, t in enumerate(st.task_ids.tolist())}
@@ -95,7 +92,7 @@ def test_removed_task_is_archived_and_restored(edited):
     assert lake.sql(f"select count(*) as n from rollouts where task_id = '{gone}'").column("n")[0].as_py() > 0
     run_steps(lake, [3])
     reimport(lake, data, data.tasks, data.latents)  # it comes back
-    from envsched_pipeline.service import require_run
+    from envsched_pipeline.run import require_run
 
     st4 = load_state(lake, require_run(lake), 3)
     i = st4.task_ids.tolist().index(gone)

@@ -5,13 +5,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envs.hack import flag_trajectory, is_identifier, replay
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.core import BatchConstraints, update_state
+from envsched_pipeline.scheduler.constraints import BatchConstraints
 from envsched_pipeline.scheduler.envsched import EnvSched
 from envsched_pipeline.scheduler.graph import TaskGraph
-from envsched_pipeline.scheduler.hack import flag_trajectory, is_identifier, replay
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
+from envsched_pipeline.scheduler.update import update_state
 
 
 def make_state(n_envs=3, per_env=4):
@@ -120,10 +121,11 @@ def test_relaxation_order_when_one_env_cannot_fill_the_batch():
     st_ = make_state(n_envs=1, per_env=10)
     observe(st_, 0, {i: [0.0, 1.0] for i in range(10)}, cfg)
     sched = EnvSched(cfg)
-    picks = sched.select(st_, 8, np.random.default_rng(0), 1)
+    sel = sched.select(st_, 8, np.random.default_rng(0), 1)
+    picks = sel.picks
     assert len(picks) == 8 and len({p.task_id for p in picks}) == 8
     # C1 = 4 per env per step forces relaxation; the order is fixed
-    assert sched.last_relaxations == ["consecutive cap", "C3 window cap", "C1 per-step cap"]
+    assert sel.relaxations == ["consecutive cap", "C3 window cap", "C1 per-step cap"]
 
 
 def test_task_picked_at_two_previous_steps_is_ineligible():
@@ -156,10 +158,10 @@ def test_retirement_after_three_solved_groups_and_return():
         observe(st_, t, {0: [1.0] * 8}, cfg)
     assert st_.arrays["retired"][0] == 1
     sched = EnvSched(cfg)
-    picks = sched.select(st_, 4, np.random.default_rng(0), 3)
+    picks = sched.select(st_, 4, np.random.default_rng(0), 3).picks
     assert "e0-t0" not in {p.task_id for p in picks}
     back = EnvSched(cfg.with_overrides(return_prob=1.0))
-    picks = back.select(st_, 6, np.random.default_rng(0), 3)
+    picks = back.select(st_, 6, np.random.default_rng(0), 3).picks
     assert "e0-t0" in {p.task_id for p in picks}
 
 
@@ -215,8 +217,8 @@ def test_hack_rate_discounts_and_retires():
 # ---------------------------------------------------------------------------- cold start, state io
 def test_cold_start_covers_environments_and_is_seeded():
     st_ = make_state(n_envs=8, per_env=5)
-    a = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0)
-    b = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0)
+    a = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0).picks
+    b = EnvSched(SchedulerConfig()).select(st_, 8, np.random.default_rng(3), 0).picks
     assert [p.task_id for p in a] == [p.task_id for p in b]
     assert len({p.env_id for p in a}) == 8 and all(p.half == "cold" for p in a)
 
@@ -242,7 +244,7 @@ def test_every_scheduler_returns_distinct_picks_with_reasons():
         s = make_scheduler(name, SchedulerConfig(batch_size=10))
         state = make_state(n_envs=5, per_env=8)
         for t in range(4):
-            picks = s.select(state, 10, np.random.default_rng(t), t)
+            picks = s.select(state, 10, np.random.default_rng(t), t).picks
             ids = [p.task_id for p in picks]
             assert len(ids) == 10 == len(set(ids)), name
             assert all(p.reason.get("half") for p in picks), name
@@ -264,10 +266,11 @@ def test_batches_never_repeat_and_respect_caps_unless_relaxed(n_envs, per_env, b
     rng = np.random.default_rng(seed)
     history: list[list[int]] = []
     for t in range(steps):
-        picks = sched.select(state, batch, np.random.default_rng([seed, t]), t)
+        sel = sched.select(state, batch, np.random.default_rng([seed, t]), t)
+        picks = sel.picks
         idx = [p.index for p in picks]
         assert len(idx) == len(set(idx)) == min(batch, state.n_tasks)
-        relax = set(sched.last_relaxations)
+        relax = set(sel.relaxations)
         per_env_now = np.bincount(state.env[idx], minlength=state.n_envs)
         if "C1 per-step cap" not in relax:
             assert per_env_now.max() <= cfg.cap_env_step

@@ -3,7 +3,7 @@
 import pytest
 
 from envs.registry import load_synthetic
-from envsched_pipeline.topology_llm import LLMTopologyExtractor, MalformedAnswer, validate_topology
+from envsched_pipeline.graph.llm import LLMTopologyExtractor, MalformedAnswer, validate_topology
 from tests.openai_stub import StubOpenAI
 
 

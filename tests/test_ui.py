@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from envs.registry import load_synthetic
+from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import RunSpec, import_pool, start_run
+from envsched_pipeline.run import RunSpec, start_run
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,8 +4,11 @@ share is recorded after the rollouts, and a DAPO-style trainer can ask for the o
 import numpy as np
 
 from envs.registry import load_synthetic
-from envsched_pipeline.api import Scheduler
-from envsched_pipeline.service import RunSpec, import_pool, select_step, start_run, statistics_step
+from envsched_pipeline.api import ExternalRun
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
 
@@ -13,7 +16,7 @@ def test_predicted_vs_realized_yield_and_oversampling(lake):
     import_pool(lake, load_synthetic("synthetic", n_envs=10, tasks_per_env=20, seed=1))
     start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=32, group_size=8, max_steps=12))
     for t in range(12):
-        select_step(lake, t)
+        select_manifest(lake, t)
         run_step(lake, t, log=lambda *_: None)
         out = statistics_step(lake, t)
         assert 0.0 <= out["predicted_yield"] <= 1.0 and 0.0 <= out["realized_yield"] <= 1.0
@@ -28,13 +31,13 @@ def test_predicted_vs_realized_yield_and_oversampling(lake):
 
 
 def test_api_exposes_yield_and_oversampling(tmp_path):
-    from envsched_pipeline.service import import_pool as imp
+    from envsched_pipeline.core.pools import import_pool as imp
 
     lake_dir = tmp_path / "l"
     from envsched_pipeline.lake import Lake
 
     imp(Lake(lake_dir), load_synthetic("mini", n_envs=4, tasks_per_env=8, seed=2))
-    s = Scheduler(pool="mini", lake=str(lake_dir), batch_size=8, group_size=4)
+    s = ExternalRun(pool="mini", lake=str(lake_dir), batch_size=8, group_size=4)
     f = s.oversampling_factor(0)
     y = s.predicted_yield(0)
     assert 0 < y <= 1 and f == min(8.0, 1.0 / y)

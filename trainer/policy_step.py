@@ -4,15 +4,23 @@ the torch update (``hf-tiny``, ``hf``, ``vllm``), or rollouts only (``openai``).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from envs.registry import episode_spec
+from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import RunSpec
+from envsched_pipeline.run import RunSpec
+from trainer.agent import AgentLoop, Episode
+from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
 from trainer.grpo import group_advantages
+from trainer.model import load_policy, qwen3_tokenizer
+from trainer.realenv import episode_rows
+from trainer.update import GRPOConfig, GRPOTrainer
 
 
 def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
@@ -37,15 +45,9 @@ def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
 def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
     import torch
 
-    from envs.registry import episode_spec
-    from envs.sandbox import SandboxPool
-    from trainer.agent import AgentLoop, Episode
-    from trainer.model import load_policy, qwen3_tokenizer
-    from trainer.realenv import episode_rows
-    from trainer.update import GRPOConfig, GRPOTrainer
 
-    pc = dict(spec.policy_config)
-    cfg = GRPOConfig.from_dict(pc)
+    pc = spec.policy_settings()
+    cfg = GRPOConfig.from_dict(pc.set_values())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     tok = qwen3_tokenizer()
@@ -58,21 +60,16 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         model = load_policy(str(ckpt), device=device)
         log(f"resumed policy from {ckpt} (step {ckpt_step})")
     else:
-        model = load_policy(pc.get("model_path") or None, seed=spec.seed, device=device)
+        model = load_policy(pc.model_path or None, seed=spec.seed, device=device)
     trainer = GRPOTrainer(model, tok, cfg, device) if model is not None else None
     if trainer is not None and ckpt is not None:
         trainer.load_optimizer(ckpt)
     if spec.policy == "vllm":
-        from trainer.engines import VLLMEngine
-
-        engine = VLLMEngine(str(ckpt) if ckpt else pc["model_path"])
+        engine = VLLMEngine(str(ckpt) if ckpt else pc.model_path)
     elif spec.policy == "openai":
-        from trainer.engines import OpenAIEngine
-
-        engine = OpenAIEngine(pc["base_url"], pc.get("model", "default"), pc.get("api_key", "none"))
+        key = os.environ.get(pc.api_key_env, "") if pc.api_key_env else ""
+        engine = OpenAIEngine(pc.base_url, pc.model or "default", key or "none")
     else:
-        from trainer.engines import HFEngine
-
         engine = HFEngine(model, tok, device=device)
     task_ids = manifest.column("task_id").to_pylist()
     g = spec.group_size
@@ -80,7 +77,7 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     loop = AgentLoop(engine, tok, max_actions=cfg.max_actions, max_new_tokens=cfg.max_new_tokens,
                      temperature=cfg.temperature, max_context=cfg.max_context)
     t_roll = time.perf_counter()
-    workers = max(1, int(pc.get("workers", 2)))
+    workers = pc.workers or 2
     eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
     from tqdm import tqdm
 

@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 
+from envsched_pipeline.errors import StepError
+
 
 def _perturb(value, rng: np.random.Generator):
     if isinstance(value, bool):
@@ -64,7 +66,6 @@ def tool_names_of(env_row: dict) -> list[str]:
 
 def episode_rows(lake, pool: str, task_ids: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
     """The lake rows a step's episodes need: task rows of ``task_ids`` and every environment row."""
-    from envsched_pipeline.service import StepError
 
     wanted = set(task_ids)
     tasks = {r["task_id"]: r for r in lake.read("tasks", pool=pool).to_pylist() if r["task_id"] in wanted}

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from envsched_pipeline.lake import atomic_write_bytes
+
 
 @dataclass(frozen=True)
 class SimLearnerConfig:
@@ -145,7 +147,6 @@ class SimulatedLearner:
 
     # ------------------------------------------------------------ checkpoint
     def save(self, path: Path) -> None:
-        from envsched_pipeline.lake import atomic_write_bytes
 
         blob = {
             "skill": self.skill.tolist(),

@@ -18,9 +18,16 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from envs.hack import flag_trajectory
+from envs.registry import episode_spec
+from envs.sandbox import SandboxPool
+from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.service import RunSpec, StepError, require_run, step_rng
+from envsched_pipeline.run import RunSpec, require_run, step_rng
 from trainer.grpo import group_advantages
+from trainer.policy_step import run_policy
+from trainer.realenv import corrupt, episode_rows, tool_names_of
+from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 
 def _checkpoint(lake: Lake, step: int, name: str):
@@ -28,7 +35,6 @@ def _checkpoint(lake: Lake, step: int, name: str):
 
 
 def simulated_learner(lake: Lake, spec: RunSpec):
-    from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
     lat = lake.read("task_latents", pool=spec.pool)
     if lat.num_rows == 0:
@@ -41,7 +47,8 @@ def simulated_learner(lake: Lake, spec: RunSpec):
         if isinstance(r.get("z"), str):
             r["z"] = json.loads(r["z"])
     known = set(SimLearnerConfig.__dataclass_fields__)
-    learner = SimulatedLearner(rows, SimLearnerConfig(**{k: v for k, v in spec.policy_config.items() if k in known}))
+    settings = spec.policy_settings().set_values()
+    learner = SimulatedLearner(rows, SimLearnerConfig(**{k: v for k, v in settings.items() if k in known}))
     learner.source = rows[0].get("source") or "synthetic"
     return learner
 
@@ -58,7 +65,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     task_ids = manifest.column("task_id").to_pylist()
     env_ids = manifest.column("env_id").to_pylist()
     # the generator's pools have an analytic model of their checks; real pools run their verifiers
-    mode = spec.policy_config.get("mode") or ("latent" if learner.source == "synthetic" else "real")
+    mode = spec.policy_settings().mode or ("latent" if learner.source == "synthetic" else "real")
     if mode == "real":
         out = real_env_rollouts(lake, spec, learner, task_ids, rng, log)
     else:
@@ -102,7 +109,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "policy": "simulated",
         "loss": float("nan"),
         "grad_norm": float("nan"),
-        "lr": spec.policy_config.get("skill_lr", 0.03),
+        "lr": learner.config.skill_lr,
         "reward_mean": float(rewards.mean()),
         "reward_median": float(np.median(rewards.mean(axis=1))),
         "batch_variance": float(group_var.mean()),
@@ -122,10 +129,6 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
 def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], rng: np.random.Generator, log=print) -> dict:
     """Gold actions corrupted with the learner's failure probability, executed by the real
     runtime in the sandbox and scored by the real verifier (ALGORITHM.md §8)."""
-    from envs.registry import episode_spec
-    from envs.sandbox import SandboxPool
-    from envsched_pipeline.scheduler.hack import flag_trajectory
-    from trainer.realenv import corrupt, episode_rows, tool_names_of
 
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
@@ -149,7 +152,7 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
             last[0] = done
             log(f"rollouts {done}/{total}")
 
-    with SandboxPool(workers=int(spec.policy_config.get("workers", 2))) as pool:
+    with SandboxPool(workers=spec.policy_settings().workers or 2) as pool:
         results = pool.map_episodes(jobs, progress=progress)
     bar.close()
     n = len(task_ids)
@@ -176,7 +179,6 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
 
 
 def _policy_engine(lake, spec, step, manifest, log=print):
-    from trainer.policy_step import run_policy
 
     return run_policy(lake, spec, step, manifest, log=log)
 
@@ -187,9 +189,9 @@ ENGINES = {"simulated": run_simulated, "hf-tiny": _policy_engine, "hf": _policy_
 
 def run_step(lake: Lake, step: int, log=print) -> dict:
     spec = require_run(lake)
-    if not lake.has("selections", step=step):
+    if not lake.has("manifests", step=step):
         raise StepError(f"manifest of step {step} is missing: select it first")
-    manifest = lake.read("selections", step=step).sort_by("slot")
+    manifest = lake.read("manifests", step=step).sort_by("slot")
     if spec.policy not in ENGINES:
         raise StepError(f"unknown policy {spec.policy!r}; available: {', '.join(ENGINES)}")
     result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.grpo import group_advantages
+from trainer.loss import grpo_loss, token_logprobs
 
 
 @dataclass
@@ -86,7 +87,6 @@ class GRPOTrainer:
         (B, T, V) logits of a 150k vocabulary would dominate memory and time otherwise."""
         import torch
 
-        from trainer.loss import token_logprobs
 
         base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
@@ -107,7 +107,6 @@ class GRPOTrainer:
         """One GRPO step. seqs/masks: per rollout, grouped consecutively (G per task); rewards: (n*G,)."""
         import torch
 
-        from trainer.loss import grpo_loss
 
         c = self.config
         t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 -- Documented DuckDB views over the lake. Base views (one per Parquet table: environments, tasks,
--- topologies, edges, selections, rollouts, statistics, train_metrics, evals, audits) are created
+-- topologies, edges, manifests, rollouts, statistics, train_metrics, evals, audits) are created
 -- by envsched_pipeline.lake.Lake.connect(); these derived views are built on top of them.
 -- Try: envsched sql "select * from step_summary"
 
@@ -43,9 +43,9 @@ GROUP BY step, task_id
 ORDER BY task_id, step;
 
 -- Selection reasons flattened: predicted vs realized variance for every pick.
-CREATE VIEW selection_reasons AS
+CREATE VIEW pick_reasons AS
 SELECT s.step, s.slot, s.task_id, s.env_id, s.half, s.score, s.pred_var, s.p_nonzero, s.propensity,
        s.scheduler, s.reason, h.reward_variance AS realized_variance, h.informative
-FROM selections s
+FROM manifests s
 LEFT JOIN task_history h ON h.step = s.step AND h.task_id = s.task_id
 ORDER BY s.step, s.slot;

@@ -3,7 +3,7 @@
 import dagster as dg
 from pydantic import Field
 
-from envsched_pipeline.service import load_run
+from envsched_pipeline.run import load_run
 
 
 class PoolSelection(dg.Config):

@@ -2,15 +2,15 @@
 
 import dagster as dg
 
+from envsched_pipeline.analysis.plots import graph_report
 from envsched_pipeline.assets._common import PoolSelection, pool_name, progress_logger
+from envsched_pipeline.graph.store import build_task_graph
 from envsched_pipeline.resources.lake import LakeResource
 
 
 @dg.asset(deps=["features", "topologies"], group_name="graph", kinds={"scipy", "parquet"},
           description="Dual-relation graph: within-env edges (six-view TF-IDF) and cross-env edges (topologies).")
 def task_graph(context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource) -> dg.MaterializeResult:
-    from envsched_pipeline.graph_io import build_task_graph
-    from envsched_pipeline.plots import graph_report
 
     lk = lake.lake()
     pool = pool_name(config, lk)

@@ -4,9 +4,11 @@
 import dagster as dg
 from pydantic import Field
 
-from envsched_pipeline.metadata import md_table
+from envs.registry import POOLS, PoolData, load_pool
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.resources.lake import LakeResource
-from envsched_pipeline.service import import_pool, load_run
+from envsched_pipeline.run import load_run
 
 
 class PoolConfig(dg.Config):
@@ -22,7 +24,6 @@ class PoolConfig(dg.Config):
     ],
 )
 def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: LakeResource):
-    from envs.registry import POOLS, PoolData, load_pool
 
     lk = lake.lake()
     run = load_run(lk)

@@ -5,7 +5,8 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.assets._common import PoolSelection, pool_name, progress_logger
-from envsched_pipeline.metadata import md_table
+from envsched_pipeline.graph.store import build_topologies
+from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.llm import LLMResource
 
@@ -14,7 +15,6 @@ from envsched_pipeline.resources.llm import LLMResource
           description="Abstract task topologies: operation categories, entity counts, constraints, check types.")
 def topologies(context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource,
                llm: LLMResource) -> dg.MaterializeResult:
-    from envsched_pipeline.graph_io import build_topologies
 
     lk = lake.lake()
     pool = pool_name(config, lk)

@@ -3,10 +3,13 @@
 
 import dagster as dg
 
-from envsched_pipeline.metadata import scalar_metadata
-from envsched_pipeline.partitions import step_of, training_steps
+from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.orchestration.metadata import scalar_metadata
+from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher
+from envsched_pipeline.run import require_run
 
 
 @dg.asset(
@@ -17,7 +20,6 @@ from envsched_pipeline.resources.trainer import TrainerLauncher
     description="Rollouts (G per task) and the policy update for step t; writes rollouts and train_metrics.",
 )
 def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer: TrainerLauncher):
-    from envsched_pipeline.service import require_run
 
     step = step_of(context)
     lk = lake.lake()
@@ -27,11 +29,9 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
             raise dg.Failure(f"external trainer: rollouts of step {step} are not ingested yet "
                              "(`envsched step ingest --step {step} ...`)")
         r = lk.read("rollouts", step=step)
-        from envsched_pipeline.plots import training_curves
 
         return dg.MaterializeResult(metadata={"dagster/row_count": r.num_rows, "trainer": "external",
                                               "curves": dg.MetadataValue.path(training_curves(lk))})
-    from envsched_pipeline.plots import training_curves
 
     result = trainer.launch(context, str(lk.root), step).get_materialize_result()
     return dg.MaterializeResult(metadata={**(result.metadata or {}),
@@ -46,8 +46,6 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
     description="Per-task reward statistics after step t and the scheduler state they update.",
 )
 def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
-    from envsched_pipeline.plots import statistics_trends, yield_calibration_plot
-    from envsched_pipeline.service import require_run, statistics_step
 
     lk = lake.lake()
     out = statistics_step(lk, step_of(context))

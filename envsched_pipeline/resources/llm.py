@@ -9,6 +9,8 @@ import os
 import dagster as dg
 from pydantic import Field
 
+from envsched_pipeline.graph.llm import LLMTopologyExtractor
+
 
 class LLMResource(dg.ConfigurableResource):
     base_url: str = Field(default="", description="OpenAI-compatible base URL; empty: $ENVSCHED_LLM_BASE_URL, "
@@ -26,7 +28,6 @@ class LLMResource(dg.ConfigurableResource):
         return bool(self._base_url())
 
     def extractor(self, lake):
-        from envsched_pipeline.topology_llm import LLMTopologyExtractor
 
         model = self.model or os.environ.get("ENVSCHED_LLM_MODEL", "qwen3-8b")
         return LLMTopologyExtractor(

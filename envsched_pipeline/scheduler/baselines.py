@@ -1,8 +1,8 @@
-"""Baselines behind the same interface (ALGORITHM.md §7).
+"""Baselines behind the same interface (docs/algorithm.md, baselines).
 
-random / exploit-only / coverage-only live elsewhere (``core.RandomScheduler``; EnvSched with
-rho = 0 / 1). Here: variance-greedy (own history only), GRESO, MoPPS, DPS, and the oracle used
-only by the benchmark as the ceiling (it reads the simulator's true variance; never a real option).
+exploit-only and coverage-only are EnvSched with rho = 0 / 1. Here: random (the paper's baseline),
+variance-greedy (own history only), GRESO, MoPPS, DPS, and the oracle used only by the benchmark
+as the ceiling (it reads the simulator's true variance; never a real option).
 Their extra per-task state lives in ``state.arrays`` under a prefixed name, so it saves and loads
 with the rest of the state.
 """
@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from envsched_pipeline.scheduler.base import Pick, Scheduler, Selection
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.core import Pick, update_state
-from envsched_pipeline.scheduler.state import Observations, SchedulerState
+from envsched_pipeline.scheduler.state import SchedulerState
+from envsched_pipeline.scheduler.update import update_state
 
 
 def _picks(state: SchedulerState, idx, half: str, scores, reasons=None, propensity=1.0) -> list[Pick]:
@@ -36,24 +37,30 @@ def _top(values: np.ndarray, b: int, rng: np.random.Generator) -> np.ndarray:
     return order[:b]
 
 
-class _Base:
-    name = "base"
+class RandomScheduler(Scheduler):
+    """Uniform without replacement (the paper's baseline); constraints off, like the paper's."""
 
-    def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph=None):
-        self.config = config
-        self.graph = graph
-        self.last_relaxations: list[str] = []
+    name = "random"
 
-    def update(self, state: SchedulerState, obs: Observations, predicted_u=None) -> SchedulerState:
-        return update_state(state, obs, self.config, predicted_u)
+    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> Selection:
+        n = state.n_tasks
+        b = min(batch_size, n)
+        idx = rng.choice(n, size=b, replace=False)
+        prop = b / n
+        return Selection([
+            Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="random",
+                 score=0.0, propensity=prop, reason={"half": "random", "uniform_of": n}, index=int(i))
+            for i in idx
+        ])
 
 
-class VarianceGreedy(_Base):
+
+class VarianceGreedy(Scheduler):
     """Top-B by own decayed variance shrunk to a global prior; no graph, no quotas."""
 
     name = "variance-greedy"
 
-    def select(self, state, batch_size, rng, step):
+    def select(self, state, batch_size, rng, step) -> Selection:
         a, c = state.arrays, self.config
         glob = a["Xs2"].sum() / a["W"].sum() if a["W"].sum() > 0 else c.cold_var
         hat = (a["Xs2"] + c.lambda_s * glob) / (a["W"] + c.lambda_s)
@@ -61,10 +68,10 @@ class VarianceGreedy(_Base):
         p = _picks(state, idx, "greedy", hat, [{"pred_var": float(hat[i])} for i in idx])
         for q in p:
             q.pred_var = float(hat[q.index])
-        return p
+        return Selection(p)
 
 
-class GRESO(_Base):
+class GRESO(Scheduler):
     """GRESO-style pre-rollout filtering: a task whose last k groups all had zero variance is
     skipped with probability 1 - p^k, with p_easy / p_hard (all-solved vs all-failed streaks)
     adapted each step towards a target zero-variance share (25%)."""
@@ -80,7 +87,7 @@ class GRESO(_Base):
         state.extra.setdefault("greso_p_easy", 0.5)
         state.extra.setdefault("greso_p_hard", 0.5)
 
-    def select(self, state, batch_size, rng, step):
+    def select(self, state, batch_size, rng, step) -> Selection:
         self._init(state)
         a = state.arrays
         p = np.where(a["greso_easy"] > 0, state.extra["greso_p_easy"], state.extra["greso_p_hard"])
@@ -92,8 +99,8 @@ class GRESO(_Base):
         if len(ordered) < b:  # not enough survivors: fill with skipped ones
             ordered = np.concatenate([ordered, order[~kept[order]]])
         idx = ordered[:b]
-        return _picks(state, idx, "greso", keep_prob,
-                      [{"keep_prob": float(keep_prob[i]), "zero_var_streak": int(a["greso_streak"][i])} for i in idx])
+        return Selection(_picks(state, idx, "greso", keep_prob,
+                      [{"keep_prob": float(keep_prob[i]), "zero_var_streak": int(a["greso_streak"][i])} for i in idx]))
 
     def update(self, state, obs, predicted_u=None):
         self._init(state)
@@ -113,22 +120,22 @@ class GRESO(_Base):
         return update_state(state, obs, self.config, predicted_u)
 
 
-class MoPPS(_Base):
+class MoPPS(Scheduler):
     """Beta posterior of each task's success rate (fractional counts n*s, n*(1-s), decayed),
     Thompson sample, pick the B samples closest to 0.5."""
 
     name = "mopps"
     decay = 0.95
 
-    def select(self, state, batch_size, rng, step):
+    def select(self, state, batch_size, rng, step) -> Selection:
         a = state.arrays
         alpha = a.setdefault("mopps_alpha", np.ones(state.n_tasks))
         beta = a.setdefault("mopps_beta", np.ones(state.n_tasks))
         theta = rng.beta(alpha, beta)
         closeness = -np.abs(theta - 0.5)
         idx = _top(closeness, min(batch_size, state.n_tasks), rng)
-        return _picks(state, idx, "mopps", closeness,
-                      [{"theta": float(theta[i]), "alpha": float(alpha[i]), "beta": float(beta[i])} for i in idx])
+        return Selection(_picks(state, idx, "mopps", closeness,
+                      [{"theta": float(theta[i]), "alpha": float(alpha[i]), "beta": float(beta[i])} for i in idx]))
 
     def update(self, state, obs, predicted_u=None):
         a = state.arrays
@@ -141,7 +148,7 @@ class MoPPS(_Base):
         return update_state(state, obs, self.config, predicted_u)
 
 
-class DPS(_Base):
+class DPS(Scheduler):
     """Three-state HMM per task (unsolved / partial / solved) with a shared transition matrix
     learned from Dirichlet counts; unobserved tasks' beliefs propagate through it each step.
     Picks the top-B predicted P(partial) (= a group with reward spread)."""
@@ -160,7 +167,7 @@ class DPS(_Base):
     def transition(self, counts):
         return counts / counts.sum(axis=1, keepdims=True)
 
-    def select(self, state, batch_size, rng, step):
+    def select(self, state, batch_size, rng, step) -> Selection:
         belief, counts = self._init(state)
         pred = belief @ self.transition(counts)
         p_partial = pred[:, self.PARTIAL]
@@ -168,7 +175,7 @@ class DPS(_Base):
         picks = _picks(state, idx, "dps", p_partial, [{"p_partial": float(p_partial[i])} for i in idx])
         for q in picks:
             q.p_nonzero = float(p_partial[q.index])
-        return picks
+        return Selection(picks)
 
     def update(self, state, obs, predicted_u=None):
         belief, counts = self._init(state)
@@ -189,7 +196,7 @@ class DPS(_Base):
         return update_state(state, obs, self.config, predicted_u)
 
 
-class Oracle(_Base):
+class Oracle(Scheduler):
     """Benchmark ceiling only: knows the simulator's true variance. Never offered to users."""
 
     name = "oracle"
@@ -200,7 +207,7 @@ class Oracle(_Base):
             raise ValueError("the oracle needs the simulator's true variance")
         self.true_variance = true_variance
 
-    def select(self, state, batch_size, rng, step):
+    def select(self, state, batch_size, rng, step) -> Selection:
         tv = self.true_variance(state.task_ids)
         idx = _top(tv, min(batch_size, state.n_tasks), rng)
-        return _picks(state, idx, "oracle", tv)
+        return Selection(_picks(state, idx, "oracle", tv))

@@ -1,4 +1,4 @@
-"""EnvSched (ALGORITHM.md §2–§6): graph-propagated variance prediction and a coverage +
+"""EnvSched (docs/algorithm.md): graph-propagated variance prediction and a coverage +
 exploitation batch under environment quotas.
 
     predict(state)          own history, neighbour/environment prior, shrinkage blend   (§2, §4)
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from envsched_pipeline.scheduler.base import Pick, Scheduler, Selection
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.core import BatchConstraints, Pick, update_state
+from envsched_pipeline.scheduler.constraints import BatchConstraints
 from envsched_pipeline.scheduler.graph import TaskGraph
-from envsched_pipeline.scheduler.state import Observations, SchedulerState
+from envsched_pipeline.scheduler.state import SchedulerState
 
 STATS = ("m", "s2", "d")
 _SUM = {"m": "Xm", "s2": "Xs2", "d": "Xd"}
@@ -34,17 +35,13 @@ def _observed_topk(idx: np.ndarray, sim: np.ndarray, W: np.ndarray, k: int):
     return idx, w
 
 
-class EnvSched:
+class EnvSched(Scheduler):
     name = "envsched"
+    uses_graph = True
+    applies_quotas = True
 
-    def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph: TaskGraph | None = None,
-                 name: str | None = None):
-        self.config = config
-        self.graph = graph
-        if name:
-            self.name = name
-        self.last_relaxations: list[str] = []
-        self.last_quarantined: list[dict] = []
+    def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph: TaskGraph | None = None):
+        super().__init__(config, graph)
 
     # ------------------------------------------------------------------ §2 + §4
     def predict(self, state: SchedulerState) -> dict[str, np.ndarray]:
@@ -154,15 +151,14 @@ class EnvSched:
         return back
 
     # ------------------------------------------------------------------ §6
-    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> list[Pick]:
+    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> Selection:
         c = self.config
         b = min(batch_size, state.n_tasks)
         cons = BatchConstraints(state, c, step)
-        self.last_quarantined = cons.quarantine_report()
+        quarantined = cons.quarantine_report()
         if not state.observed.any():  # no history (and no cross-run prior): cold start
             picks = self._cold_start(state, b, rng, cons)
-            self.last_relaxations = cons.relaxations
-            return picks
+            return Selection(picks, cons.relaxations, quarantined)
         pred = self.predict(state)
         inf = self.informativeness(state, pred)
         back = self._returning(state, pred, rng)
@@ -197,8 +193,7 @@ class EnvSched:
             picks.append(self._pick(state, i, "exploit", pred, inf, snap, 1.0, float(penalty[i])))
             if sym is not None:
                 self._add_penalty(sym, i, penalty)
-        self.last_relaxations = cons.relaxations
-        return picks
+        return Selection(picks, cons.relaxations, quarantined)
 
     @staticmethod
     def _add_penalty(sym, i: int, penalty: np.ndarray) -> None:
@@ -291,6 +286,3 @@ class EnvSched:
             score=float(inf["score"][i]), pred_var=float(inf["u"][i]),
             p_nonzero=float(np.clip(pred["hat_d"][i], 0.0, 1.0)), propensity=propensity, reason=reason, index=i,
         )
-
-    def update(self, state: SchedulerState, obs: Observations, predicted_u: np.ndarray | None = None) -> SchedulerState:
-        return update_state(state, obs, self.config, predicted_u)

@@ -13,11 +13,10 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from envsched_pipeline.lake import atomic_write_bytes
+from envsched_pipeline.rollouts import group_stats
 
 CALIB_WINDOW = 8  # steps of (score, realized variance) pairs kept for calibration
 
@@ -33,7 +32,7 @@ class Observations:
     task_idx: np.ndarray  # int indices into the state's tasks
     mean: np.ndarray
     var: np.ndarray  # population variance of the group's rewards
-    dispersion: np.ndarray  # 1.0 if max - min > 1e-6
+    dispersion: np.ndarray  # 1.0 if max - min > SPREAD_EPS (an informative group)
     rollouts: np.ndarray  # rollouts that produced a task outcome
     hack_flags: np.ndarray  # rewarded rollouts flagged by the identifier-hack detector
     rewarded: np.ndarray  # rollouts with reward > 0
@@ -46,9 +45,10 @@ class Observations:
         means, vars_, disp, n, rew = [], [], [], [], []
         for r in rewards_per_task:
             r = np.asarray(r, dtype=float)
-            means.append(r.mean() if len(r) else 0.0)
-            vars_.append(r.var() if len(r) else 0.0)
-            disp.append(1.0 if len(r) and r.max() - r.min() > 1e-6 else 0.0)
+            m, v, d = group_stats(r)
+            means.append(m)
+            vars_.append(v)
+            disp.append(d)
             n.append(len(r))
             rew.append(float((r > 0).sum()))
         k = len(rewards_per_task)
@@ -176,12 +176,6 @@ class SchedulerState:
             j += 1
         return st
 
-    def save(self, path: Path) -> None:
-        atomic_write_bytes(Path(path), self.to_bytes())
-
-    @classmethod
-    def load(cls, path: Path) -> SchedulerState:
-        return cls.from_bytes(Path(path).read_bytes())
 
 
 def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tuple[SchedulerState, dict]:

@@ -9,13 +9,14 @@ never duplicated while a run is in flight, and re-running a step by hand is alwa
 
 import dagster as dg
 
-from envsched_pipeline.jobs import select_job, train_job
-from envsched_pipeline.partitions import training_steps
+from envsched_pipeline.core.loop import next_action
+from envsched_pipeline.orchestration.jobs import select_job, train_job
+from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.run import load_run
 
 
 def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
-    from envsched_pipeline.service import load_run, next_action
 
     run = load_run(lake)
     if run is None:

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from envsched_pipeline.partitions import training_steps
+from envsched_pipeline.orchestration.partitions import training_steps
 
 select_job = dg.define_asset_job(
     "select_job",

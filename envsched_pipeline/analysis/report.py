@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from envsched_pipeline.analysis.bench import prepare_pool, run_one
+from envsched_pipeline.analysis.plots import _plt, _series, yield_calibration_plot
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.metadata import md_table
-from envsched_pipeline.plots import _plt, _series
-from envsched_pipeline.service import require_run
+from envsched_pipeline.orchestration.metadata import md_table
+from envsched_pipeline.run import require_run
 
 BASELINES = ("random", "greso", "mopps", "dps")
 
@@ -49,7 +50,6 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     # 1. batch variance against baselines (simulated, same pool / B / G / steps)
     base_series = {}
     if baselines and spec.pool == "synthetic" and spec.policy == "simulated":
-        from envsched_pipeline.bench import prepare_pool, run_one
 
         log(f"re-running baselines {', '.join(BASELINES)} in the simulator for {len(steps)} steps ...")
         pool = prepare_pool(51, 50, 0)
@@ -90,7 +90,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     plt.close(fig)
 
     # 3. predicted vs realized variance (calibration)
-    cal = _series(lake, "select pred_var, realized_variance from selection_reasons "
+    cal = _series(lake, "select pred_var, realized_variance from pick_reasons "
                         "where pred_var is not null and not isnan(pred_var) and realized_variance is not null")
     if cal.get("pred_var"):
         fig, ax = plt.subplots(figsize=(5, 4))
@@ -110,7 +110,6 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         plt.close(fig)
 
     # 3b. predicted vs realized yield (share of informative groups)
-    from envsched_pipeline.plots import yield_calibration_plot
 
     if lake.steps("yields"):
         import shutil
@@ -119,7 +118,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         figs.append(("yield.png", "Predicted vs realized yield of informative groups"))
 
     # 4. environment x step heatmap of picks
-    picks = _series(lake, "select env_id, step, count(*) as n from selections group by 1, 2")
+    picks = _series(lake, "select env_id, step, count(*) as n from manifests group by 1, 2")
     envs = sorted(set(picks["env_id"]))
     grid = np.zeros((len(envs), max(steps) + 1))
     for e, st, n in zip(picks["env_id"], picks["step"], picks["n"], strict=True):

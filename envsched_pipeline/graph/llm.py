@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from envsched_pipeline.graph.topology import offline_topology
 from envsched_pipeline.lake import atomic_write_bytes
-from envsched_pipeline.scheduler.graph import offline_topology
 
 CATEGORIES = (
     "lookup", "eligibility_check", "relation_replacement", "dependent_state_validation",

@@ -18,17 +18,11 @@ import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
 
+from envsched_pipeline.graph.topk import graph_from_edges, graph_to_edges, topk_graph
+from envsched_pipeline.graph.topology import offline_topology, topology_matrix, topology_text
+from envsched_pipeline.graph.views import view_matrices
 from envsched_pipeline.lake import Lake, atomic_write_bytes
-from envsched_pipeline.scheduler.graph import (
-    TaskGraph,
-    graph_from_edges,
-    graph_to_edges,
-    offline_topology,
-    topk_graph,
-    topology_matrix,
-    topology_text,
-    view_matrices,
-)
+from envsched_pipeline.scheduler.graph import TaskGraph
 
 
 def pool_rows(lake: Lake, pool: str) -> tuple[list[dict], dict[str, list[str]]]:

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from envsched_pipeline.core.build import scheduler_config
+from envsched_pipeline.core.state_store import load_state
+from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import require_run, step_rng
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.state import SchedulerState
-from envsched_pipeline.service import load_state, require_run, step_rng
 
 
 def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dict:
     spec = require_run(lake)
-    steps = [s for s in lake.steps("statistics") if lake.has("selections", step=s)]
+    steps = [s for s in lake.steps("statistics") if lake.has("manifests", step=s)]
     if not steps:
         raise ValueError(f"{lake.root}: no completed steps to replay")
     hist = lake.sql("select step, task_id, any_value(env_id) as env_id, var_pop(reward) as v from rollouts "
@@ -40,12 +43,11 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
         env_step.setdefault((r["step"], r["env_id"]), []).append(r["v"])
     logged_prop = {}
     for s in steps:
-        for r in lake.read("selections", step=s, columns=["task_id", "propensity"]).to_pylist():
+        for r in lake.read("manifests", step=s, columns=["task_id", "propensity"]).to_pylist():
             p = r["propensity"]
             logged_prop[(s, r["task_id"])] = p if p == p and p > 0 else 1.0
     graph = None
     if any(n.split("@")[0] in GRAPH_SCHEDULERS for n in schedulers):
-        from envsched_pipeline.graph_io import load_graph
 
         graph = load_graph(lake, spec.pool)
     out = {}
@@ -55,8 +57,8 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
             state = load_state(lake, spec, t - 1)
             state = SchedulerState.from_bytes(state.to_bytes())  # the scheduler may annotate its copy
             g = graph.reindex(state.task_ids) if graph is not None else None
-            sched = make_scheduler(name, spec.config(), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None)
-            picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t)
+            sched = make_scheduler(name, scheduler_config(spec), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None)
+            picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t).picks
             step_mean = float(np.mean(list(by_step.get(t, {0: 0.0}).values())))
             vals, hits, model_only = [], 0, 0
             for p in picks:

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 
 from envs.registry import load_synthetic
+from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.graph import build_graph
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimulatedLearner
 
@@ -64,7 +64,8 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
     seen = np.zeros(state.n_tasks, dtype=bool)
     for t in range(steps):
         t0 = time.perf_counter()
-        picks = sched.select(state, batch_size, np.random.default_rng([seed, t]), t)
+        selection = sched.select(state, batch_size, np.random.default_rng([seed, t]), t)
+        picks = selection.picks
         t_sel = time.perf_counter() - t0
         ids = [p.task_id for p in picks]
         idx = np.array([p.index for p in picks])
@@ -86,7 +87,7 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
         series["pool_seen_fraction"].append(float(seen.mean()))
         series["heldout"].append(learner.heldout_score())
         series["select_seconds"].append(t_sel + t_upd)
-        series["relaxations"].append(len(getattr(sched, "last_relaxations", []) or []))
+        series["relaxations"].append(len(selection.relaxations))
         pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
         series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
         series["informative_per_second"].append(float((np.ptp(r, axis=1) > 1e-6).sum() / out["seconds"].sum()))

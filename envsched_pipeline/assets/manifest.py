@@ -9,10 +9,11 @@ from collections import Counter
 
 import dagster as dg
 
-from envsched_pipeline.metadata import md_table, scalar_metadata
-from envsched_pipeline.partitions import step_of, training_steps
+from envsched_pipeline.analysis.plots import manifest_plot
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.orchestration.metadata import md_table, scalar_metadata
+from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
-from envsched_pipeline.service import select_step
 
 
 @dg.asset(
@@ -24,9 +25,8 @@ from envsched_pipeline.service import select_step
 )
 def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     step = step_of(context)
-    out = select_step(lake.lake(), step)
+    out = select_manifest(lake.lake(), step)
     rows, audit = out["rows"], out["audit"]
-    from envsched_pipeline.plots import manifest_plot
 
     halves = Counter(r["half"] for r in rows)
     envs = Counter(r["env_id"] for r in rows)

@@ -6,9 +6,11 @@ from collections import Counter
 
 import dagster as dg
 
-from envsched_pipeline.metadata import md_table
-from envsched_pipeline.partitions import step_of, training_steps
+from envsched_pipeline.core.build import scheduler_config
+from envsched_pipeline.orchestration.metadata import md_table
+from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.run import load_run, require_run
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS
 
 
@@ -48,16 +50,15 @@ def manifest_problems(rows: list[dict], batch_size: int, config, relaxations: li
 def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     import json
 
-    from envsched_pipeline.service import require_run
 
     lk = lake.lake()
     step = step_of(context)
     spec = require_run(lk)
-    rows = lk.read("selections", step=step).to_pylist()
+    rows = lk.read("manifests", step=step).to_pylist()
     audit = lk.read("audits", step=step).to_pylist()
     relax = json.loads(audit[0]["relaxations"]) if audit and audit[0].get("relaxations") else []
-    prev = [lk.read("selections", step=s).to_pylist() for s in (step - 2, step - 1) if s >= 0 and lk.has("selections", step=s)]
-    problems = manifest_problems(rows, min(spec.batch_size, _pool_size(lk, spec.pool)), spec.config(), relax, prev)
+    prev = [lk.read("manifests", step=s).to_pylist() for s in (step - 2, step - 1) if s >= 0 and lk.has("manifests", step=s)]
+    problems = manifest_problems(rows, min(spec.batch_size, _pool_size(lk, spec.pool)), scheduler_config(spec), relax, prev)
     return dg.AssetCheckResult(passed=not problems, metadata={
         "tasks": len(rows), "environments": len({r["env_id"] for r in rows}), "relaxations": ", ".join(relax) or "none",
         "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
@@ -100,13 +101,12 @@ def rollout_problems(rollouts: list[dict], manifest: list[dict], group_size: int
 @dg.asset_check(asset="training_step", blocking=True, partitions_def=training_steps,
                 description="Rewards finite and in [0, 1]; every selected task got exactly G rollouts; no duplicates.")
 def rollouts_are_complete(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
-    from envsched_pipeline.service import require_run
 
     lk = lake.lake()
     step = step_of(context)
     spec = require_run(lk)
     rollouts = lk.read("rollouts", step=step, columns=["task_id", "rollout", "reward", "env_id", "error_class"]).to_pylist()
-    manifest = lk.read("selections", step=step).to_pylist()
+    manifest = lk.read("manifests", step=step).to_pylist()
     problems, info = rollout_problems(rollouts, manifest, spec.group_size)
     errors = Counter(r.get("error_class") or "none" for r in rollouts)
     return dg.AssetCheckResult(passed=not problems, metadata={
@@ -138,7 +138,6 @@ def infra_errors_are_low(context: dg.AssetCheckExecutionContext, lake: LakeResou
 
 @dg.asset_check(asset="topologies", blocking=True, description="Every task of the pool has a topology.")
 def topologies_cover_pool(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
-    from envsched_pipeline.service import load_run
 
     lk = lake.lake()
     run = load_run(lk)

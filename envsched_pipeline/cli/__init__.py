@@ -1,0 +1,48 @@
+"""``envsched`` command line: a thin ``main()`` over one module per command group.
+
+    envsched train --pool synthetic --policy simulated --steps 20     the Dagster loop, in-process
+    envsched sql "select env_id, avg(reward) from rollouts group by 1"
+    envsched pool list | create | import;  envsched env run
+    envsched step select | ingest | status                          the external-trainer protocol
+    envsched status;  envsched report;  envsched bench scheduler | replay
+
+Every command takes the global ``--lake DIR`` (default ``$ENVSCHED_LAKE`` or ``warehouse/lake``).
+A user error (any :class:`envsched_pipeline.errors.EnvschedError`) prints one line on stderr and
+exits with code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from envsched_pipeline import __version__
+from envsched_pipeline.cli import analyze, pool, sql, step, train
+from envsched_pipeline.errors import EnvschedError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envsched", description="Environment-aware rollout scheduling for agent RL.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE, else warehouse/lake)")
+    p.add_argument("--version", action="version", version=f"envsched {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for module in (train, sql, pool, step, analyze):
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except EnvschedError as exc:
+        print(f"envsched: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

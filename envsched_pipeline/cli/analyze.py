@@ -1,0 +1,100 @@
+"""``envsched status``, ``envsched report`` and ``envsched bench scheduler|replay``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from envsched_pipeline.analysis.bench import run_benchmark
+from envsched_pipeline.analysis.replay import replay
+from envsched_pipeline.analysis.report import build_report
+from envsched_pipeline.cli.common import UsageError, dumps, lake_of, names
+from envsched_pipeline.core.loop import status
+
+F = argparse.ArgumentDefaultsHelpFormatter
+ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
+
+
+def add_parser(sub) -> None:
+    st = sub.add_parser("status", help="the lake's run and its last steps", formatter_class=F)
+    st.set_defaults(func=cmd_status)
+
+    rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
+    rp.add_argument("--out", required=True, help="output folder")
+    rp.add_argument("--no-baselines", action="store_true", help="skip re-running baselines in the simulator")
+    rp.set_defaults(func=cmd_report)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    bs = bsub.add_parser("scheduler", help="every scheduler against the same learner, pool and seeds",
+                         formatter_class=F)
+    bs.add_argument("--pool", default="synthetic", choices=["synthetic"], help="pool generator")
+    bs.add_argument("--steps", type=int, default=200, help="training steps per run")
+    bs.add_argument("--seed", type=int, default=0, help="first seed")
+    bs.add_argument("--seeds", type=int, default=1, help="average over seeds seed..seed+N-1")
+    bs.add_argument("--schedulers", default=ALL, help="comma-separated scheduler names")
+    bs.add_argument("--envs", type=int, default=51, help="environments in the generated pool")
+    bs.add_argument("--tasks", type=int, default=50, help="tasks per environment")
+    bs.add_argument("--batch-size", type=int, default=64, help="B")
+    bs.add_argument("--group-size", type=int, default=8, help="G")
+    bs.add_argument("--json", default=None, help="write the result document here")
+    bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
+    bs.set_defaults(func=cmd_bench_scheduler)
+    br = bsub.add_parser("replay", help="offline evaluation of schedulers on the lake's logged run (no new rollouts)",
+                         formatter_class=F)
+    br.add_argument("--schedulers", default="random,envsched,exploit-only,greso,mopps,dps",
+                    help="comma-separated scheduler names")
+    br.add_argument("--window", type=int, default=4, help="steps within which a task's logged variance is reused")
+    br.add_argument("--json", default=None, help="write the result document here")
+    br.set_defaults(func=cmd_bench_replay)
+
+
+def cmd_status(args) -> int:
+    print(dumps(status(lake_of(args)), indent=2))
+    return 0
+
+
+def cmd_report(args) -> int:
+    index = build_report(lake_of(args), Path(args.out), baselines=not args.no_baselines,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"wrote {index}")
+    return 0
+
+
+def cmd_bench_scheduler(args) -> int:
+    chosen = names(args.schedulers)
+    if args.steps < 1 or args.seeds < 1:
+        raise UsageError("--steps and --seeds must be >= 1")
+    print(f"benchmark (SIMULATED learner): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
+          f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}",
+          flush=True)
+    out = run_benchmark(chosen, steps=args.steps, seed=args.seed, envs=args.envs, tasks_per_env=args.tasks,
+                        seeds=args.seeds, batch_size=args.batch_size, group_size=args.group_size,
+                        log=lambda m: print(m, flush=True))
+    doc = {"schedulers": out["schedulers"], "setup": out["setup"]}
+    if args.series:
+        doc["series"] = out["series"]
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(dumps(doc, indent=2))
+    base = out["schedulers"].get("random")
+    print(f"{'scheduler':<16} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} {'median_r':>9} "
+          f"{'heldout':>8} {'steps_to_rb':>11} {'sel_ms':>8}")
+    for name, m in out["schedulers"].items():
+        ratio = m["batch_variance"] / base["batch_variance"] if base else float("nan")
+        st = "-" if m["steps_to_random_best"] is None else f"{m['steps_to_random_best']:.0f}"
+        print(f"{name:<16} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
+              f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_final']:>8.4f} {st:>11} "
+              f"{1000 * m['select_seconds_median']:>8.2f}")
+    return 0
+
+
+def cmd_bench_replay(args) -> int:
+    out = replay(lake_of(args), names(args.schedulers), window=args.window,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    text = dumps(out, indent=2)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    return 0

@@ -1,0 +1,55 @@
+"""What every command shares: the lake, the Dagster home, output helpers, user errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+from envsched_pipeline.errors import EnvschedError
+from envsched_pipeline.lake import Lake
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class UsageError(EnvschedError):
+    """A command-line mistake: printed as one line, exit code 2."""
+
+
+def lake_of(args: argparse.Namespace) -> Lake:
+    return Lake(args.lake)
+
+
+def dagster_home() -> Path:
+    """``$DAGSTER_HOME`` (default: ./dagster_home, else the repository's), created if missing."""
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        local = Path.cwd() / "dagster_home"
+        home = str(local if local.exists() else REPO_ROOT / "dagster_home")
+    path = Path(home).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(path)  # read by dagster.DagsterInstance.get()
+    if not (path / "dagster.yaml").exists():
+        (path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return path
+
+
+def json_safe(obj):
+    """NaN / inf become null, so JSON output is valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    return json.dumps(json_safe(obj), default=str, allow_nan=False, **kw)
+
+
+def names(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]

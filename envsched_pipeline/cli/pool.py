@@ -1,0 +1,110 @@
+"""``envsched pool list|create|import`` and ``envsched env run``: pools and their environments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
+from envs.registry import POOLS, episode_spec, load_synthetic
+from envs.sandbox import SandboxPool
+from envsched_pipeline.cli.common import UsageError, dumps, lake_of
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.run import valid_name
+
+F = argparse.ArgumentDefaultsHelpFormatter
+
+
+def add_parser(sub) -> None:
+    pool = sub.add_parser("pool", help="task pools")
+    psub = pool.add_subparsers(dest="pool_command", required=True)
+    pl = psub.add_parser("list", help="registered and imported pools", formatter_class=F)
+    pl.set_defaults(func=cmd_list)
+    pc = psub.add_parser("create", help="make a synthetic pool under a name", formatter_class=F)
+    pc.add_argument("kind", choices=["synthetic"], help="generator")
+    pc.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
+    pc.add_argument("--envs", type=int, default=51, help="environments")
+    pc.add_argument("--tasks-per-env", type=int, default=50, help="tasks per environment")
+    pc.add_argument("--seed", type=int, default=0, help="generator seed")
+    pc.set_defaults(func=cmd_create)
+    pi = psub.add_parser("import", help="import a pool from files", formatter_class=F)
+    pi.add_argument("kind", choices=["envscaler"], help="file format")
+    pi.add_argument("--scenarios", required=True, help="EnvScaler scenario list (JSON)")
+    pi.add_argument("--env-metadata", required=True, help="EnvScaler environment metadata (JSON)")
+    pi.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
+    pi.set_defaults(func=cmd_import)
+
+    env = sub.add_parser("env", help="environments")
+    esub = env.add_subparsers(dest="env_command", required=True)
+    er = esub.add_parser("run", help="run a list of tool calls against a task, then verify", formatter_class=F)
+    er.add_argument("--pool", required=True, help="pool name")
+    er.add_argument("--task", required=True, help="task id")
+    er.add_argument("--actions", required=True, help='JSON file: a list of {"name", "arguments"}')
+    er.add_argument("--answer", default=None, help="final answer text (reasoning_gym)")
+    er.set_defaults(func=cmd_env_run)
+
+
+def cmd_list(args) -> int:
+    lake = lake_of(args)
+    imported = set(lake.pools())
+    print(f"{'pool':<16} {'in lake':<8} description")
+    for name, (_, desc) in sorted(POOLS.items()):
+        print(f"{name:<16} {'yes' if name in imported else 'no':<8} {desc}")
+    for name in sorted(imported - set(POOLS)):
+        print(f"{name:<16} {'yes':<8} imported pool")
+    return 0
+
+
+def cmd_create(args) -> int:
+    lake = lake_of(args)
+    valid_name(args.name)
+    if args.envs < 1 or args.tasks_per_env < 1:
+        raise UsageError("--envs and --tasks-per-env must be >= 1")
+    data = load_synthetic(args.name, n_envs=args.envs, tasks_per_env=args.tasks_per_env, seed=args.seed)
+    print(dumps(import_pool(lake, data)))
+    return 0
+
+
+def cmd_import(args) -> int:
+    lake = lake_of(args)
+    valid_name(args.name)
+    try:
+        data = load_envscaler(args.scenarios, args.env_metadata, args.name)
+    except PoolFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"parsed {len(data.environments)} environments, {len(data.tasks)} tasks; building each environment "
+          "once in the sandbox ...", file=sys.stderr, flush=True)
+    report = validate_buildable(data)
+    counts = import_pool(lake, data)
+    print(dumps({**counts, "broken_environments": report["broken_environments"],
+                 "empty_checklists": report["empty_checklists"]}))
+    return 0
+
+
+def cmd_env_run(args) -> int:
+    lake = lake_of(args)
+    if not lake.has("tasks", pool=valid_name(args.pool)):
+        raise UsageError(f"pool {args.pool!r} is not in {lake.root}")
+    tasks = lake.read("tasks", pool=args.pool)
+    rows = [r for r in tasks.to_pylist() if r["task_id"] == args.task]
+    if not rows:
+        raise UsageError(f"task {args.task!r} is not in pool {args.pool!r}")
+    env = [e for e in lake.read("environments", pool=args.pool).to_pylist() if e["env_id"] == rows[0]["env_id"]]
+    if not env:
+        raise UsageError(f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}")
+    try:
+        actions = json.loads(Path(args.actions).read_text())
+    except FileNotFoundError as exc:
+        raise UsageError(f"{args.actions}: no such file") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{args.actions}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(actions, list) or not all(isinstance(a, dict) and "name" in a for a in actions):
+        raise UsageError(f"{args.actions}: expected a JSON list of {{\"name\", \"arguments\"}} objects")
+    with SandboxPool(workers=1) as pool:
+        res = pool.run_episode(episode_spec(env[0], rows[0]), actions, args.answer)
+    print(dumps({"task_id": args.task, "reward": res.get("reward", 0.0),
+                 "checks": [{k: c.get(k) for k in ("item", "passed", "error")} for c in res.get("checks", [])],
+                 "error": res.get("error")}))
+    return 0

@@ -1,0 +1,90 @@
+"""``envsched step select|ingest|status``: the step protocol for an external trainer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from envsched_pipeline.cli.common import UsageError, dumps, lake_of
+from envsched_pipeline.core.build import open_run
+from envsched_pipeline.core.ingest import ingest_rollouts
+from envsched_pipeline.core.loop import status
+from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.run import RunSpec, load_run, require_run
+from envsched_pipeline.scheduler import SCHEDULERS
+
+F = argparse.ArgumentDefaultsHelpFormatter
+
+
+def add_parser(sub) -> None:
+    step = sub.add_parser("step", help="step-by-step protocol for an external trainer")
+    ssub = step.add_subparsers(dest="step_command", required=True)
+    sel = ssub.add_parser("select", help="write manifest T and print its picks as JSON lines", formatter_class=F)
+    sel.add_argument("--pool", required=True, help="pool name")
+    sel.add_argument("--step", type=int, required=True, help="step T")
+    sel.add_argument("--scheduler", default=None, choices=sorted(SCHEDULERS), help="scheduler (first call: envsched)")
+    sel.add_argument("--seed", type=int, default=None, help="run seed (first call: 0)")
+    sel.add_argument("--batch-size", type=int, default=None, help="B (first call: 64)")
+    sel.add_argument("--group-size", type=int, default=None, help="G, >= 2 (first call: 8)")
+    sel.set_defaults(func=cmd_select)
+    ing = ssub.add_parser("ingest", help="validate and write rollouts of step T (.jsonl or .parquet)",
+                          formatter_class=F)
+    ing.add_argument("--pool", required=True, help="pool name")
+    ing.add_argument("--step", type=int, required=True, help="step T")
+    ing.add_argument("--rollouts", required=True, help="file with task_id, rollout, reward per row")
+    ing.set_defaults(func=cmd_ingest)
+    sst = ssub.add_parser("status", help="last selected and last ingested step", formatter_class=F)
+    sst.add_argument("--pool", required=True, help="pool name")
+    sst.set_defaults(func=cmd_status)
+
+
+def _run_for(lake, args) -> RunSpec:
+    run = load_run(lake)
+    if run is not None and run.pool != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake")
+    def pick(name, default):
+        value = getattr(args, name, None)
+        return value if value is not None else (getattr(run, name) if run else default)
+
+    spec = RunSpec(pool=args.pool, policy=run.policy if run else "external", trainer="external",
+                   scheduler=pick("scheduler", "envsched"), seed=pick("seed", 0),
+                   batch_size=pick("batch_size", 64), group_size=pick("group_size", 8),
+                   max_steps=run.max_steps if run else 1_000_000)
+    spec.validate(SCHEDULERS)  # before anything is written
+    if not lake.has("tasks", pool=args.pool):
+        if args.pool != "synthetic":
+            raise UsageError(f"pool {args.pool!r} is not in {lake.root} (`envsched pool create` or `pool import`)")
+        ensure_pool(lake, "synthetic")
+    return open_run(lake, spec)
+
+
+def cmd_select(args) -> int:
+    lake = lake_of(args)
+    _run_for(lake, args)
+    if not lake.has("manifests", step=args.step):
+        select_manifest(lake, args.step)
+    for r in lake.read("manifests", step=args.step).sort_by("slot").to_pylist():
+        print(dumps({k: r[k] for k in ("task_id", "env_id", "half", "score", "pred_var", "p_nonzero")}))
+    audit = lake.read("audits", step=args.step).to_pylist()[0]
+    print(dumps({"step": args.step, "predicted_yield": audit.get("predicted_yield"),
+                 "oversampling_factor": audit.get("oversampling_factor")}), file=sys.stderr)
+    return 0
+
+
+def cmd_ingest(args) -> int:
+    lake = lake_of(args)
+    run = require_run(lake)
+    if run.pool != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}")
+    print(dumps(ingest_rollouts(lake, args.step, args.rollouts)))
+    return 0
+
+
+def cmd_status(args) -> int:
+    lake = lake_of(args)
+    st = status(lake)
+    if st["run"] and st["run"]["pool"] != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {st['run']['pool']!r}, not {args.pool!r}")
+    print(dumps({k: st[k] for k in ("last_selected", "last_ingested", "last_statistics")}))
+    return 0

@@ -1,0 +1,124 @@
+"""``envsched train``: the scheduled training loop, through the Dagster jobs, in-process."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from envsched_pipeline.cli.common import dagster_home, lake_of
+from envsched_pipeline.core.build import open_run
+from envsched_pipeline.core.loop import step_summary
+from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.run import POLICIES, RunSpec
+from envsched_pipeline.scheduler import SCHEDULERS
+
+STEP_COLUMNS = ("step", "batch_variance", "zero_variance_fraction", "envs_touched", "mean_reward", "heldout", "seconds")
+HEADER = ("step", "batch_var", "zero_var", "envs", "mean_rew", "heldout", "seconds")
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("train", help="run the scheduled training loop through the Dagster jobs, in-process",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--pool", default="synthetic", help="task pool (`envsched pool list`)")
+    t.add_argument("--policy", default="simulated", choices=POLICIES,
+                   help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai")
+    t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
+    t.add_argument("--max-steps", type=int, default=None,
+                   help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
+                        "step here and lets the loop sensor in `make ui` drive the rest")
+    t.add_argument("--seed", type=int, default=0, help="seed of the run (selection and rollouts)")
+    t.add_argument("--batch-size", type=int, default=64, help="B: tasks per step")
+    t.add_argument("--group-size", type=int, default=8, help="G: rollouts per task (>= 2)")
+    t.add_argument("--scheduler", default="envsched", choices=sorted(SCHEDULERS), help="which scheduler picks batches")
+    t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
+    t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (LM policies)")
+    t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
+    t.add_argument("--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1")
+    t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
+    t.add_argument("--api-key-env", default=None, help="openai policy: environment variable that holds the API key")
+    t.add_argument("--prior-lake", default="", help="start the estimates from another run's lake (cross-run prior)")
+    t.add_argument("--prior-discount", type=float, default=0.5, help="weight of the prior run's statistics")
+    t.add_argument("--cost-aware", action="store_true", help="score informativeness per predicted rollout second")
+    t.add_argument("--sim-mode", default="auto", choices=["auto", "latent", "real"],
+                   help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
+                        "and run through the real runtime + verifier (default for package pools)")
+    t.add_argument("--allow-config-change", action="store_true",
+                   help="resume with another scheduler/policy config (recorded in run.json)")
+    t.set_defaults(func=run)
+
+
+def policy_config(args) -> dict:
+    pc: dict = {}
+    if args.sim_mode != "auto":
+        pc["mode"] = args.sim_mode
+    if args.model_path:
+        pc["model_path"] = str(Path(args.model_path).resolve())
+    for key in ("max_new_tokens", "lr", "base_url", "model", "api_key_env"):
+        if getattr(args, key) is not None:
+            pc[key] = getattr(args, key)
+    return pc
+
+
+def _fmt(v, width: int = 10) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-".rjust(width)
+    if isinstance(v, float):
+        return f"{v:.4f}".rjust(width)
+    return str(v).rjust(width)
+
+
+def header() -> str:
+    return " ".join(n.rjust(10) for n in HEADER)
+
+
+def row(r: dict, seconds: float | None = None) -> str:
+    vals = [r.get(c) for c in STEP_COLUMNS]
+    if seconds is not None:
+        vals[-1] = seconds
+    return " ".join(_fmt(v) for v in vals)
+
+
+def run(args) -> int:
+    from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
+        materialize_pool,
+        run_loop,
+    )
+
+    lake = lake_of(args)
+    spec = RunSpec(
+        pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
+        batch_size=args.batch_size, group_size=args.group_size, max_steps=max(args.steps, args.max_steps or 0),
+        trainer="subprocess", policy_config=policy_config(args),
+        prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "", prior_discount=args.prior_discount,
+        scheduler_config={"cost_aware": True} if args.cost_aware else {},
+    )
+    spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
+    dagster_home()
+    if not lake.has("tasks", pool=spec.pool):
+        print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
+        materialize_pool(spec.pool, lake)
+        ensure_pool(lake, spec.pool)
+    print(f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={spec.scheduler} "
+          f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}", flush=True)
+    if spec.policy == "simulated":
+        print("note: the policy is the SIMULATED learner (docs/algorithm.md), not a neural network.")
+    elif spec.policy == "hf-tiny":
+        print("note: hf-tiny is a random-init tiny Qwen3 (real agent loop + real GRPO update on CPU).")
+    t0 = time.perf_counter()
+    print(header())
+    for r in step_summary(lake):
+        if r["step"] < args.steps:
+            print(row(r) + "  (in lake)")
+
+    def on_step(step: int, seconds: float) -> None:
+        rows = {r["step"]: r for r in step_summary(lake)}
+        if step in rows:
+            print(row(rows[step], seconds), flush=True)
+
+    run_loop(lake, args.steps, on_step=on_step)
+    print(f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
+          f"`envsched sql \"select * from step_summary\"`", file=sys.stdout)
+    return 0

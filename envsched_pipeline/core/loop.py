@@ -1,0 +1,68 @@
+"""What the loop does next, the run's status, and the per-step summary, all read from the lake
+(the single source of truth, so the sensor, the CLI and a resumed run agree)."""
+
+from __future__ import annotations
+
+from envsched_pipeline.core.state_store import state_path
+from envsched_pipeline.errors import LakeError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import load_run
+
+
+def status(lake: Lake) -> dict:
+    spec = load_run(lake)
+    sel, roll, stats = lake.steps("manifests"), lake.steps("rollouts"), lake.steps("statistics")
+    return {
+        "lake": str(lake.root),
+        "run": spec.to_dict() if spec else None,
+        "last_selected": sel[-1] if sel else None,
+        "last_ingested": roll[-1] if roll else None,
+        "last_statistics": stats[-1] if stats else None,
+    }
+
+
+def next_action(lake: Lake) -> tuple[str, int] | None:
+    """What the loop should do next: ("select", t), ("train", t), ("stats", t), ("wait", t)
+    (an external trainer has not ingested step t yet) or None when the run is complete.
+
+    The lake is the single source of truth, so the sensor, the CLI and a resumed run agree.
+    """
+    spec = load_run(lake)
+    if spec is None:
+        return None
+    sel = set(lake.steps("manifests"))
+    roll = set(lake.steps("rollouts")) & set(lake.steps("train_metrics")) if spec.trainer != "external" \
+        else set(lake.steps("rollouts"))
+    stats = set(lake.steps("statistics"))
+    t = 0
+    while t < spec.max_steps:
+        if t not in sel:
+            return ("select", t)
+        if t not in roll:
+            return ("wait", t) if spec.trainer == "external" else ("train", t)
+        if t not in stats or not state_path(lake, t).exists():
+            return ("train", t) if spec.trainer == "external" else ("stats", t)
+        t += 1
+    return None
+
+
+def step_summary(lake: Lake) -> list[dict]:
+    """Per-step table for the CLI (computed from the lake, so a resumed run prints every step)."""
+    con = lake.connect()
+    try:
+        # the documented step_summary view (warehouse/views.sql) + timing and held-out score
+        q = """
+        select s.step, s.batch_variance, s.zero_variance_fraction, s.envs_touched, s.mean_reward,
+               tm.seconds as seconds, ev.score as heldout
+        from step_summary s
+        left join train_metrics tm on tm.step = s.step
+        left join (select step, avg(score) as score from evals group by step) ev on ev.step = s.step
+        order by s.step
+        """
+        cur = con.execute(q)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    except Exception as exc:
+        raise LakeError(f"cannot summarize steps in {lake.root}: {exc}") from exc
+    finally:
+        con.close()

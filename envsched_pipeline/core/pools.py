@@ -1,0 +1,74 @@
+"""Pools in the lake: import, lookup, and the simulator's latents for real pools."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from envs.registry import PoolData, load_pool
+from envsched_pipeline.errors import PoolError, StepError
+from envsched_pipeline.graph.topology import offline_topology
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import valid_name
+
+# abstract operation categories the simulated learner's latent patterns are made of
+LATENT_CATEGORIES = ("lookup", "eligibility_check", "relation_replacement", "dependent_state_validation", "create",
+                     "update", "delete", "transfer", "notify", "answer")
+
+
+def import_pool(lake: Lake, data: PoolData) -> dict:
+    """Write a pool's tables (replacing that pool's partitions). Returns counts."""
+    valid_name(data.name)
+    if not data.tasks:
+        raise PoolError(f"pool {data.name!r} has no tasks")
+    if not data.latents:
+        data.latents = derive_latents(data)
+    lake.write("environments", data.environments, pool=data.name)
+    lake.write("tasks", data.tasks, pool=data.name)
+    lake.write("task_latents", data.latents, pool=data.name)
+    return {"pool": data.name, "environments": len(data.environments), "tasks": len(data.tasks)}
+
+
+def ensure_pool(lake: Lake, name: str) -> None:
+    """Import a registered pool into the lake unless it is there already."""
+    if not lake.has("tasks", pool=valid_name(name)):
+        try:
+            data = load_pool(name)
+        except KeyError as exc:
+            raise PoolError(str(exc.args[0])) from exc
+        import_pool(lake, data)
+
+
+def pool_tasks(lake: Lake, pool: str) -> pa.Table:
+    t = lake.read("tasks", pool=pool)
+    if t.num_rows == 0:
+        raise StepError(f"pool {pool!r} is not in {lake.root}: import it first (`envsched pool list`)")
+    return t.sort_by("task_id")
+
+
+def derive_latents(data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: float = 1.2,
+                   shift: float = 0.0) -> list[dict]:
+    """Latents for the simulated learner on a pool without a generator ground truth (docs/algorithm.md,
+    the simulated learner): patterns = the task's abstract operation categories (offline topology),
+    difficulty = environment offset + task noise + a term for the number of gold actions. Seeded;
+    stored in ``task_latents`` for the learner only (schedulers never read them)."""
+    rng = np.random.default_rng(seed)
+    env_off = {e["env_id"]: float(rng.normal(0, env_sd)) for e in data.environments}
+    out = []
+    for t in data.tasks:
+        topo = offline_topology(t)
+        z = [1.0 if c in topo["operations"] else 0.0 for c in LATENT_CATEGORIES]
+        gold = json.loads(t.get("gold") or "[]") or []
+        n_actions = sum(len(x) if isinstance(x, list) else 1 for x in gold)
+        if not any(z):
+            z[-1] = 1.0
+        out.append({
+            "pool": data.name, "task_id": t["task_id"], "env_id": t["env_id"], "split": "train",
+            "patterns": json.dumps([c for c, v in zip(LATENT_CATEGORIES, z, strict=True) if v]), "z": json.dumps(z),
+            "difficulty": shift + env_off.get(t["env_id"], 0.0) + float(rng.normal(0, task_sd)) + 0.15 * n_actions,
+            "n_checks": max(1, len(json.loads(t.get("checks") or "[]"))), "easy_checks": 0,
+            "n_actions": n_actions, "source": "derived",
+        })
+    return out

@@ -1,0 +1,120 @@
+"""Statistics t: fold step t's rollouts into the scheduler state and write ``statistics[t]`` and
+``yields[t]``. Rollouts with an infrastructure error class are not evidence about the task: they
+count as exposure (rollouts spent) but never as outcomes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from envsched_pipeline.core.build import build_scheduler
+from envsched_pipeline.core.state_store import load_state, save_state
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.rollouts import TASK_OUTCOMES, batch_metrics
+from envsched_pipeline.run import require_run
+from envsched_pipeline.scheduler import Observations, SchedulerState
+
+
+def observations_from_rollouts(state: SchedulerState, step: int, rollouts: pa.Table) -> Observations:
+    """Group rollouts by task; infrastructure failures are excluded from the task's outcomes."""
+    cols = rollouts.column_names
+    task_ids = rollouts.column("task_id").to_pylist()
+    rewards = np.asarray(rollouts.column("reward").to_pylist(), dtype=float)
+    err = rollouts.column("error_class").to_pylist() if "error_class" in cols else ["none"] * len(task_ids)
+    hack = (np.asarray(rollouts.column("hack_flag").to_pylist(), dtype=float)
+            if "hack_flag" in cols else np.zeros(len(task_ids)))
+    order: dict[str, list[int]] = {}
+    for j, t in enumerate(task_ids):
+        order.setdefault(t, []).append(j)
+    tids = list(order)
+    idx = state.index_of(tids)
+    outcome = np.array([e is None or e in TASK_OUTCOMES for e in err], dtype=bool)
+    secs = (np.asarray(rollouts.column("seconds").to_pylist(), dtype=float)
+            if "seconds" in cols else np.full(len(task_ids), np.nan))
+    groups, flags, spent, cost = [], [], [], []
+    for t in tids:
+        js = np.array(order[t])
+        ok = js[outcome[js]]
+        groups.append(rewards[ok])
+        flags.append(float(hack[ok][rewards[ok] > 0].sum()))
+        spent.append(len(js))
+        cost.append(float(np.nanmean(secs[js])) if np.isfinite(secs[js]).any() else np.nan)
+    obs = Observations.from_groups(step, idx, groups, hack_flags=flags)
+    obs.spent = np.asarray(spent, dtype=float)  # exposure counts every rollout spent
+    obs.cost = np.asarray(cost, dtype=float)
+    return obs
+
+
+def statistics_step(lake: Lake, step: int) -> dict:
+    spec = require_run(lake)
+    if not lake.has("rollouts", step=step):
+        raise StepError(f"cannot compute statistics for step {step}: its rollouts are missing")
+    if not lake.has("manifests", step=step):
+        raise StepError(f"cannot compute statistics for step {step}: its manifest is missing")
+    state = load_state(lake, spec, step - 1)
+    if state.step >= step:
+        raise StepError(f"state after step {step - 1} already includes step {state.step}")
+    sched = build_scheduler(lake, spec, state)
+    rollouts = lake.read("rollouts", step=step)
+    manifest = lake.read("manifests", step=step)
+    obs = observations_from_rollouts(state, step, rollouts)
+    pred = dict(zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True))
+    u = np.array([pred.get(t, np.nan) for t in state.task_ids[obs.task_idx]], dtype=float)
+    t0 = time.perf_counter()
+    sched.update(state, obs, predicted_u=None if np.isnan(u).all() else np.nan_to_num(u))
+    seconds = time.perf_counter() - t0
+    save_state(lake, state, step)
+    a = state.arrays
+    i = obs.task_idx
+    w = np.maximum(a["W"][i], 1e-12)
+    # what the scheduler now believes about these tasks (graph/environment prior and blend)
+    prior_var = hat_var = np.full(len(i), np.nan)
+    belief = sched.predict(state)
+    if belief is not None:
+        prior_var, hat_var = belief["prior_s2"][i], belief["hat_s2"][i]
+    rows = {
+        "step": np.full(len(i), step, dtype=np.int64),
+        "task_id": state.task_ids[i].astype(str),
+        "env_id": np.array([state.env_ids[e] for e in state.env[i]]),
+        "group_mean": obs.mean,
+        "group_var": obs.var,
+        "group_dispersion": obs.dispersion,
+        "observations": a["n_groups"][i],
+        "own_mean": a["Xm"][i] / w,
+        "own_var": a["Xs2"][i] / w,
+        "own_dispersion": a["Xd"][i] / w,
+        "exposure": a["exposure"][i],
+        "predicted_var": u,
+        "prior_var": prior_var,
+        "posterior_var": hat_var,
+        "retired": a["retired"][i] > 0,
+        "hack_rate": np.where(a["hack_W"][i] > 0, a["hack_X"][i] / np.maximum(a["hack_W"][i], 1e-12), 0.0),
+    }
+    lake.write("statistics", pa.table(rows), step=step)
+    audit = lake.read("audits", step=step).to_pylist()
+    realized = float((obs.dispersion > 0).mean()) if len(i) else 0.0
+    pred_y = float(audit[0]["predicted_yield"]) if audit and audit[0].get("predicted_yield") is not None else float("nan")
+    lake.write("yields", [{"step": step, "predicted_yield": pred_y, "realized_yield": realized, "groups": len(i)}],
+               step=step)
+    metrics = batch_metrics([np.asarray(g) for g in _group_rewards(rollouts)])
+    return {
+        "predicted_yield": pred_y,
+        "realized_yield": realized,
+        "tasks_updated": len(i),
+        "tasks_observed": int(state.observed.sum()),
+        "retired": int((a["retired"] > 0).sum()),
+        "update_seconds": seconds,
+        "batch_variance": float(obs.var.mean()) if len(i) else 0.0,
+        "zero_variance_fraction": float((obs.dispersion == 0).mean()) if len(i) else 0.0,
+        "reward_mean": metrics["reward_mean"],
+    }
+
+
+def _group_rewards(rollouts: pa.Table) -> list[list[float]]:
+    by: dict[str, list[float]] = {}
+    for t, r in zip(rollouts.column("task_id").to_pylist(), rollouts.column("reward").to_pylist(), strict=True):
+        by.setdefault(t, []).append(r)
+    return list(by.values())

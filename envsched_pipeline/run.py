@@ -1,0 +1,247 @@
+"""The training run a lake holds (``run.json``): its settings, typed and validated.
+
+A lake holds one run. :func:`start_run` binds a lake to a run or checks that a resumed run asks
+for the same settings; every step reads :func:`require_run`. Settings are validated before
+anything is written, and unknown keys are refused with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+import uuid
+from dataclasses import asdict, dataclass, field, fields, replace
+
+import numpy as np
+
+from envsched_pipeline.errors import ConfigError, StepError
+from envsched_pipeline.lake import Lake
+
+RUN_FILE = "run.json"
+POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external")
+TRAINERS = ("subprocess", "external")
+
+
+def check_types(obj, where: str) -> None:
+    """Refuse values whose type does not match the dataclass annotation (a string is not a bool,
+    a bool is not an int; an int is accepted where a float is asked)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, want = getattr(obj, f.name), hints[f.name]
+        allowed = typing.get_args(want) if isinstance(want, types.UnionType) or typing.get_origin(want) is typing.Union \
+            else (want,)
+        if value is None and type(None) in allowed:
+            continue
+        ok = False
+        for t in allowed:
+            t = typing.get_origin(t) or t
+            if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+                ok = True
+            elif t is int and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            elif t in (str, bool, dict, list) and isinstance(value, t):
+                ok = True
+        if not ok:
+            names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+            raise ConfigError(f"{where}.{f.name}: expected {names}, got {type(value).__name__} {value!r}")
+
+
+def from_mapping(cls, data: dict | None, where: str):
+    """Build a config dataclass from a mapping, refusing unknown keys and wrong types."""
+    data = dict(data or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(sorted(known))}")
+    obj = cls(**data)
+    check_types(obj, where)
+    return obj
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Settings of the policy being trained. ``None`` means "the component's own default" (each
+    component documents it); a key set for a policy that does not use it is refused."""
+
+    workers: int | None = None  # sandbox worker processes for rollouts (every policy; default 2)
+    # simulated learner (trainer/simulated.py)
+    mode: str | None = None  # latent | real (gold actions corrupted, run by the real runtime)
+    skill_lr: float | None = None
+    familiarity_lr: float | None = None
+    # neural learner (trainer/neural)
+    warm_start_steps: int | None = None
+    temperature: float | None = None
+    max_actions: int | None = None
+    # LM policies (trainer/update.py, trainer/engines.py)
+    lr: float | None = None  # learning rate (neural and LM policies)
+    model_path: str | None = None
+    max_new_tokens: int | None = None
+    checkpoint_every: int | None = None
+    base_url: str | None = None  # openai: any OpenAI-compatible server
+    model: str | None = None
+    api_key_env: str | None = None  # openai: name of the environment variable holding the key
+
+    USED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
+        "simulated": ("workers", "mode", "skill_lr", "familiarity_lr"),
+        "neural": ("workers", "lr", "warm_start_steps", "temperature", "max_actions"),
+        "hf-tiny": ("workers", "lr", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
+        "hf": ("workers", "lr", "model_path", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
+        "vllm": ("workers", "lr", "model_path", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
+        "openai": ("workers", "base_url", "model", "api_key_env", "max_new_tokens", "temperature", "max_actions"),
+        "external": (),
+    }
+
+    def set_values(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def validate(self, policy: str) -> None:
+        extra = sorted(set(self.set_values()) - set(self.USED_BY.get(policy, ())))
+        if extra:
+            raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
+        if self.mode is not None and self.mode not in ("latent", "real"):
+            raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"policy_config.workers must be >= 1, got {self.workers}")
+        if policy == "hf" and not self.model_path:
+            raise ConfigError("policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one")
+        if policy == "openai" and not self.base_url:
+            raise ConfigError("policy openai needs base_url (an OpenAI-compatible server, e.g. http://host:8000/v1)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The training run a lake holds. Written once; every step reads it."""
+
+    pool: str = "synthetic"
+    policy: str = "simulated"
+    scheduler: str = "envsched"
+    seed: int = 0
+    batch_size: int = 64
+    group_size: int = 8
+    max_steps: int = 20
+    trainer: str = "subprocess"  # subprocess | external (rollouts ingested by an outside trainer)
+    run_id: str = ""  # set when the run starts; part of every sensor run_key
+    prior_lake: str = ""  # start the estimates from this lake's final scheduler state (cross-run prior)
+    prior_discount: float = 0.5
+    scheduler_config: dict = field(default_factory=dict)
+    policy_config: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "run") -> RunSpec:
+        return from_mapping(cls, d, where)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def policy_settings(self) -> PolicyConfig:
+        return from_mapping(PolicyConfig, self.policy_config, "policy_config")
+
+    def validate(self, schedulers: typing.Iterable[str] = ()) -> RunSpec:
+        """Check every setting; raises :class:`ConfigError` naming the first bad one."""
+        check_types(self, "run")
+        schedulers = tuple(schedulers)
+        if schedulers and self.scheduler not in schedulers:
+            raise ConfigError(f"unknown scheduler {self.scheduler!r}; choose one of {', '.join(schedulers)}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.trainer not in TRAINERS:
+            raise ConfigError(f"unknown trainer {self.trainer!r}; choose one of {', '.join(TRAINERS)}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.group_size < 2:
+            raise ConfigError(f"group size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
+        if self.max_steps < 1:
+            raise ConfigError(f"max steps must be >= 1, got {self.max_steps}")
+        if not 0.0 <= self.prior_discount <= 1.0:
+            raise ConfigError(f"prior discount must be in [0, 1], got {self.prior_discount}")
+        if not _is_name(self.pool):
+            raise ConfigError(f"pool name {self.pool!r} is not a valid name (letters, digits, '_' and '-', "
+                              "starting with a letter or digit, at most 64 characters)")
+        if self.trainer != "external":
+            self.policy_settings().validate(self.policy)
+        return self
+
+
+def _is_name(name: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,63}", name or ""))
+
+
+def valid_name(name: str, what: str = "pool") -> str:
+    """A pool (or other lake-partition) name that cannot escape its folder."""
+    if not _is_name(name):
+        raise ConfigError(f"{what} name {name!r} is not a valid name (letters, digits, '_' and '-', starting with "
+                          "a letter or digit, at most 64 characters)")
+    return name
+
+
+def load_run(lake: Lake) -> RunSpec | None:
+    d = lake.read_json(RUN_FILE)
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise StepError(f"{lake.root / RUN_FILE}: expected a JSON object")
+    d = {k: v for k, v in d.items() if k != "config_changes"}  # the record of allowed changes
+    try:
+        return RunSpec.from_dict(d, where=str(lake.root / RUN_FILE))
+    except ConfigError as exc:
+        raise StepError(str(exc)) from exc
+
+
+def require_run(lake: Lake) -> RunSpec:
+    spec = load_run(lake)
+    if spec is None:
+        raise StepError(f"no run in {lake.root}: start one with `envsched train` or `envsched step select`")
+    return spec
+
+
+FIXED = ("pool", "policy", "scheduler", "seed", "batch_size", "group_size", "trainer")
+
+
+def start_run(lake: Lake, spec: RunSpec, schedulers: typing.Iterable[str] = (), allow_config_change: bool = False
+              ) -> RunSpec:
+    """Bind the lake to a run, or check that a resumed run asks for the same settings.
+
+    Nothing is written unless the settings are valid. A resumed run may only extend ``max_steps``;
+    a changed scheduler or policy config is refused unless ``allow_config_change`` (then the change
+    is recorded in ``run.json`` under ``config_changes``). Returns the stored spec.
+    """
+    spec.validate(schedulers)
+    current = load_run(lake)
+    if current is not None and lake.steps("manifests"):
+        diff = [f"{k}: lake has {getattr(current, k)!r}, asked {getattr(spec, k)!r}"
+                for k in FIXED if getattr(current, k) != getattr(spec, k)]
+        if diff:
+            raise StepError(
+                f"{lake.root} already holds a run with other settings ({'; '.join(diff)}). "
+                "Use another lake (--lake DIR or ENVSCHED_LAKE) or the same settings to resume."
+            )
+        changed = [k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)]
+        record = lake.read_json(RUN_FILE) or {}
+        if changed and not allow_config_change:
+            raise StepError(
+                f"{lake.root}: the run was started with {', '.join(f'{k}={getattr(current, k)}' for k in changed)}; "
+                f"this command asks for {', '.join(f'{k}={getattr(spec, k)}' for k in changed)}. "
+                "Resume with the same settings, or allow the change explicitly (--allow-config-change)."
+            )
+        spec = replace(spec, max_steps=max(current.max_steps, spec.max_steps), run_id=current.run_id,
+                       prior_lake=current.prior_lake, prior_discount=current.prior_discount)
+        if changed:
+            record.setdefault("config_changes", []).append(
+                {"from_step": len(lake.steps("manifests")), **{k: getattr(spec, k) for k in changed}})
+        lake.write_json(RUN_FILE, {**spec.to_dict(), **({"config_changes": record["config_changes"]}
+                                                          if "config_changes" in record else {})})
+        return spec
+    if current is not None and current.run_id:
+        spec = replace(spec, run_id=current.run_id)
+    if not spec.run_id:
+        spec = replace(spec, run_id=uuid.uuid4().hex[:8])
+    lake.write_json(RUN_FILE, spec.to_dict())
+    return spec
+
+
+def step_rng(spec: RunSpec, step: int, salt: int = 0) -> np.random.Generator:
+    """The randomness of one step (selection salt 0, rollouts salt 1): fixed by (seed, step)."""
+    return np.random.default_rng([spec.seed, step, salt])

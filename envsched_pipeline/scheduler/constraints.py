@@ -1,0 +1,89 @@
+"""The batch constraints (docs/algorithm.md, batch construction) while a batch is built: no
+duplicates, at most C1 tasks per environment per step, at most C3 per environment over steps
+t-2..t, no task three steps in a row, retired tasks and quarantined environments skipped; when
+candidates run out, relax in order (consecutive cap, C3, C1) and record each relaxation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.state import SchedulerState
+
+
+class BatchConstraints:
+    """Tracks the §6 constraints while a batch is built, with the relaxation order.
+
+    Level 0: everything; 1: consecutive cap relaxed; 2: + C3 relaxed; 3: + C1 relaxed.
+    """
+
+    def __init__(self, state: SchedulerState, config: SchedulerConfig, step: int):
+        self.state, self.config = state, config
+        n, e = state.n_tasks, state.n_envs
+        self.chosen = np.zeros(n, dtype=bool)
+        self.env_now = np.zeros(e, dtype=np.int64)
+        # picks of the two previous steps (t-1, t-2) from the state's recent history
+        self.env_window = np.zeros(e, dtype=np.int64)
+        picked_prev = [p for p in state.recent_picks[-2:]]
+        for p in picked_prev:
+            np.add.at(self.env_window, state.env[p], 1)
+        self.streak_block = np.zeros(n, dtype=bool)
+        if len(picked_prev) == 2 and step >= 2:
+            both = np.intersect1d(picked_prev[0], picked_prev[1])
+            self.streak_block[both] = True
+        self.retired = state.arrays["retired"] > 0
+        q = state.arrays.get("env_quarantine_until")
+        self.quarantined_envs = np.flatnonzero(q >= step) if q is not None else np.array([], dtype=np.int64)
+        self.quarantine = np.isin(state.env, self.quarantined_envs)
+        self.level = 0
+        self.relaxations: list[str] = []
+
+    def quarantine_report(self) -> list[dict]:
+        a = self.state.arrays
+        out = []
+        for e in self.quarantined_envs:
+            rate = a["env_infra_X"][e] / max(a["env_infra_W"][e], 1e-12)
+            out.append({"env_id": self.state.env_ids[e], "until_step": int(a["env_quarantine_until"][e]),
+                        "reason": f"infrastructure error rate {rate:.0%} over recent rollouts"})
+        return out
+
+    def eligible(self, level: int | None = None) -> np.ndarray:
+        level = self.level if level is None else level
+        ok = ~self.chosen & ~self.retired & ~self.quarantine
+        env = self.state.env
+        if level < 1 and self.config.consecutive_cap > 0:
+            ok &= ~self.streak_block
+        if level < 2:
+            ok &= (self.env_window + self.env_now)[env] < self.config.cap_env_window
+        if level < 3:
+            ok &= self.env_now[env] < self.config.cap_env_step
+        return ok
+
+    def eligible_or_relax(self) -> np.ndarray:
+        """Eligible mask; relaxes constraints in order (and records it) when nothing is left."""
+        names = ("consecutive cap", "C3 window cap", "C1 per-step cap")
+        ok = self.eligible()
+        while not ok.any() and self.level < 3:
+            self.level += 1
+            self.relaxations.append(names[self.level - 1])
+            ok = self.eligible()
+        if not ok.any():  # last resort: retired tasks come back rather than an empty slot
+            ok = ~self.chosen & ~self.quarantine
+            if ok.any() and "retired" not in self.relaxations:
+                self.relaxations.append("retired")
+        if not ok.any():  # and only then quarantined environments
+            ok = ~self.chosen
+            if ok.any() and "quarantine" not in self.relaxations:
+                self.relaxations.append("quarantine")
+        return ok
+
+    def take(self, i: int) -> dict:
+        e = self.state.env[i]
+        snapshot = {
+            "env_picks_this_step": int(self.env_now[e]),
+            "env_picks_window": int(self.env_window[e] + self.env_now[e]),
+            "relax_level": self.level,
+        }
+        self.chosen[i] = True
+        self.env_now[e] += 1
+        return snapshot

@@ -1,0 +1,1 @@
+"""The neural learner: a small pointer policy trained with GRPO in the real sandboxed environments."""

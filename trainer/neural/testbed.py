@@ -1,0 +1,90 @@
+"""The neural learner on a synthetic pool, with the three disjoint task sets a fair comparison needs.
+
+* the **training pool** (what the scheduler chooses from),
+* **held-out, seen environments**: unseen tasks of the training environments (the generator's
+  held-out split, never in the pool),
+* **held-out, unseen environments**: tasks of environments the pool does not contain (the
+  ``unseen`` family of the generator: other domains, other words),
+* the **warm-start pool**: a third family of environments (``warmstart``), used only for the short
+  behaviour-cloning start, never for RL or evaluation.
+
+The warm start depends only on the seed and the configs, so it is computed once per seed and
+cached (every scheduler of a seed starts from the same weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envs.registry import load_synthetic
+from trainer.neural.learner import NeuralConfig, NeuralLearner
+
+
+@dataclass(frozen=True)
+class TestbedConfig:
+    warmstart_envs: int = 12
+    warmstart_tasks_per_env: int = 40
+    unseen_envs: int = 12
+    unseen_tasks_per_env: int = 10
+    eval_samples: int = 16  # sampled episodes per held-out task (standard error ~0.005 at 16)
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("ENVSCHED_CACHE", Path.home() / ".cache" / "envsched")) / "neural-warmstart"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class NeuralTestbed:
+    def __init__(self, environments: list[dict], heldout: list[dict], seed: int,
+                 config: TestbedConfig = TestbedConfig(), neural: NeuralConfig = NeuralConfig(), log=None):
+
+        self.config, self.seed = config, seed
+        self.warm = load_synthetic("warmstart", family="warmstart", n_envs=config.warmstart_envs,
+                                   tasks_per_env=config.warmstart_tasks_per_env, heldout_per_env=0, seed=seed + 1000)
+        self.unseen = load_synthetic("unseen", family="unseen", n_envs=config.unseen_envs,
+                                     tasks_per_env=config.unseen_tasks_per_env, heldout_per_env=0, seed=seed + 2000)
+        envs = {e["env_id"]: e for e in environments}
+        for d in (self.warm, self.unseen):
+            overlap = set(envs) & {e["env_id"] for e in d.environments}
+            if overlap:
+                raise ValueError(f"{d.name} environments overlap the training pool: {sorted(overlap)[:3]}")
+            envs.update({e["env_id"]: e for e in d.environments})
+        self.heldout_seen = heldout
+        self.heldout_unseen = self.unseen.tasks
+        self.learner = NeuralLearner(envs, neural, seed=seed)
+        self._warm_start(neural, log)
+
+    def _warm_start(self, neural: NeuralConfig, log) -> None:
+        key = hashlib.sha256(json.dumps({"seed": self.seed, "testbed": asdict(self.config),
+                                         "neural": asdict(neural), "v": 1}, sort_keys=True).encode()).hexdigest()[:16]
+        path = _cache_dir() / f"{key}.pt"
+        if path.exists():
+            self.learner.load_bytes(path.read_bytes())
+            self.warm_info = {"warm_start": "cached", "warm_start_tasks": len(self.warm.tasks)}
+            return
+        self.warm_info = self.learner.warm_start(self.warm.tasks, log=log)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(self.learner.state_bytes())
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ the bench interface
+    def rollout(self, tasks: list[dict], group_size: int, rng: np.random.Generator) -> dict:
+        return self.learner.rollout(tasks, group_size, seed=int(rng.integers(2**62)))
+
+    def learn(self) -> dict:
+        return self.learner.learn()
+
+    def evaluate(self, seed: int) -> dict:
+        n = self.config.eval_samples
+        return {"seen": self.learner.evaluate(self.heldout_seen, n, seed=seed),
+                "unseen": self.learner.evaluate(self.heldout_unseen, n, seed=seed + 1)}
+
+    def close(self) -> None:
+        self.learner.close()

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from envs.registry import PoolData, load_pool
 from envsched_pipeline.errors import PoolError, StepError
-from envsched_pipeline.graph.topology import offline_topology
+from envsched_pipeline.graph.topology import op_category
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import valid_name
 
@@ -51,16 +51,18 @@ def pool_tasks(lake: Lake, pool: str) -> pa.Table:
 def derive_latents(data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: float = 1.2,
                    shift: float = 0.0) -> list[dict]:
     """Latents for the simulated learner on a pool without a generator ground truth (docs/algorithm.md,
-    the simulated learner): patterns = the task's abstract operation categories (offline topology),
-    difficulty = environment offset + task noise + a term for the number of gold actions. Seeded;
+    the simulated learner): patterns = the operation categories of the task's gold tool calls,
+    difficulty = environment offset + task noise + a term for the number of gold actions. (The
+    simulator's ground truth may read gold actions; nothing the scheduler sees does.) Seeded;
     stored in ``task_latents`` for the learner only (schedulers never read them)."""
     rng = np.random.default_rng(seed)
     env_off = {e["env_id"]: float(rng.normal(0, env_sd)) for e in data.environments}
     out = []
     for t in data.tasks:
-        topo = offline_topology(t)
-        z = [1.0 if c in topo["operations"] else 0.0 for c in LATENT_CATEGORIES]
         gold = json.loads(t.get("gold") or "[]") or []
+        calls = [c for x in gold for c in (x if isinstance(x, list) else [x]) if isinstance(c, dict)]
+        ops = {op_category(str(c.get("name", ""))) for c in calls}
+        z = [1.0 if c in ops else 0.0 for c in LATENT_CATEGORIES]
         n_actions = sum(len(x) if isinstance(x, list) else 1 for x in gold)
         if not any(z):
             z[-1] = 1.0

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from envsched_pipeline.graph.views import SUBSCRIPT
+SUBSCRIPT = re.compile(r"\[\s*\"([^\"]+)\"\s*\]")  # state keys read by check code
 
 # Tool-name verbs -> abstract operation categories (identifier-free).
 OP_VERBS = [
@@ -38,24 +38,53 @@ CHECK_TYPES = [
 ]
 
 
-def _ops_of(name: str) -> str | None:
-    n = name.lower()
+def op_category(tool_name: str) -> str | None:
+    """Abstract operation category of a tool *name* (used by the simulator's ground truth, which may
+    read gold actions; the scheduler's topologies below never do)."""
+    n = tool_name.lower()
     for cat, verbs in OP_VERBS:
         if any(v in n for v in verbs):
             return cat
     return None
 
 
+# Instruction phrasing -> operation categories: common English verbs of service requests, the way
+# an LLM extractor reads an instruction. Checked per sentence, in order (a sentence may name several).
+INSTRUCTION_OPS = [
+    ("lookup", re.compile(r"\bnamed\b|\bfind\b|\blook up\b|\bsearch\b|\bwhich\b")),
+    ("eligibility_check", re.compile(r"\beligib|\ballowed\b|\bpermitted\b|\bqualif|\bif\b.*\bcan\b")),
+    ("relation_replacement", re.compile(r"\bhand\b.*\bover\b|\bassign|\bgive\b|\bswap\b|\breplace\b|\bhand over\b")),
+    ("transfer", re.compile(r"\bshift\b|\bmove\b.*\bfrom\b.*\bto\b|\btransfer\b")),
+    ("notify", re.compile(r"\bsend\b|\bnotify\b|\bnote\b|\bmessage\b|\bemail\b|\btell\b|\binform\b")),
+    ("create", re.compile(r"\bregister\b|\bcreate\b|\bnew\b|\badd\b|\bopen a\b")),
+    ("delete", re.compile(r"\bdelete\b|\bremove\b|\bretire\b|\bcancel\b|\bdrop\b|\bdiscard\b")),
+    ("dependent_state_validation", re.compile(r"\bfee\b|_fee\b|\bcharge\b|\bpay\b|\brefund\b|\bbalance\b|\bdeposit\b")),
+    ("update", re.compile(r"\bmove\b|\bchange\b|\bset\b|\bupdate\b|\brename\b|\bedit\b|\bmodify\b")),
+]
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def instruction_operations(instruction: str) -> list[str]:
+    """Operation categories named by each sentence of the instruction, in order."""
+    ops: list[str] = []
+    for sentence in _SENTENCE.split((instruction or "").lower()):
+        found = [cat for cat, pat in INSTRUCTION_OPS if pat.search(sentence)]
+        if "transfer" in found and "update" in found:
+            found.remove("update")  # "move N from A to B" is a transfer, not an edit
+        ops += found
+    return ops
+
+
 def offline_topology(task: dict) -> dict:
-    """Identifier-free abstract topology from tools, checks and instruction structure (no LLM).
+    """Identifier-free abstract topology of a task from its instruction and checks (no LLM).
 
     Same schema as the LLM extractor: operation categories, entity count, constraints, check types.
+    It reads only what an LLM extractor is given; never the gold actions (on the synthetic pool
+    they are the generator's answer key).
     """
     checks = json.loads(task.get("checks") or "[]")
-    gold = json.loads(task.get("gold") or "null") or []
     instruction = (task.get("instruction") or "").lower()
-    ops = [_ops_of(g.get("name", "")) for g in gold if isinstance(g, dict)]
-    ops = [o for o in ops if o]
+    ops = instruction_operations(instruction)
     code = "\n".join(str(c.get("check_func", "")) for c in checks)
     ids = set()
     for k in SUBSCRIPT.findall(code):

@@ -12,9 +12,10 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from envsched_pipeline.graph.topology import SUBSCRIPT, instruction_operations, op_category
+
 VIEWS = ("instruction", "check_text", "check_code", "init_state", "tools", "footprint")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|==|!=|<=|>=|[<>+\-*/%]|\bnot\b|\bin\b")
-SUBSCRIPT = re.compile(r"\[\s*\"([^\"]+)\"\s*\]")
 _PY_NOISE = {"def", "check_func", "final_state", "return", "initial_state", "get", "len"}
 
 
@@ -39,14 +40,14 @@ def task_views(task: dict, tool_names: list[str]) -> dict[str, str]:
     """Six text views of one task (lake ``tasks`` row with json columns)."""
     checks = json.loads(task.get("checks") or "[]")
     init = json.loads(task.get("init_state") or "{}")
-    gold = json.loads(task.get("gold") or "null") or []
     instruction = task.get("instruction") or ""
     check_text = " ".join(str(c.get("check_item", "")) for c in checks)
     code = " ".join(str(c.get("check_func", "")) for c in checks)
     code_tokens = [t for t in _IDENT.findall(code) if t not in _PY_NOISE]
     haystack = instruction + " " + check_text + " " + code
-    used = {g.get("name", "") for g in gold if isinstance(g, dict)}
-    tools = [t for t in tool_names if t in used or t in haystack]
+    # tools the instruction asks for (by operation category) or names; never its gold actions
+    ops = set(instruction_operations(instruction))
+    tools = [t for t in tool_names if t in haystack or op_category(t) in ops]
     footprint = sorted({k for k in SUBSCRIPT.findall(code) if not re.search(r"\d", k)})
     return {
         "instruction": instruction,

@@ -134,6 +134,21 @@ class SimulatedLearner:
         self.version += 1
         return {"trained_groups": int((std > 1e-9).sum()), "signal": float(std.sum())}
 
+    def score_tasks(self, latents: list[dict]) -> np.ndarray:
+        """Expected reward of tasks outside the pool (e.g. of environments never trained on, whose
+        familiarity is 0): the same model with only the shared pattern skills."""
+        c = self.config
+        z = np.array([np.asarray(r["z"], dtype=float) for r in latents])
+        z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-9)
+        fam = np.array([self.familiarity[self.env_ids.index(r["env_id"])] if r["env_id"] in self.env_ids else 0.0
+                        for r in latents])
+        p = _sigmoid(z @ self.skill + fam - np.array([float(r["difficulty"]) for r in latents]))
+        k = np.array([int(r["n_checks"]) for r in latents])
+        easy = np.array([int(r["easy_checks"]) for r in latents])
+        solved = (1 - c.near_miss) + c.near_miss * (k - 1) / k
+        failed = c.partial_stick * easy / k + (1 - c.partial_stick) * 0.5 * (k - 1) / k
+        return p * solved + (1 - p) * failed
+
     def heldout_score(self) -> float:
         """Expected reward over held-out tasks of every environment (mean of env means)."""
         idx = np.flatnonzero(self.heldout)

@@ -1,33 +1,57 @@
-"""Scheduler benchmark: every scheduler against the same simulated learner, pool and seeds.
+"""Scheduler benchmark: every scheduler against the same learner, pool and seeds.
 
-The learner is the simulated one (ALGORITHM.md §8) — results are a simulation and say so. The
-comparison is fair: schedulers see the task text (through the graph built from lake rows) and the
-observed rewards only; the learner's latent skills and patterns stay inside the learner. The
-oracle (true variance from the simulator) is reported as the ceiling, never as a scheduler.
+Two learners:
+
+* ``simulated`` (trainer/simulated.py): a model of learning, fast, for mechanics (variance,
+  zero-variance share, calibration, latency, replay). Its held-out numbers are not evidence of
+  generalization (docs/algorithm.md explains why) and are labelled simulated wherever reported.
+* ``neural`` (trainer/neural): a ~1.2M-parameter pointer policy acting in the synthetic pool's real
+  sandboxed environments, trained with the project's GRPO functions. Its held-out scores, on
+  unseen tasks of the training environments and on environments never trained on, are the evidence.
+
+The comparison is fair: schedulers see the task text (through the graph built from task rows) and
+the observed rewards only. The oracle (true variance from the simulator) is the ceiling, never a
+scheduler, and exists for the simulated learner only.
+
+Runs are independent (scheduler, seed) jobs: ``run_benchmark(..., jobs=2, cache_dir=DIR)`` runs them
+in parallel processes and keeps each finished job's series in ``DIR``, so an interrupted benchmark
+resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
 
 import numpy as np
 
 from envs.registry import load_synthetic
 from envsched_pipeline.graph.topk import build_graph
-from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, SCHEDULERS, make_scheduler
+from envsched_pipeline.rollouts import informative
+from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimulatedLearner
 
+LEARNERS = ("simulated", "neural")
 METRICS = ("batch_variance", "zero_variance_fraction", "envs_touched", "median_reward", "mean_reward",
            "pool_seen_fraction", "heldout_final", "steps_to_random_best", "select_seconds_median", "relaxations",
-           "informative_groups_per_second")
+           "informative_groups_per_second", "heldout_seen_initial", "heldout_seen_final", "heldout_seen_final_se",
+           "heldout_seen_initial_se", "heldout_unseen_initial", "heldout_unseen_final", "heldout_unseen_initial_se",
+           "heldout_unseen_final_se", "informative_envs", "effective_envs", "distinct_tasks", "max_task_picks",
+           "step_seconds")
+UNSEEN_ENVS, UNSEEN_TASKS_PER_ENV = 12, 10
 
 
 def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | None = None) -> dict:
+    """The generated pool with its graph, the simulator's latents, and both held-out sets."""
     data = load_synthetic("synthetic", n_envs=envs, tasks_per_env=tasks_per_env, seed=seed)
     tasks = sorted(data.tasks, key=lambda t: t["task_id"])
     tools = {e["env_id"]: [x["function"]["name"] for x in json.loads(e["tools"])] for e in data.environments}
@@ -35,73 +59,184 @@ def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | 
     graph, stats = build_graph(tasks, tools, progress=progress)
     stats["build_seconds"] = time.perf_counter() - t0
     latents = [dict(r, z=json.loads(r["z"])) for r in data.latents]
-    return {"tasks": tasks, "graph": graph, "graph_stats": stats, "latents": latents}
+    return {"tasks": tasks, "graph": graph, "graph_stats": stats, "latents": latents,
+            "environments": data.environments, "heldout": data.heldout, "seed": seed,
+            "shape": {"envs": envs, "tasks_per_env": tasks_per_env}}
+
+
+# ---------------------------------------------------------------------------- learners
+class SimulatedBench:
+    """The simulated learner; held-out (seen) = its expected reward on the held-out split, held-out
+    (unseen) = expected reward on generated environments it never trains on (familiarity 0)."""
+
+    name = "simulated"
+
+    def __init__(self, pool: dict, seed: int, difficulty_shift: float = 0.0):
+        lat = pool["latents"] if not difficulty_shift else [dict(r, difficulty=r["difficulty"] + difficulty_shift)
+                                                             for r in pool["latents"]]
+        self.learner = SimulatedLearner(lat)
+        unseen = load_synthetic("unseen", family="unseen", n_envs=UNSEEN_ENVS, tasks_per_env=UNSEEN_TASKS_PER_ENV,
+                                heldout_per_env=0, seed=seed + 2000)
+        self.unseen = [dict(r, z=json.loads(r["z"])) for r in unseen.latents]
+        self.true_variance = lambda ids: self.learner.true_variance(np.array([self.learner.index[t] for t in ids]))
+
+    def rollout(self, task_ids: list[str], group_size: int, rng: np.random.Generator) -> dict:
+        return self.learner.rollout(task_ids, group_size, rng)
+
+    def learn(self, task_ids: list[str], rewards: np.ndarray) -> dict:
+        return self.learner.learn(task_ids, rewards)
+
+    def evaluate(self, seed: int) -> dict:
+        unseen = self.learner.score_tasks(self.unseen)
+        return {"seen": {"mean": self.learner.heldout_score(), "se": 0.0},
+                "unseen": {"mean": float(unseen.mean()), "se": 0.0}}
+
+    def close(self) -> None:
+        pass
+
+
+class NeuralBench:
+    """The neural learner in the real sandboxed environments (see :mod:`trainer.neural.testbed`)."""
+
+    name = "neural"
+
+    def __init__(self, pool: dict, seed: int, **_):
+        from trainer.neural.testbed import NeuralTestbed  # torch: loaded only for the neural learner
+
+        self.testbed = NeuralTestbed(pool["environments"], pool["heldout"], seed)
+        self.rows = {t["task_id"]: t for t in pool["tasks"]}
+        self.true_variance = None
+
+    def rollout(self, task_ids: list[str], group_size: int, rng: np.random.Generator) -> dict:
+        return self.testbed.rollout([self.rows[t] for t in task_ids], group_size, rng)
+
+    def learn(self, task_ids: list[str], rewards: np.ndarray) -> dict:
+        return self.testbed.learn()
+
+    def evaluate(self, seed: int) -> dict:
+        return self.testbed.evaluate(seed)
+
+    def close(self) -> None:
+        self.testbed.close()
+
+
+def make_learner(kind: str, pool: dict, seed: int, **kw):
+    if kind not in LEARNERS:
+        raise ValueError(f"unknown learner {kind!r}; choose one of {', '.join(LEARNERS)}")
+    return (SimulatedBench if kind == "simulated" else NeuralBench)(pool, seed, **kw)
+
+
+# ---------------------------------------------------------------------------- one run
+def eval_points(steps: int, learner: str, every: int | None = None) -> list[int]:
+    """Steps after which held-out is measured: every step for the simulated learner (it is exact and
+    free), every ``every`` (default steps // 4) plus the start for the neural one."""
+    if learner == "simulated":
+        return list(range(steps + 1))
+    every = every or max(1, steps // 4)
+    return sorted({0, steps, *range(every, steps, every)})
 
 
 def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, group_size: int = 8,
             overrides: dict | None = None, use_graph: bool = True, init_state: SchedulerState | None = None,
-            difficulty_shift: float = 0.0, return_state: bool = False) -> dict:
-    """One scheduler, one seed: per-step series. ``difficulty_shift`` > 0 simulates a weaker model
-    (e.g. a smaller one whose run provides a cross-run prior)."""
+            difficulty_shift: float = 0.0, return_state: bool = False, learner: str = "simulated",
+            eval_every: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
+    simulates a weaker model (simulated learner only)."""
     tasks = pool["tasks"]
-    lat = pool["latents"] if not difficulty_shift else [dict(r, difficulty=r["difficulty"] + difficulty_shift)
-                                                         for r in pool["latents"]]
-    learner = SimulatedLearner(lat)
-    state = init_state or SchedulerState.new([t["task_id"] for t in tasks], [t["env_id"] for t in tasks],
-                                             [t["content_hash"] for t in tasks])
-    config = SchedulerConfig(batch_size=batch_size, group_size=group_size).with_overrides(**(overrides or {}))
-    if name == "oracle":
-        sched = Oracle(config, true_variance=lambda ids: learner.true_variance(
-            np.array([learner.index[t] for t in ids])))
-    else:
+    lrn = make_learner(learner, pool, seed, difficulty_shift=difficulty_shift)
+    try:
+        state = init_state or SchedulerState.new([t["task_id"] for t in tasks], [t["env_id"] for t in tasks],
+                                                 [t["content_hash"] for t in tasks])
+        config = SchedulerConfig(batch_size=batch_size, group_size=group_size).with_overrides(**(overrides or {}))
         base = name.split("@")[0]
-        sched = make_scheduler(base, config, graph=pool["graph"] if (use_graph and base in GRAPH_SCHEDULERS) else None)
-    roll_rng = np.random.default_rng([seed, 99])
-    series: dict[str, list] = {k: [] for k in ("batch_variance", "zero_variance_fraction", "envs_touched",
-                                               "median_reward", "mean_reward", "pool_seen_fraction", "heldout",
-                                               "select_seconds", "relaxations", "predicted_nonzero",
-                                               "informative_per_second")}
-    seen = np.zeros(state.n_tasks, dtype=bool)
-    for t in range(steps):
-        t0 = time.perf_counter()
-        selection = sched.select(state, batch_size, np.random.default_rng([seed, t]), t)
-        picks = selection.picks
-        t_sel = time.perf_counter() - t0
-        ids = [p.task_id for p in picks]
-        idx = np.array([p.index for p in picks])
-        out = learner.rollout(ids, group_size, roll_rng)
-        r = out["reward"]
-        learner.learn(ids, r)
-        obs = Observations.from_groups(t, idx, list(r))
-        obs.cost = out["seconds"].mean(axis=1)
-        t1 = time.perf_counter()
-        sched.update(state, obs, predicted_u=np.array([p.pred_var for p in picks]))
-        t_upd = time.perf_counter() - t1
-        seen[idx] = True
-        v = r.var(axis=1)
-        series["batch_variance"].append(float(v.mean()))
-        series["zero_variance_fraction"].append(float((np.ptp(r, axis=1) <= 1e-6).mean()))
-        series["envs_touched"].append(len({p.env_id for p in picks}))
-        series["median_reward"].append(float(np.median(r.mean(axis=1))))
-        series["mean_reward"].append(float(r.mean()))
-        series["pool_seen_fraction"].append(float(seen.mean()))
-        series["heldout"].append(learner.heldout_score())
-        series["select_seconds"].append(t_sel + t_upd)
-        series["relaxations"].append(len(selection.relaxations))
-        pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
-        series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
-        series["informative_per_second"].append(float((np.ptp(r, axis=1) > 1e-6).sum() / out["seconds"].sum()))
-    if return_state:
-        series["_state"] = state
-    return series
+        if base == "oracle":
+            if lrn.true_variance is None:
+                raise ValueError("the oracle needs the simulator's true variance (learner simulated)")
+            sched = Oracle(config, true_variance=lrn.true_variance)
+        else:
+            sched = make_scheduler(base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None)
+        roll_rng = np.random.default_rng([seed, 99])
+        keys = ("batch_variance", "zero_variance_fraction", "envs_touched", "median_reward", "mean_reward",
+                "pool_seen_fraction", "heldout", "select_seconds", "relaxations", "predicted_nonzero",
+                "informative_per_second", "step_seconds")
+        series: dict[str, list] = {k: [] for k in keys}
+        series["evals"] = []
+        picks_per_task = np.zeros(state.n_tasks, dtype=np.int64)
+        informative_per_env = np.zeros(state.n_envs)
+        points = set(eval_points(steps, learner, eval_every))
+        for t in range(steps + 1):
+            if t in points:
+                ev = lrn.evaluate(seed=10_000 + t)
+                series["evals"].append({"step": t, **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen")
+                                                      for m in ("mean", "se")}})
+                if log and learner != "simulated":
+                    log(f"    {name} seed {seed} step {t}: held-out seen {ev['seen']['mean']:.4f} "
+                        f"unseen {ev['unseen']['mean']:.4f}")
+            if t == steps:
+                break
+            t_step = time.perf_counter()
+            t0 = time.perf_counter()
+            selection = sched.select(state, batch_size, np.random.default_rng([seed, t]), t)
+            t_sel = time.perf_counter() - t0
+            picks = selection.picks
+            ids = [p.task_id for p in picks]
+            idx = np.array([p.index for p in picks])
+            out = lrn.rollout(ids, group_size, roll_rng)
+            r = out["reward"]
+            lrn.learn(ids, r)
+            obs = Observations.from_groups(t, idx, list(r))
+            obs.cost = np.asarray(out["seconds"]).mean(axis=1)
+            t1 = time.perf_counter()
+            sched.update(state, obs, predicted_u=np.array([p.pred_var for p in picks]))
+            t_upd = time.perf_counter() - t1
+            picks_per_task[idx] += 1
+            inf = informative(r)
+            np.add.at(informative_per_env, state.env[idx], inf.astype(float))
+            series["batch_variance"].append(float(r.var(axis=1).mean()))
+            series["zero_variance_fraction"].append(float(1.0 - inf.mean()))
+            series["envs_touched"].append(len({p.env_id for p in picks}))
+            series["median_reward"].append(float(np.median(r.mean(axis=1))))
+            series["mean_reward"].append(float(r.mean()))
+            series["pool_seen_fraction"].append(float((picks_per_task > 0).mean()))
+            series["select_seconds"].append(t_sel + t_upd)
+            series["relaxations"].append(len(selection.relaxations))
+            pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
+            series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
+            series["informative_per_second"].append(float(inf.sum() / max(np.asarray(out["seconds"]).sum(), 1e-9)))
+            series["step_seconds"].append(time.perf_counter() - t_step)
+        if learner == "simulated":  # the held-out after each step (evals[0] is before any step)
+            series["heldout"] = [e["seen_mean"] for e in series["evals"][1:]]
+        else:
+            series["heldout"] = [e["seen_mean"] for e in series["evals"]]
+        series["breadth"] = breadth(picks_per_task, informative_per_env)
+        if return_state:
+            series["_state"] = state
+        return series
+    finally:
+        lrn.close()
+
+
+def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict:
+    """Useful breadth of a run: environments with >= 1 informative group, the effective number of
+    environments over informative groups (exp of the entropy of their distribution), distinct tasks
+    trained, and the most picks of one task."""
+    total = informative_per_env.sum()
+    p = informative_per_env[informative_per_env > 0] / total if total > 0 else np.array([])
+    return {"informative_envs": int((informative_per_env > 0).sum()),
+            "effective_envs": float(np.exp(-(p * np.log(p)).sum())) if len(p) else 0.0,
+            "distinct_tasks": int((picks_per_task > 0).sum()),
+            "max_task_picks": int(picks_per_task.max()) if len(picks_per_task) else 0}
 
 
 def summarize(series: dict, random_best: float | None) -> dict:
+    evals = series["evals"]
     ho = series["heldout"]
     steps_to = None
     if random_best is not None:
-        hit = [i for i, h in enumerate(ho) if h >= random_best - 1e-12]
-        steps_to = (hit[0] + 1) if hit else None
+        curve = [(e["step"], e["seen_mean"]) for e in evals if e["step"] > 0]
+        hit = [s for s, h in curve if h >= random_best - 1e-12]
+        steps_to = hit[0] if hit else None
+    first, last = evals[0], evals[-1]
     return {
         "batch_variance": float(np.mean(series["batch_variance"])),
         "zero_variance_fraction": float(np.mean(series["zero_variance_fraction"])),
@@ -114,48 +249,133 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "select_seconds_median": float(np.median(series["select_seconds"])),
         "relaxations": float(np.mean(series["relaxations"])),
         "informative_groups_per_second": float(np.mean(series["informative_per_second"])),
+        "heldout_seen_initial": first["seen_mean"], "heldout_seen_initial_se": first["seen_se"],
+        "heldout_seen_final": last["seen_mean"], "heldout_seen_final_se": last["seen_se"],
+        "heldout_unseen_initial": first["unseen_mean"], "heldout_unseen_initial_se": first["unseen_se"],
+        "heldout_unseen_final": last["unseen_mean"], "heldout_unseen_final_se": last["unseen_se"],
+        "step_seconds": float(np.median(series["step_seconds"])),
+        **series["breadth"],
     }
+
+
+# ---------------------------------------------------------------------------- many runs
+def _job(args: tuple) -> tuple[str, int, dict]:
+    """One (scheduler, seed) run in a worker process (one torch thread each)."""
+    name, seed, kw = args
+    try:
+        import torch  # the neural learner's only dependency that needs a thread setting
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    pool = prepare_pool(kw.pop("envs"), kw.pop("tasks_per_env"), seed)
+    return name, seed, run_one(name, pool, seed=seed, **kw)
+
+
+def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:
+    if cache_dir is None:
+        return None
+    key = hashlib.sha256(json.dumps({"name": name, "seed": seed, **kw, "v": 3}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:12]
+    return cache_dir / f"{name}-s{seed}-{key}.json"
 
 
 def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, tasks_per_env: int = 50,
                   seeds: int = 1, batch_size: int = 64, group_size: int = 8,
-                  overrides: dict[str, dict] | None = None, log: Callable[[str], None] = print) -> dict:
+                  overrides: dict[str, dict] | None = None, log: Callable[[str], None] = print,
+                  learner: str = "simulated", jobs: int = 1, cache_dir: str | Path | None = None,
+                  eval_every: int | None = None) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(f"unknown scheduler(s): {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}, oracle")
+    if learner not in LEARNERS:
+        raise ValueError(f"unknown learner {learner!r}; choose one of {', '.join(LEARNERS)}")
+    if steps < 1 or seeds < 1:
+        raise ValueError("steps and seeds must be >= 1")
+    if learner == "neural" and "oracle" in schedulers:
+        raise ValueError("the oracle reads the simulator's true variance: it exists for the simulated learner only")
     names = list(dict.fromkeys(schedulers))
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    summaries: dict[str, list[dict]] = {n: [] for n in names}
-    graph_stats = None
+    cache = Path(cache_dir) if cache_dir else None
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+    todo, results = [], {}
     for k in range(seeds):
-        s = seed + k
-        pool = prepare_pool(envs, tasks_per_env, s)
-        graph_stats = pool["graph_stats"]
-        ordered = (["random"] if "random" in names else []) + [n for n in names if n != "random"]
-        random_best = None
-        for n in ordered:
-            t0 = time.perf_counter()
-            ser = run_one(n, pool, steps, s, batch_size, group_size, (overrides or {}).get(n))
-            if n == "random":
-                random_best = max(ser["heldout"])
-            runs[n].append(ser)
-            summaries[n].append(summarize(ser, random_best))
-            log(f"  seed {s} {n:<16} var={summaries[n][-1]['batch_variance']:.4f} "
-                f"zero={summaries[n][-1]['zero_variance_fraction']:.3f} envs={summaries[n][-1]['envs_touched']:.1f} "
-                f"heldout={summaries[n][-1]['heldout_final']:.4f} ({time.perf_counter() - t0:.1f}s)")
-    out = {"schedulers": {}, "series": {}, "setup": {
-        "simulated": True, "envs": envs, "tasks_per_env": tasks_per_env, "steps": steps, "seed": seed,
-        "seeds": seeds, "batch_size": batch_size, "group_size": group_size, "graph": graph_stats}}
+        for n in names:
+            kw = {"envs": envs, "tasks_per_env": tasks_per_env, "steps": steps, "batch_size": batch_size,
+                  "group_size": group_size, "overrides": (overrides or {}).get(n), "learner": learner,
+                  "eval_every": eval_every}
+            f = _cache_file(cache, n, seed + k, kw)
+            if f is not None and f.exists():
+                results[(n, seed + k)] = json.loads(f.read_text())
+                log(f"  seed {seed + k} {n:<16} (cached)")
+            else:
+                todo.append((n, seed + k, kw, f))
+    t_start = time.perf_counter()
+
+    def done(n, s, ser, f):
+        results[(n, s)] = ser
+        if f is not None:
+            tmp = f.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({k: v for k, v in ser.items() if not k.startswith("_")}))
+            os.replace(tmp, f)
+        m = summarize(ser, None)
+        finished = len([x for x in todo if (x[0], x[1]) in results])
+        left = len(todo) - finished
+        eta = f", ETA {(time.perf_counter() - t_start) / finished * left:.0f}s" if left else ""
+        log(f"  seed {s} {n:<16} var={m['batch_variance']:.4f} zero={m['zero_variance_fraction']:.3f} "
+            f"envs={m['envs_touched']:.1f} held-out seen={m['heldout_seen_final']:.4f} "
+            f"unseen={m['heldout_unseen_final']:.4f} [{finished}/{len(todo)}{eta}]")
+
+    if jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+            futs = {ex.submit(_job, (n, s, dict(kw))): (n, s, f) for n, s, kw, f in todo}
+            for fut in as_completed(futs):
+                n, s, f = futs[fut]
+                done(n, s, fut.result()[2], f)
+    else:
+        pools: dict[int, dict] = {}
+        for n, s, kw, f in todo:
+            if s not in pools:
+                pools = {s: prepare_pool(envs, tasks_per_env, s)}
+            kw = dict(kw)
+            kw.pop("envs"), kw.pop("tasks_per_env")
+            done(n, s, run_one(n, pools[s], seed=s, log=log, **kw), f)
+    return aggregate(names, [seed + k for k in range(seeds)], results, {
+        "learner": learner, "simulated": learner == "simulated", "envs": envs, "tasks_per_env": tasks_per_env,
+        "steps": steps, "seed": seed, "seeds": seeds, "batch_size": batch_size, "group_size": group_size})
+
+
+def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) -> dict:
+    """Means over seeds, paired differences against random, per-step mean series."""
+    out = {"schedulers": {}, "series": {}, "paired_vs_random": {}, "setup": setup}
+    summaries = {}
+    for s in seeds:
+        random_best = max(results[("random", s)]["heldout"]) if ("random", s) in results else None
+        for n in names:
+            summaries[(n, s)] = summarize(results[(n, s)], random_best)
     for n in names:
         agg = {}
         for m in METRICS:
-            vals = [x[m] for x in summaries[n]]
+            vals = [summaries[(n, s)][m] for s in seeds]
             if m == "steps_to_random_best":
                 agg[m] = float(np.mean(vals)) if vals and all(v is not None for v in vals) else None
             else:
                 agg[m] = float(np.mean(vals))
-        agg["batch_variance_sd"] = float(np.std([x["batch_variance"] for x in summaries[n]]))
+        agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in seeds]))
         out["schedulers"][n] = agg
-        out["series"][n] = {k: np.mean([r[k] for r in runs[n]], axis=0).tolist() for k in runs[n][0] if not k.startswith("_")}
+        runs = [results[(n, s)] for s in seeds]
+        out["series"][n] = {k: np.mean([r[k] for r in runs], axis=0).tolist() for k in runs[0]
+                            if not k.startswith("_") and k not in ("evals", "breadth", "heldout")}
+        out["series"][n]["evals"] = [{k: float(np.mean([r["evals"][j][k] for r in runs])) for k in runs[0]["evals"][j]}
+                                     for j in range(len(runs[0]["evals"]))]
+        out["series"][n]["heldout"] = np.mean([r["heldout"] for r in runs], axis=0).tolist()
+        if "random" in names and n != "random":
+            diff = {}
+            for m in ("heldout_seen_final", "heldout_unseen_final", "batch_variance", "zero_variance_fraction"):
+                d = np.array([summaries[(n, s)][m] - summaries[("random", s)][m] for s in seeds])
+                diff[m] = {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
+                           "wins": int((d > 0).sum()) if "heldout" in m or m == "batch_variance" else int((d < 0).sum()),
+                           "per_seed": d.tolist()}
+            out["paired_vs_random"][n] = diff
     return out

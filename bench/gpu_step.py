@@ -45,14 +45,21 @@ def main() -> int:
     args = ap.parse_args()
     if args.device == "cpu":  # exercise the path with a tiny model
         args.hidden, args.layers, args.heads = 64, 2, 4
-        args.batch, args.group, args.max_new_tokens = min(args.batch, 2), min(args.group, 2), min(args.max_new_tokens, 16)
+        args.batch, args.group, args.max_new_tokens = (
+            min(args.batch, 2),
+            min(args.group, 2),
+            min(args.max_new_tokens, 16),
+        )
     t_all = time.perf_counter()
     tok = qwen3_tokenizer()
-    model = tiny_qwen3(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=max(1, args.heads // 2))
+    model = tiny_qwen3(
+        hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=max(1, args.heads // 2)
+    )
     model = model.to(args.device)
     n_params = sum(p.numel() for p in model.parameters())
-    trainer = GRPOTrainer(model, tok, GRPOConfig(lr=1e-6, micro_batch=8, max_new_tokens=args.max_new_tokens),
-                          device=args.device)
+    trainer = GRPOTrainer(
+        model, tok, GRPOConfig(lr=1e-6, micro_batch=8, max_new_tokens=args.max_new_tokens), device=args.device
+    )
     data = load_synthetic(n_envs=51, tasks_per_env=50, seed=0)
     envs = {e["env_id"]: e for e in data.environments}
     rng = np.random.default_rng(0)
@@ -65,7 +72,7 @@ def main() -> int:
     t0 = time.perf_counter()
     with SandboxPool(workers=min(args.workers, len(eps))) as pool:
         for s in range(0, len(eps), args.workers):
-            wave = eps[s:s + args.workers]
+            wave = eps[s : s + args.workers]
             for e in wave:
                 t = next(x for x in tasks if x["task_id"] == e.task_id)
                 e.session = pool.session(episode_spec(envs[t["env_id"]], t))
@@ -85,25 +92,51 @@ def main() -> int:
     total = sum(len(e.ids) for e in eps)
     res = {
         "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "params_m": n_params / 1e6, "batch": args.batch, "group": args.group, "episodes": len(eps),
-        "generated_tokens": gen, "sequence_tokens": total, "rollout_s": t_roll, "update_s": t_upd,
-        "step_s": time.perf_counter() - t_all, "gen_tokens_per_s": gen / max(t_roll, 1e-9),
-        "train_tokens_per_s": total / max(t_upd, 1e-9), "loss": m["loss"], "grad_norm": m["grad_norm"],
-        "peak_memory_gb": (torch.cuda.max_memory_allocated() / 1e9) if args.device.startswith("cuda") else None,
+        "params_m": n_params / 1e6,
+        "batch": args.batch,
+        "group": args.group,
+        "episodes": len(eps),
+        "generated_tokens": gen,
+        "sequence_tokens": total,
+        "rollout_s": t_roll,
+        "update_s": t_upd,
+        "step_s": time.perf_counter() - t_all,
+        "gen_tokens_per_s": gen / max(t_roll, 1e-9),
+        "train_tokens_per_s": total / max(t_upd, 1e-9),
+        "loss": m["loss"],
+        "grad_norm": m["grad_norm"],
+        "peak_memory_gb": (torch.cuda.max_memory_allocated() / 1e9)
+        if args.device.startswith("cuda")
+        else None,
         "bf16": trainer.bf16,
     }
     print(json.dumps(res, indent=2))
     if not args.no_write:
         from run_all import write_section
 
-        rows = ["| " + " | ".join(res) + " |", "|" + "---|" * len(res),
-                "| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in res.values()) + " |"]
-        where = ("on a GPU" if args.device.startswith("cuda") else
-                 "**on the CPU with a tiny model** (no GPU was available: the vLLM engine and DeepSpeed are untested "
-                 "on a GPU; the hf engine + torch update path ran up to the point that needs CUDA)")
-        write_section("gpu", "\n".join([
-            "## GRPO step with a neural policy (`bench/gpu_step.py`)", "",
-            f"Real agent loop (hf engine) over synthetic environments + torch GRPO update, run {where}.", "", *rows]))
+        rows = [
+            "| " + " | ".join(res) + " |",
+            "|" + "---|" * len(res),
+            "| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in res.values()) + " |",
+        ]
+        where = (
+            "on a GPU"
+            if args.device.startswith("cuda")
+            else "**on the CPU with a tiny model** (no GPU was available: the vLLM engine and DeepSpeed are untested "
+            "on a GPU; the hf engine + torch update path ran up to the point that needs CUDA)"
+        )
+        write_section(
+            "gpu",
+            "\n".join(
+                [
+                    "## GRPO step with a neural policy (`bench/gpu_step.py`)",
+                    "",
+                    f"Real agent loop (hf engine) over synthetic environments + torch GRPO update, run {where}.",
+                    "",
+                    *rows,
+                ]
+            ),
+        )
     return 0
 
 

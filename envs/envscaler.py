@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tqdm import tqdm
+
 from envs.registry import PoolData, envscaler_rows
 from envs.sandbox import SandboxPool
 
@@ -33,7 +35,9 @@ def _load_json(path: Path):
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise PoolFormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from exc
+        raise PoolFormatError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise PoolFormatError(f"{path}: not UTF-8 text ({exc})") from exc
 
@@ -63,7 +67,9 @@ def parse_env_metadata(path: Path) -> list[dict]:
         code = _pick(rec, "env_class_code", "code", "class_code")
         name = _pick(rec, "env_class_name", "class_name")
         if not isinstance(code, str) or not code.strip():
-            raise PoolFormatError(f"{where}: missing field 'env_class_code' (the environment's Python class source)")
+            raise PoolFormatError(
+                f"{where}: missing field 'env_class_code' (the environment's Python class source)"
+            )
         if not isinstance(name, str) or not name:
             raise PoolFormatError(f"{where}: missing field 'env_class_name'")
         tools = _pick(rec, "tools", default=[])
@@ -71,7 +77,9 @@ def parse_env_metadata(path: Path) -> list[dict]:
             try:
                 tools = json.loads(tools)
             except json.JSONDecodeError as exc:
-                raise PoolFormatError(f"{where}: field 'tools' is a string but not valid JSON ({exc.msg})") from exc
+                raise PoolFormatError(
+                    f"{where}: field 'tools' is a string but not valid JSON ({exc.msg})"
+                ) from exc
         if not isinstance(tools, list):
             raise PoolFormatError(f"{where}: field 'tools' must be a list (or a JSON string of one)")
         norm = []
@@ -82,12 +90,17 @@ def parse_env_metadata(path: Path) -> list[dict]:
             if not isinstance(fn.get("name"), str):
                 raise PoolFormatError(f"{where}: tools[{j}] has no 'name'")
             norm.append(t if "function" in t else {"type": "function", "function": t})
-        envs.append({
-            "env_id": env_id, "class_name": name, "code": code, "tools": norm,
-            "summary": str(_pick(rec, "env_summary", "summary", default="")),
-            "introduction": str(_pick(rec, "env_introduction", "introduction", default="")),
-            "rules_text": str(_pick(rec, "env_rules", "rules", default="")),
-        })
+        envs.append(
+            {
+                "env_id": env_id,
+                "class_name": name,
+                "code": code,
+                "tools": norm,
+                "summary": str(_pick(rec, "env_summary", "summary", default="")),
+                "introduction": str(_pick(rec, "env_introduction", "introduction", default="")),
+                "rules_text": str(_pick(rec, "env_rules", "rules", default="")),
+            }
+        )
     if not envs:
         raise PoolFormatError(f"{path}: no environments")
     return envs
@@ -96,7 +109,9 @@ def parse_env_metadata(path: Path) -> list[dict]:
 def parse_scenarios(path: Path, env_ids: set[str], env_class: dict[str, str]) -> list[dict]:
     data = _load_json(path)
     if isinstance(data, dict):
-        records = [dict(v, task_id=v.get("task_id", k)) if isinstance(v, dict) else v for k, v in data.items()]
+        records = [
+            dict(v, task_id=v.get("task_id", k)) if isinstance(v, dict) else v for k, v in data.items()
+        ]
     elif isinstance(data, list):
         records = data
     else:
@@ -134,9 +149,17 @@ def parse_scenarios(path: Path, env_ids: set[str], env_class: dict[str, str]) ->
         gold = rec.get("gold_actions")
         if gold is not None and not isinstance(gold, list):
             raise PoolFormatError(f"{where}: field 'gold_actions' must be a list")
-        out.append({"task_id": tid, "env_id": env_id, "task": instr, "init_config": init,
-                    "checklist_with_func": norm, "gold_actions": gold,
-                    "env_class_name": rec.get("env_class_name") or env_class[env_id]})
+        out.append(
+            {
+                "task_id": tid,
+                "env_id": env_id,
+                "task": instr,
+                "init_config": init,
+                "checklist_with_func": norm,
+                "gold_actions": gold,
+                "env_class_name": rec.get("env_class_name") or env_class[env_id],
+            }
+        )
     if not out:
         raise PoolFormatError(f"{path}: no scenarios")
     return out
@@ -144,7 +167,9 @@ def parse_scenarios(path: Path, env_ids: set[str], env_class: dict[str, str]) ->
 
 def load_envscaler(scenarios: str | Path, env_metadata: str | Path, name: str) -> PoolData:
     envs = parse_env_metadata(Path(env_metadata))
-    tasks = parse_scenarios(Path(scenarios), {e["env_id"] for e in envs}, {e["env_id"]: e["class_name"] for e in envs})
+    tasks = parse_scenarios(
+        Path(scenarios), {e["env_id"] for e in envs}, {e["env_id"]: e["class_name"] for e in envs}
+    )
     env_rows, task_rows = envscaler_rows(name, envs, tasks)
     return PoolData(name=name, environments=env_rows, tasks=task_rows)
 
@@ -161,7 +186,6 @@ def validate_buildable(data: PoolData, pool=None) -> dict:
             empty.append(t["task_id"])
     envs = {e["env_id"]: e for e in data.environments}
     jobs = [({"kind": "envscaler", "env": envs[e], "task": t}, []) for e, t in first_task.items()]
-    from tqdm import tqdm
 
     own = pool is None
     pool = pool or SandboxPool(workers=2)
@@ -176,5 +200,9 @@ def validate_buildable(data: PoolData, pool=None) -> dict:
     for (spec, _), r in zip(jobs, results, strict=True):
         if r.get("error_class") in ("env_crash", "timeout"):
             broken[spec["env"]["env_id"]] = r.get("error")
-    return {"environments": len(envs), "tasks": len(data.tasks), "broken_environments": broken,
-            "empty_checklists": empty}
+    return {
+        "environments": len(envs),
+        "tasks": len(data.tasks),
+        "broken_environments": broken,
+        "empty_checklists": empty,
+    }

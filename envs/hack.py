@@ -1,4 +1,4 @@
-"""Identifier-hack detector (ALGORITHM.md §5.7, ours).
+"""Identifier-hack detector (docs/algorithm.md §5.7, ours).
 
 A policy can earn reward by *inventing* identifiers that happen to satisfy a lenient verifier
 (e.g. creating a record with a made-up id the checks never look at). A rewarded rollout is
@@ -16,7 +16,19 @@ from collections.abc import Iterable
 
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{2,63}$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-_READ_PREFIXES = ("get", "list", "find", "search", "lookup", "query", "read", "check", "show", "describe", "view")
+_READ_PREFIXES = (
+    "get",
+    "list",
+    "find",
+    "search",
+    "lookup",
+    "query",
+    "read",
+    "check",
+    "show",
+    "describe",
+    "view",
+)
 
 
 def is_identifier(value) -> bool:
@@ -75,7 +87,9 @@ def flag_trajectory(steps: list[dict], initial_state, instruction: str = "") -> 
     return False
 
 
-def replay(rows: Iterable[dict], initial_states: dict[str, object], instructions: dict[str, str] | None = None) -> dict:
+def replay(
+    rows: Iterable[dict], initial_states: dict[str, object], instructions: dict[str, str] | None = None
+) -> dict:
     """Run the detector over logged rollouts (rows with task_id, reward, trajectory json).
     Returns the flag rate among rewarded rollouts and per-task counts."""
     rewarded = flagged = 0
@@ -87,8 +101,14 @@ def replay(rows: Iterable[dict], initial_states: dict[str, object], instructions
         traj = json.loads(traj) if isinstance(traj, str) else (traj or {})
         steps = traj.get("tool_calls", []) if isinstance(traj, dict) else []
         rewarded += 1
-        if flag_trajectory(steps, initial_states.get(r["task_id"], {}), (instructions or {}).get(r["task_id"], "")):
+        if flag_trajectory(
+            steps, initial_states.get(r["task_id"], {}), (instructions or {}).get(r["task_id"], "")
+        ):
             flagged += 1
             per_task[r["task_id"]] = per_task.get(r["task_id"], 0) + 1
-    return {"rewarded": rewarded, "flagged": flagged, "flag_rate": flagged / rewarded if rewarded else 0.0,
-            "per_task": per_task}
+    return {
+        "rewarded": rewarded,
+        "flagged": flagged,
+        "flag_rate": flagged / rewarded if rewarded else 0.0,
+        "per_task": per_task,
+    }

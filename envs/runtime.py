@@ -12,6 +12,7 @@ functions come with data and are untrusted.
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 from abc import ABC, abstractmethod
@@ -172,7 +173,11 @@ class EnvScalerRuntime(Runtime):
 
     def step(self, call: dict) -> str:
         name, args, err = call_parts(call)
-        if name not in self.tool_names or name.startswith("_") or not callable(getattr(self.instance, name, None)):
+        if (
+            name not in self.tool_names
+            or name.startswith("_")
+            or not callable(getattr(self.instance, name, None))
+        ):
             return f"Error: unknown tool {name!r}"
         if err:
             return err
@@ -232,7 +237,6 @@ def make_runtime(spec: dict) -> Runtime:
     kind = spec.get("kind", "envscaler")
     if kind not in RUNTIMES:
         # runtimes of the package pools register on import
-        import importlib
 
         importlib.import_module(f"envs.pools.{kind}")
     if kind not in RUNTIMES:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import subprocess
 import sys
 import threading
@@ -49,8 +50,6 @@ def _worker_main(conn, limits: Limits) -> None:
     """Worker loop: a fresh interpreter (``python -m envs.sandbox``), talking pickled frames over
     its own stdin/stdout; stdout is re-pointed at stderr first, so what untrusted code prints
     can never corrupt the protocol."""
-    import resource
-
     try:
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -79,7 +78,9 @@ def _worker_main(conn, limits: Limits) -> None:
                 out.setdefault("error_class", "none" if not out.get("error") else "task")
                 conn.send(("ok", out))
             elif op == "open":
-                rt = make_runtime(dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds))
+                rt = make_runtime(
+                    dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
+                )
                 conn.send(("ok", rt.reset()))
             elif op == "step":
                 conn.send(("ok", rt.step(msg[1])))
@@ -116,8 +117,15 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
         first_of: dict[str, int] = {}  # tool schemas travel once per environment and message
         for eid, env_key, task, extra in items:
             try:
-                rt = make_runtime({**extra, "env": envs[env_key], "task": task, "check_timeout": limits.check_seconds,
-                                   "call_timeout": limits.call_seconds})
+                rt = make_runtime(
+                    {
+                        **extra,
+                        "env": envs[env_key],
+                        "task": task,
+                        "check_timeout": limits.check_seconds,
+                        "call_timeout": limits.call_seconds,
+                    }
+                )
                 first = rt.reset()
                 many[eid] = rt
                 if env_key in first_of and isinstance(first, dict):
@@ -180,11 +188,19 @@ class _Conn:
 
 class _Worker:
     def __init__(self, limits: Limits):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+        env = dict(
+            os.environ,
+            OPENBLAS_NUM_THREADS="1",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "envs.sandbox", json.dumps(asdict(limits))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
         self.conn = _Conn(os.dup(self.proc.stdout.fileno()), os.dup(self.proc.stdin.fileno()))
@@ -270,7 +286,9 @@ class SandboxPool:
         out["seconds"] = time.perf_counter() - t0
         return out
 
-    def map_episodes(self, jobs: Iterable[tuple], progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    def map_episodes(
+        self, jobs: Iterable[tuple], progress: Callable[[int, int], None] | None = None
+    ) -> list[dict]:
         """Run (spec, actions[, answer]) jobs over the workers; results in job order."""
         jobs = list(jobs)
         out: list[dict | None] = [None] * len(jobs)
@@ -294,7 +312,9 @@ class SandboxPool:
     def session(self, spec: dict) -> Session:
         return Session(self, spec)
 
-    def batch(self, envs: dict[str, dict], episodes: list[tuple[str, dict]], kind: str = "envscaler") -> VectorBatch:
+    def batch(
+        self, envs: dict[str, dict], episodes: list[tuple[str, dict]], kind: str = "envscaler"
+    ) -> VectorBatch:
         """Many interactive episodes in lock-step over all workers (see :class:`VectorBatch`)."""
         return VectorBatch(self, envs, episodes, kind)
 
@@ -443,8 +463,11 @@ class VectorBatch:
         fails on its own is failed; the others get their result as if nothing had happened."""
         self.workers[w] = self.pool._replace(self.workers[w])
         out: dict[int, tuple] = {}
-        alive = [j for j in range(len(self.episodes))
-                 if self.owner[j] == w and j not in self.failed and j not in self.closed]
+        alive = [
+            j
+            for j in range(len(self.episodes))
+            if self.owner[j] == w and j not in self.failed and j not in self.closed
+        ]
         for j in alive:
             res = self._solo(w, j, op if j in items else None, items.get(j))
             if j in items:

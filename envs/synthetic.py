@@ -40,23 +40,210 @@ PATTERNS = (
 # fee word, assigned status). Each domain appears in three variants (different id shapes, rules
 # and tool subsets), giving 51 environments by default.
 DOMAINS = [
-    ("library", "book", "books", "member", "members", "shelf", ["A1", "B2", "C3", "D4", "E5"], "copies", "late_fee", "loaned"),
-    ("clinic", "slot", "slots", "patient", "patients", "room", ["R101", "R102", "R201", "R305"], "capacity", "copay", "booked"),
-    ("airline", "seat", "seats", "passenger", "passengers", "cabin", ["economy", "premium", "business"], "miles", "change_fee", "ticketed"),
-    ("warehouse", "pallet", "pallets", "client", "clients", "zone", ["north", "south", "cold", "bulk"], "units", "storage_fee", "reserved"),
-    ("hotel", "room", "rooms", "guest", "guests", "floor", ["1", "2", "3", "4", "penthouse"], "nights", "minibar_charge", "occupied"),
-    ("school", "course", "courses", "student", "students", "term", ["fall", "spring", "summer"], "credits", "tuition", "enrolled"),
-    ("fleet", "vehicle", "vehicles", "driver", "drivers", "depot", ["east", "west", "central"], "fuel", "toll", "dispatched"),
-    ("bank", "account", "accounts", "customer", "customers", "branch", ["downtown", "harbor", "airport"], "balance_units", "overdraft_fee", "linked"),
-    ("gym", "locker", "lockers", "athlete", "athletes", "wing", ["red", "blue", "green"], "sessions", "locker_fee", "rented"),
-    ("restaurant", "table", "tables", "diner", "diners", "section", ["patio", "bar", "main", "private"], "covers", "deposit", "seated"),
-    ("hospital", "bed", "beds", "inpatient", "inpatients", "ward", ["icu", "surgical", "maternity"], "supplies", "ward_charge", "admitted"),
-    ("cinema", "screening", "screenings", "viewer", "viewers", "hall", ["imax", "hall2", "hall3"], "tickets", "booking_fee", "held"),
-    ("parking", "space", "spaces", "motorist", "motorists", "level", ["p1", "p2", "roof"], "hours", "parking_fee", "allocated"),
-    ("lab", "instrument", "instruments", "researcher", "researchers", "bench", ["wet", "dry", "clean"], "samples", "usage_fee", "checked_out"),
-    ("shipping", "container", "containers", "shipper", "shippers", "berth", ["b1", "b2", "b3", "b4"], "tons", "demurrage", "loaded"),
-    ("coworking", "desk", "desks", "tenant", "tenants", "area", ["quiet", "open", "studio"], "passes", "guest_fee", "leased"),
-    ("vet", "kennel", "kennels", "owner_of_pet", "pet_owners", "block", ["dogs", "cats", "exotics"], "meals", "boarding_fee", "boarded"),
+    (
+        "library",
+        "book",
+        "books",
+        "member",
+        "members",
+        "shelf",
+        ["A1", "B2", "C3", "D4", "E5"],
+        "copies",
+        "late_fee",
+        "loaned",
+    ),
+    (
+        "clinic",
+        "slot",
+        "slots",
+        "patient",
+        "patients",
+        "room",
+        ["R101", "R102", "R201", "R305"],
+        "capacity",
+        "copay",
+        "booked",
+    ),
+    (
+        "airline",
+        "seat",
+        "seats",
+        "passenger",
+        "passengers",
+        "cabin",
+        ["economy", "premium", "business"],
+        "miles",
+        "change_fee",
+        "ticketed",
+    ),
+    (
+        "warehouse",
+        "pallet",
+        "pallets",
+        "client",
+        "clients",
+        "zone",
+        ["north", "south", "cold", "bulk"],
+        "units",
+        "storage_fee",
+        "reserved",
+    ),
+    (
+        "hotel",
+        "room",
+        "rooms",
+        "guest",
+        "guests",
+        "floor",
+        ["1", "2", "3", "4", "penthouse"],
+        "nights",
+        "minibar_charge",
+        "occupied",
+    ),
+    (
+        "school",
+        "course",
+        "courses",
+        "student",
+        "students",
+        "term",
+        ["fall", "spring", "summer"],
+        "credits",
+        "tuition",
+        "enrolled",
+    ),
+    (
+        "fleet",
+        "vehicle",
+        "vehicles",
+        "driver",
+        "drivers",
+        "depot",
+        ["east", "west", "central"],
+        "fuel",
+        "toll",
+        "dispatched",
+    ),
+    (
+        "bank",
+        "account",
+        "accounts",
+        "customer",
+        "customers",
+        "branch",
+        ["downtown", "harbor", "airport"],
+        "balance_units",
+        "overdraft_fee",
+        "linked",
+    ),
+    (
+        "gym",
+        "locker",
+        "lockers",
+        "athlete",
+        "athletes",
+        "wing",
+        ["red", "blue", "green"],
+        "sessions",
+        "locker_fee",
+        "rented",
+    ),
+    (
+        "restaurant",
+        "table",
+        "tables",
+        "diner",
+        "diners",
+        "section",
+        ["patio", "bar", "main", "private"],
+        "covers",
+        "deposit",
+        "seated",
+    ),
+    (
+        "hospital",
+        "bed",
+        "beds",
+        "inpatient",
+        "inpatients",
+        "ward",
+        ["icu", "surgical", "maternity"],
+        "supplies",
+        "ward_charge",
+        "admitted",
+    ),
+    (
+        "cinema",
+        "screening",
+        "screenings",
+        "viewer",
+        "viewers",
+        "hall",
+        ["imax", "hall2", "hall3"],
+        "tickets",
+        "booking_fee",
+        "held",
+    ),
+    (
+        "parking",
+        "space",
+        "spaces",
+        "motorist",
+        "motorists",
+        "level",
+        ["p1", "p2", "roof"],
+        "hours",
+        "parking_fee",
+        "allocated",
+    ),
+    (
+        "lab",
+        "instrument",
+        "instruments",
+        "researcher",
+        "researchers",
+        "bench",
+        ["wet", "dry", "clean"],
+        "samples",
+        "usage_fee",
+        "checked_out",
+    ),
+    (
+        "shipping",
+        "container",
+        "containers",
+        "shipper",
+        "shippers",
+        "berth",
+        ["b1", "b2", "b3", "b4"],
+        "tons",
+        "demurrage",
+        "loaded",
+    ),
+    (
+        "coworking",
+        "desk",
+        "desks",
+        "tenant",
+        "tenants",
+        "area",
+        ["quiet", "open", "studio"],
+        "passes",
+        "guest_fee",
+        "leased",
+    ),
+    (
+        "vet",
+        "kennel",
+        "kennels",
+        "owner_of_pet",
+        "pet_owners",
+        "block",
+        ["dogs", "cats", "exotics"],
+        "meals",
+        "boarding_fee",
+        "boarded",
+    ),
 ]
 
 # Environments that the default (training) pool never contains, in two disjoint families:
@@ -64,32 +251,296 @@ DOMAINS = [
 # evaluation on environments never trained on). Same tuple layout as DOMAINS.
 EXTRA_DOMAINS = {
     "warmstart": [
-        ("marina", "mooring", "moorings", "sailor", "sailors", "dock", ["north", "south", "outer"], "days", "mooring_fee", "moored"),
-        ("museum", "exhibit", "exhibits", "curator", "curators", "gallery", ["west", "east", "atrium"], "visitors", "insurance_fee", "lent"),
-        ("farm", "tractor", "tractors", "farmer", "farmers", "plot", ["f1", "f2", "f3"], "hours_used", "rental_fee", "leased_out"),
-        ("theater", "costume", "costumes", "actor", "actors", "rack", ["r1", "r2", "r3"], "fittings", "cleaning_fee", "worn"),
-        ("studio", "camera", "cameras", "photographer", "photographers", "kit", ["basic", "pro", "cine"], "shoots", "damage_fee", "signed_out"),
-        ("garden", "planter", "planters", "gardener", "gardeners", "bed", ["sunny", "shade", "raised"], "harvests", "water_fee", "tended"),
-        ("archive", "record", "records", "archivist", "archivists", "vault", ["v1", "v2", "v3"], "pages", "retrieval_fee", "pulled"),
-        ("kitchen", "burner", "burners", "chef", "chefs", "line", ["hot", "cold", "pastry"], "orders", "prep_fee", "lit"),
-        ("airport", "gate", "gates", "crew", "crews", "terminal", ["t1", "t2", "t3"], "departures", "landing_fee", "staffed"),
-        ("rental", "bike", "bikes", "rider", "riders", "station", ["dock_a", "dock_b", "dock_c"], "rides", "late_charge", "ridden"),
-        ("harbor", "crane", "cranes", "operator", "operators", "quay", ["q1", "q2", "q3"], "lifts", "operating_fee", "engaged"),
-        ("library_annex", "journal", "journals", "reader", "readers", "stack", ["s1", "s2", "s3"], "issues", "reading_fee", "borrowed"),
+        (
+            "marina",
+            "mooring",
+            "moorings",
+            "sailor",
+            "sailors",
+            "dock",
+            ["north", "south", "outer"],
+            "days",
+            "mooring_fee",
+            "moored",
+        ),
+        (
+            "museum",
+            "exhibit",
+            "exhibits",
+            "curator",
+            "curators",
+            "gallery",
+            ["west", "east", "atrium"],
+            "visitors",
+            "insurance_fee",
+            "lent",
+        ),
+        (
+            "farm",
+            "tractor",
+            "tractors",
+            "farmer",
+            "farmers",
+            "plot",
+            ["f1", "f2", "f3"],
+            "hours_used",
+            "rental_fee",
+            "leased_out",
+        ),
+        (
+            "theater",
+            "costume",
+            "costumes",
+            "actor",
+            "actors",
+            "rack",
+            ["r1", "r2", "r3"],
+            "fittings",
+            "cleaning_fee",
+            "worn",
+        ),
+        (
+            "studio",
+            "camera",
+            "cameras",
+            "photographer",
+            "photographers",
+            "kit",
+            ["basic", "pro", "cine"],
+            "shoots",
+            "damage_fee",
+            "signed_out",
+        ),
+        (
+            "garden",
+            "planter",
+            "planters",
+            "gardener",
+            "gardeners",
+            "bed",
+            ["sunny", "shade", "raised"],
+            "harvests",
+            "water_fee",
+            "tended",
+        ),
+        (
+            "archive",
+            "record",
+            "records",
+            "archivist",
+            "archivists",
+            "vault",
+            ["v1", "v2", "v3"],
+            "pages",
+            "retrieval_fee",
+            "pulled",
+        ),
+        (
+            "kitchen",
+            "burner",
+            "burners",
+            "chef",
+            "chefs",
+            "line",
+            ["hot", "cold", "pastry"],
+            "orders",
+            "prep_fee",
+            "lit",
+        ),
+        (
+            "airport",
+            "gate",
+            "gates",
+            "crew",
+            "crews",
+            "terminal",
+            ["t1", "t2", "t3"],
+            "departures",
+            "landing_fee",
+            "staffed",
+        ),
+        (
+            "rental",
+            "bike",
+            "bikes",
+            "rider",
+            "riders",
+            "station",
+            ["dock_a", "dock_b", "dock_c"],
+            "rides",
+            "late_charge",
+            "ridden",
+        ),
+        (
+            "harbor",
+            "crane",
+            "cranes",
+            "operator",
+            "operators",
+            "quay",
+            ["q1", "q2", "q3"],
+            "lifts",
+            "operating_fee",
+            "engaged",
+        ),
+        (
+            "library_annex",
+            "journal",
+            "journals",
+            "reader",
+            "readers",
+            "stack",
+            ["s1", "s2", "s3"],
+            "issues",
+            "reading_fee",
+            "borrowed",
+        ),
     ],
     "unseen": [
-        ("observatory", "telescope", "telescopes", "astronomer", "astronomers", "dome", ["alpha", "beta", "gamma"], "nights_booked", "observing_fee", "scheduled"),
-        ("stable", "horse", "horses", "jockey", "jockeys", "paddock", ["east", "west", "ring"], "rides", "feed_fee", "saddled"),
-        ("printshop", "press", "presses", "designer", "designers", "bay", ["b1", "b2", "b3"], "prints", "ink_fee", "running"),
-        ("camp", "cabin", "cabins", "camper", "campers", "site", ["lakeside", "hill", "forest"], "nights", "site_fee", "claimed"),
-        ("brewery", "tank", "tanks", "brewer", "brewers", "cellar", ["c1", "c2", "c3"], "liters", "keg_fee", "filled"),
-        ("salon", "chair", "chairs", "stylist", "stylists", "area", ["front", "back", "vip"], "appointments", "chair_rent", "taken"),
-        ("zoo", "enclosure", "enclosures", "keeper", "keepers", "zone", ["savanna", "arctic", "jungle"], "feedings", "care_fee", "tended"),
-        ("laundromat", "washer", "washers", "patron", "patrons", "row", ["w1", "w2", "w3"], "cycles", "soap_fee", "spinning"),
-        ("dojo", "mat", "mats", "student_fighter", "student_fighters", "hall", ["main", "small"], "classes", "belt_fee", "reserved"),
-        ("greenhouse", "tray", "trays", "grower", "growers", "house", ["h1", "h2", "h3"], "seedlings", "heating_fee", "planted"),
-        ("ferry", "cabin_berth", "cabin_berths", "traveller", "travellers", "deck", ["upper", "lower"], "crossings", "port_fee", "booked"),
-        ("pharmacy", "batch", "batches", "pharmacist", "pharmacists", "shelf_unit", ["cold", "dry", "locked"], "doses", "dispensing_fee", "dispensed"),
+        (
+            "observatory",
+            "telescope",
+            "telescopes",
+            "astronomer",
+            "astronomers",
+            "dome",
+            ["alpha", "beta", "gamma"],
+            "nights_booked",
+            "observing_fee",
+            "scheduled",
+        ),
+        (
+            "stable",
+            "horse",
+            "horses",
+            "jockey",
+            "jockeys",
+            "paddock",
+            ["east", "west", "ring"],
+            "rides",
+            "feed_fee",
+            "saddled",
+        ),
+        (
+            "printshop",
+            "press",
+            "presses",
+            "designer",
+            "designers",
+            "bay",
+            ["b1", "b2", "b3"],
+            "prints",
+            "ink_fee",
+            "running",
+        ),
+        (
+            "camp",
+            "cabin",
+            "cabins",
+            "camper",
+            "campers",
+            "site",
+            ["lakeside", "hill", "forest"],
+            "nights",
+            "site_fee",
+            "claimed",
+        ),
+        (
+            "brewery",
+            "tank",
+            "tanks",
+            "brewer",
+            "brewers",
+            "cellar",
+            ["c1", "c2", "c3"],
+            "liters",
+            "keg_fee",
+            "filled",
+        ),
+        (
+            "salon",
+            "chair",
+            "chairs",
+            "stylist",
+            "stylists",
+            "area",
+            ["front", "back", "vip"],
+            "appointments",
+            "chair_rent",
+            "taken",
+        ),
+        (
+            "zoo",
+            "enclosure",
+            "enclosures",
+            "keeper",
+            "keepers",
+            "zone",
+            ["savanna", "arctic", "jungle"],
+            "feedings",
+            "care_fee",
+            "tended",
+        ),
+        (
+            "laundromat",
+            "washer",
+            "washers",
+            "patron",
+            "patrons",
+            "row",
+            ["w1", "w2", "w3"],
+            "cycles",
+            "soap_fee",
+            "spinning",
+        ),
+        (
+            "dojo",
+            "mat",
+            "mats",
+            "student_fighter",
+            "student_fighters",
+            "hall",
+            ["main", "small"],
+            "classes",
+            "belt_fee",
+            "reserved",
+        ),
+        (
+            "greenhouse",
+            "tray",
+            "trays",
+            "grower",
+            "growers",
+            "house",
+            ["h1", "h2", "h3"],
+            "seedlings",
+            "heating_fee",
+            "planted",
+        ),
+        (
+            "ferry",
+            "cabin_berth",
+            "cabin_berths",
+            "traveller",
+            "travellers",
+            "deck",
+            ["upper", "lower"],
+            "crossings",
+            "port_fee",
+            "booked",
+        ),
+        (
+            "pharmacy",
+            "batch",
+            "batches",
+            "pharmacist",
+            "pharmacists",
+            "shelf_unit",
+            ["cold", "dry", "locked"],
+            "doses",
+            "dispensing_fee",
+            "dispensed",
+        ),
     ],
 }
 FAMILIES = ("train", *EXTRA_DOMAINS)
@@ -100,12 +551,52 @@ ID_SHAPES = (
     lambda p, i: f"{p[0].upper()}{7000 + 13 * i}",
 )
 NAMES = (
-    "Ada", "Bela", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ines", "Jon", "Kofi", "Lena",
-    "Mira", "Nils", "Oda", "Pavel", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yuki",
+    "Ada",
+    "Bela",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fatima",
+    "Goran",
+    "Hana",
+    "Ines",
+    "Jon",
+    "Kofi",
+    "Lena",
+    "Mira",
+    "Nils",
+    "Oda",
+    "Pavel",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Yuki",
 )
 TITLES = (
-    "Atlas", "Beacon", "Cedar", "Delta", "Ember", "Fjord", "Garnet", "Harbor", "Iris", "Juniper",
-    "Krypton", "Lumen", "Meridian", "Nimbus", "Onyx", "Prairie", "Quartz", "Raven", "Sierra", "Tundra",
+    "Atlas",
+    "Beacon",
+    "Cedar",
+    "Delta",
+    "Ember",
+    "Fjord",
+    "Garnet",
+    "Harbor",
+    "Iris",
+    "Juniper",
+    "Krypton",
+    "Lumen",
+    "Meridian",
+    "Nimbus",
+    "Onyx",
+    "Prairie",
+    "Quartz",
+    "Raven",
+    "Sierra",
+    "Tundra",
 )
 
 
@@ -134,8 +625,14 @@ class SyntheticPool:
 def _class_code(env: dict) -> str:
     """Source of the environment class. Executed only inside the sandboxed worker."""
     e, es, o, os_, fld, qty, fee, assigned = (
-        env["entity"], env["entities"], env["owner"], env["owners"], env["field"], env["qty"],
-        env["fee"], env["assigned"],
+        env["entity"],
+        env["entities"],
+        env["owner"],
+        env["owners"],
+        env["field"],
+        env["qty"],
+        env["fee"],
+        env["assigned"],
     )
     max_assign = env["rules"]["max_assigned_per_" + o]
     return f'''class {env["class_name"]}:
@@ -237,7 +734,14 @@ def _class_code(env: dict) -> str:
 
 
 def _tool_schemas(env: dict) -> list[dict]:
-    e, es, o, fld, qty, fee = env["entity"], env["entities"], env["owner"], env["field"], env["qty"], env["fee"]
+    e, es, o, fld, qty, fee = (
+        env["entity"],
+        env["entities"],
+        env["owner"],
+        env["field"],
+        env["qty"],
+        env["fee"],
+    )
 
     def tool(tool_name: str, desc: str, /, **params: tuple[str, str]) -> dict:
         return {
@@ -260,21 +764,59 @@ def _tool_schemas(env: dict) -> list[dict]:
             "function": {
                 "name": f"list_{es}",
                 "description": f"List {es}, optionally only those with a status.",
-                "parameters": {"type": "object", "properties": {"status": {"type": "string"}}, "required": []},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"status": {"type": "string"}},
+                    "required": [],
+                },
             },
         },
         tool(f"get_{o}", f"Look up one {o} by id.", **{f"{o}_id": ("string", f"{o} id")}),
         tool(f"find_{e}_by_name", f"Ids of the {es} with this name.", name=("string", "exact name")),
-        tool(f"check_{o}_eligibility", f"Whether a {o} may take a {e}.", **{f"{o}_id": ("string", ""), f"{e}_id": ("string", "")}),
-        tool(f"assign_{e}", f"Assign an available {e} to a {o}.", **{f"{e}_id": ("string", ""), f"{o}_id": ("string", "")}),
+        tool(
+            f"check_{o}_eligibility",
+            f"Whether a {o} may take a {e}.",
+            **{f"{o}_id": ("string", ""), f"{e}_id": ("string", "")},
+        ),
+        tool(
+            f"assign_{e}",
+            f"Assign an available {e} to a {o}.",
+            **{f"{e}_id": ("string", ""), f"{o}_id": ("string", "")},
+        ),
         tool(f"release_{e}", f"Release a {e} from its {o}.", **{f"{e}_id": ("string", "")}),
-        tool(f"update_{e}_{fld}", f"Change the {fld} of a {e}.", **{f"{e}_id": ("string", ""), "value": ("string", f"new {fld}")}),
-        tool(f"set_{e}_status", f"Set the status of a {e}.", **{f"{e}_id": ("string", ""), "status": ("string", "")}),
-        tool(f"create_{e}", f"Create a new {e}.", **{f"{e}_id": ("string", ""), "name": ("string", ""), fld: ("string", "")}),
+        tool(
+            f"update_{e}_{fld}",
+            f"Change the {fld} of a {e}.",
+            **{f"{e}_id": ("string", ""), "value": ("string", f"new {fld}")},
+        ),
+        tool(
+            f"set_{e}_status",
+            f"Set the status of a {e}.",
+            **{f"{e}_id": ("string", ""), "status": ("string", "")},
+        ),
+        tool(
+            f"create_{e}",
+            f"Create a new {e}.",
+            **{f"{e}_id": ("string", ""), "name": ("string", ""), fld: ("string", "")},
+        ),
         tool(f"delete_{e}", f"Delete a {e}.", **{f"{e}_id": ("string", "")}),
-        tool(f"transfer_{qty}", f"Move {qty} between two {es}.", from_id=("string", ""), to_id=("string", ""), amount=("integer", "")),
-        tool(f"charge_{fee}", f"Charge a {o} a {fee}.", **{f"{o}_id": ("string", ""), "amount": ("integer", "")}),
-        tool(f"notify_{o}", f"Send a message to a {o}.", **{f"{o}_id": ("string", ""), "message": ("string", "")}),
+        tool(
+            f"transfer_{qty}",
+            f"Move {qty} between two {es}.",
+            from_id=("string", ""),
+            to_id=("string", ""),
+            amount=("integer", ""),
+        ),
+        tool(
+            f"charge_{fee}",
+            f"Charge a {o} a {fee}.",
+            **{f"{o}_id": ("string", ""), "amount": ("integer", "")},
+        ),
+        tool(
+            f"notify_{o}",
+            f"Send a message to a {o}.",
+            **{f"{o}_id": ("string", ""), "message": ("string", "")},
+        ),
     ]
 
 
@@ -357,7 +899,13 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
     """One task: instruction clauses, gold actions and checks, one block per abstract pattern."""
     state = _init_state(env, rng)
     e, es, o, os_, fld, qty, fee = (
-        env["entity"], env["entities"], env["owner"], env["owners"], env["field"], env["qty"], env["fee"],
+        env["entity"],
+        env["entities"],
+        env["owner"],
+        env["owners"],
+        env["field"],
+        env["qty"],
+        env["fee"],
     )
     items, owners = state[es], state[os_]
     iids, oids = list(items), list(owners)
@@ -390,7 +938,9 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             val = str(rng.choice([v for v in env["field_values"] if v != items[iid][fld]]))
             clauses.append(f"Move {ref(iid)} to {fld} {val}.")
             gold.append({"name": f"update_{e}_{fld}", "arguments": {f"{e}_id": iid, "value": val}})
-            checks.append(_check(f"{e} {iid} has {fld} {val}", f"{_acc([es, iid, fld])} == {json.dumps(val)}"))
+            checks.append(
+                _check(f"{e} {iid} has {fld} {val}", f"{_acc([es, iid, fld])} == {json.dumps(val)}")
+            )
             touched.add(iid)
         elif pat == "create":
             new_id = ID_SHAPES[env["id_shape"]](e, 90 + int(rng.integers(0, 9)))
@@ -398,14 +948,22 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             val = str(rng.choice(env["field_values"]))
             clauses.append(f"Register a new {e} {new_id} called '{name}' in {fld} {val}.")
             gold.append({"name": f"create_{e}", "arguments": {f"{e}_id": new_id, "name": name, fld: val}})
-            checks.append(_check(f"{e} {new_id} exists", f"{json.dumps(new_id)} in final_state[{json.dumps(es)}]"))
-            checks.append(_check(f"{e} {new_id} is named {name}", f"{_acc([es, new_id])}.get('name') == {json.dumps(name)}"))
+            checks.append(
+                _check(f"{e} {new_id} exists", f"{json.dumps(new_id)} in final_state[{json.dumps(es)}]")
+            )
+            checks.append(
+                _check(
+                    f"{e} {new_id} is named {name}", f"{_acc([es, new_id])}.get('name') == {json.dumps(name)}"
+                )
+            )
         elif pat == "delete":
             cands = [i for i in iids if i not in touched] or iids
             iid = str(rng.choice(cands))
             clauses.append(f"Retire {ref(iid)} permanently.")
             gold.append({"name": f"delete_{e}", "arguments": {f"{e}_id": iid}})
-            checks.append(_check(f"{e} {iid} is deleted", f"{json.dumps(iid)} not in final_state[{json.dumps(es)}]"))
+            checks.append(
+                _check(f"{e} {iid} is deleted", f"{json.dumps(iid)} not in final_state[{json.dumps(es)}]")
+            )
             touched.add(iid)
             deleted.add(iid)
         elif pat == "relation_replacement":
@@ -420,10 +978,19 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
                 gold.append({"name": f"release_{e}", "arguments": {f"{e}_id": iid}})
             gold.append({"name": f"assign_{e}", "arguments": {f"{e}_id": iid, f"{o}_id": new}})
             checks.append(_check(f"{e} {iid} belongs to {new}", f"{_acc([es, iid, o])} == {json.dumps(new)}"))
-            checks.append(_check(f"{e} {iid} is {env['assigned']}", f"{_acc([es, iid, 'status'])} == {json.dumps(env['assigned'])}"))
+            checks.append(
+                _check(
+                    f"{e} {iid} is {env['assigned']}",
+                    f"{_acc([es, iid, 'status'])} == {json.dumps(env['assigned'])}",
+                )
+            )
             touched.add(iid)
         elif pat == "eligibility_check":
-            iid = str(rng.choice([i for i in free if i not in touched] or [i for i in iids if i not in touched] or iids))
+            iid = str(
+                rng.choice(
+                    [i for i in free if i not in touched] or [i for i in iids if i not in touched] or iids
+                )
+            )
             oid = str(rng.choice([x for x in oids if x not in owners_touched] or oids))
             owners_touched.add(oid)
             clauses.append(
@@ -438,39 +1005,71 @@ def _make_task(env: dict, patterns: list[str], rng: np.random.Generator) -> dict
             )
             if ok:
                 gold.append({"name": f"assign_{e}", "arguments": {f"{e}_id": iid, f"{o}_id": oid}})
-                checks.append(_check(f"{e} {iid} assigned to eligible {oid}", f"{_acc([es, iid, o])} == {json.dumps(oid)}"))
+                checks.append(
+                    _check(
+                        f"{e} {iid} assigned to eligible {oid}", f"{_acc([es, iid, o])} == {json.dumps(oid)}"
+                    )
+                )
             else:
                 gold.append({"name": f"notify_{o}", "arguments": {f"{o}_id": oid, "message": "not eligible"}})
-                checks.append(_check(f"ineligible {oid} was told", f"len({_acc([os_, oid, 'inbox'])}) > len({_init([os_, oid, 'inbox'])})"))
-                checks.append(_check(f"{e} {iid} keeps its {o}", f"{_acc([es, iid, o])} == {_init([es, iid, o])}"))
+                checks.append(
+                    _check(
+                        f"ineligible {oid} was told",
+                        f"len({_acc([os_, oid, 'inbox'])}) > len({_init([os_, oid, 'inbox'])})",
+                    )
+                )
+                checks.append(
+                    _check(f"{e} {iid} keeps its {o}", f"{_acc([es, iid, o])} == {_init([es, iid, o])}")
+                )
             touched.add(iid)
         elif pat == "transfer":
             a, b = (str(x) for x in rng.choice(iids, size=2, replace=False))
             n = int(rng.integers(1, max(2, items[a][qty])))
             clauses.append(f"Shift {n} {qty} from {ref(a)} to {ref(b)}.")
             gold.append({"name": f"transfer_{qty}", "arguments": {"from_id": a, "to_id": b, "amount": n}})
-            checks.append(_check(f"{a} lost {n} {qty}", f"{_acc([es, a, qty])} == {_init([es, a, qty])} - {n}"))
-            checks.append(_check(f"{b} gained {n} {qty}", f"{_acc([es, b, qty])} == {_init([es, b, qty])} + {n}"))
+            checks.append(
+                _check(f"{a} lost {n} {qty}", f"{_acc([es, a, qty])} == {_init([es, a, qty])} - {n}")
+            )
+            checks.append(
+                _check(f"{b} gained {n} {qty}", f"{_acc([es, b, qty])} == {_init([es, b, qty])} + {n}")
+            )
             touched.update((a, b))
         elif pat == "dependent_state_validation":
             oid = str(rng.choice(oids))
             amt = int(rng.integers(5, 40))
             clauses.append(f"Apply a {fee} of {amt} to {o} {oid} so their balance stays consistent.")
             gold.append({"name": f"charge_{fee}", "arguments": {f"{o}_id": oid, "amount": amt}})
-            checks.append(_check(f"{oid} balance reduced by {amt}", f"{_acc([os_, oid, 'balance'])} == {_init([os_, oid, 'balance'])} - {amt}"))
+            checks.append(
+                _check(
+                    f"{oid} balance reduced by {amt}",
+                    f"{_acc([os_, oid, 'balance'])} == {_init([os_, oid, 'balance'])} - {amt}",
+                )
+            )
         elif pat == "notify":
             oid = str(rng.choice(oids))
             word = str(rng.choice(["schedule", "policy", "renewal", "closure", "upgrade"]))
             clauses.append(f"Send {o} {oid} a note about the {word}.")
-            gold.append({"name": f"notify_{o}", "arguments": {f"{o}_id": oid, "message": f"update on {word}"}})
-            checks.append(_check(f"{oid} got a {word} note", f"any({json.dumps(word)} in m for m in {_acc([os_, oid, 'inbox'])})"))
+            gold.append(
+                {"name": f"notify_{o}", "arguments": {f"{o}_id": oid, "message": f"update on {word}"}}
+            )
+            checks.append(
+                _check(
+                    f"{oid} got a {word} note",
+                    f"any({json.dumps(word)} in m for m in {_acc([os_, oid, 'inbox'])})",
+                )
+            )
     # Pad to at least three checks with "nothing else broke" checks, which most rollouts pass:
     # this is where the fixed partial credit of a failed rollout comes from.
     spare = [i for i in items if i not in touched]
     while len(checks) < 3 and spare:
         iid = spare.pop()
         checks.append(_check(f"{e} {iid} left untouched", f"{_acc([es, iid])} == {_init([es, iid])}"))
-    return {"init_config": state, "task": " ".join(clauses), "checklist_with_func": checks[:8], "gold_actions": gold}
+    return {
+        "init_config": state,
+        "task": " ".join(clauses),
+        "checklist_with_func": checks[:8],
+        "gold_actions": gold,
+    }
 
 
 def content_hash(record: dict) -> str:
@@ -494,8 +1093,21 @@ def generate(config: SyntheticConfig = SyntheticConfig()) -> SyntheticPool:
         env = _make_env(k, rng, domains)
         env_offset = float(rng.normal(0.0, config.env_difficulty_sd))
         favoured = rng.dirichlet(np.full(len(PATTERNS), 0.6))
-        envs.append({key: env[key] for key in (
-            "env_id", "class_name", "summary", "introduction", "rules_text", "tools", "code", "domain")})
+        envs.append(
+            {
+                key: env[key]
+                for key in (
+                    "env_id",
+                    "class_name",
+                    "summary",
+                    "introduction",
+                    "rules_text",
+                    "tools",
+                    "code",
+                    "domain",
+                )
+            }
+        )
         n_total = config.tasks_per_env + config.heldout_per_env
         for j in range(n_total):
             n_pat = int(rng.choice([1, 2, 3], p=[0.35, 0.45, 0.2]))
@@ -516,20 +1128,24 @@ def generate(config: SyntheticConfig = SyntheticConfig()) -> SyntheticPool:
             z = np.zeros(len(PATTERNS))
             z[[PATTERNS.index(n) for n in names]] = 1.0
             difficulty = (
-                config.difficulty_shift + env_offset
-                + float(rng.normal(0.0, config.task_difficulty_sd)) + 0.35 * len(names)
+                config.difficulty_shift
+                + env_offset
+                + float(rng.normal(0.0, config.task_difficulty_sd))
+                + 0.35 * len(names)
             )
             # Partial credit of a failed rollout: the checks the policy always gets right.
             k_checks = len(body["checklist_with_func"])
             easy = int(rng.integers(1, k_checks)) if k_checks > 1 else 0
-            latents.append({
-                "task_id": task_id,
-                "env_id": env["env_id"],
-                "split": split,
-                "patterns": json.dumps(names),
-                "z": z.tolist(),
-                "difficulty": difficulty,
-                "n_checks": k_checks,
-                "easy_checks": easy,
-            })
+            latents.append(
+                {
+                    "task_id": task_id,
+                    "env_id": env["env_id"],
+                    "split": split,
+                    "patterns": json.dumps(names),
+                    "z": z.tolist(),
+                    "difficulty": difficulty,
+                    "n_checks": k_checks,
+                    "easy_checks": easy,
+                }
+            )
     return SyntheticPool(environments=envs, tasks=tasks, heldout=heldout, latents=latents)

@@ -30,19 +30,37 @@ from envsched_pipeline.run import RunSpec, load_run, start_run
 class ExternalRun:
     """A run whose rollouts come from your trainer: ask for each step's manifest, hand back rewards."""
 
-    def __init__(self, pool: str = "synthetic", lake: str | Lake | None = None, scheduler: str = "envsched",
-                 seed: int = 0, batch_size: int = 64, group_size: int = 8, prior_lake: str = "",
-                 prior_discount: float = 0.5, **config_overrides):
+    def __init__(
+        self,
+        pool: str = "synthetic",
+        lake: str | Lake | None = None,
+        scheduler: str = "envsched",
+        seed: int = 0,
+        batch_size: int = 64,
+        group_size: int = 8,
+        prior_lake: str = "",
+        prior_discount: float = 0.5,
+        **config_overrides,
+    ):
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
         if pool == "synthetic":
             ensure_pool(self.lake, pool)  # the built-in pool is created on first use
         if not self.lake.has("tasks", pool=pool):
             raise StepError(f"pool {pool!r} is not in {self.lake.root}: import or create it first")
         existing = load_run(self.lake)
-        spec = RunSpec(pool=pool, policy=existing.policy if existing else "external", scheduler=scheduler,
-                       seed=seed, batch_size=batch_size, group_size=group_size, trainer="external",
-                       max_steps=existing.max_steps if existing else 1_000_000, scheduler_config=config_overrides,
-                       prior_lake=str(Lake(prior_lake).root) if prior_lake else "", prior_discount=prior_discount)
+        spec = RunSpec(
+            pool=pool,
+            policy=existing.policy if existing else "external",
+            scheduler=scheduler,
+            seed=seed,
+            batch_size=batch_size,
+            group_size=group_size,
+            trainer="external",
+            max_steps=existing.max_steps if existing else 1_000_000,
+            scheduler_config=config_overrides,
+            prior_lake=str(Lake(prior_lake).root) if prior_lake else "",
+            prior_discount=prior_discount,
+        )
         self.spec = start_run(self.lake, spec)
 
     @property

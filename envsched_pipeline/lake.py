@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -35,10 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envsched_pipeline.errors import LakeError
+from warehouse import views_sql
 
 DEFAULT_ROOT = "warehouse/lake"
-# Documented derived views, committed beside the (gitignored) lake.
-VIEWS_SQL = Path(__file__).resolve().parents[1] / "warehouse" / "views.sql"
 
 # Required columns per table (more columns are allowed). Types are checked loosely by kind.
 POOL_TABLES: dict[str, dict[str, str]] = {
@@ -50,7 +50,14 @@ POOL_TABLES: dict[str, dict[str, str]] = {
     "edges": {"pool": "str", "src": "str", "dst": "str", "kind": "str", "similarity": "float"},
 }
 STEP_TABLES: dict[str, dict[str, str]] = {
-    "manifests": {"step": "int", "slot": "int", "task_id": "str", "env_id": "str", "half": "str", "score": "float"},
+    "manifests": {
+        "step": "int",
+        "slot": "int",
+        "task_id": "str",
+        "env_id": "str",
+        "half": "str",
+        "score": "float",
+    },
     "rollouts": {"step": "int", "task_id": "str", "rollout": "int", "env_id": "str", "reward": "float"},
     "statistics": {"step": "int", "task_id": "str"},
     "train_metrics": {"step": "int", "seconds": "float"},
@@ -182,14 +189,19 @@ class Lake:
         else:
             files = sorted(self.partition_dir(table).rglob("part-0.parquet"))
         if not files:
-            return self._empty(table) if columns is None else self._empty(table).select(
-                [c for c in columns if c in ALL_TABLES[table]])
+            return (
+                self._empty(table)
+                if columns is None
+                else self._empty(table).select([c for c in columns if c in ALL_TABLES[table]])
+            )
         parts = []
         for f in files:
             try:
                 parts.append(pq.read_table(f, columns=columns))
             except Exception as exc:  # pyarrow raises several types for corrupt files
-                raise LakeError(f"{f}: cannot read Parquet file ({exc}); delete it and re-materialize that partition") from exc
+                raise LakeError(
+                    f"{f}: cannot read Parquet file ({exc}); delete it and re-materialize that partition"
+                ) from exc
         return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
     def steps(self, table: str) -> list[int]:
@@ -207,7 +219,11 @@ class Lake:
 
     def pools(self) -> list[str]:
         d = self.root / "tasks"
-        return sorted(p.parent.name.split("=", 1)[1] for p in d.glob("pool=*/part-0.parquet")) if d.exists() else []
+        return (
+            sorted(p.parent.name.split("=", 1)[1] for p in d.glob("pool=*/part-0.parquet"))
+            if d.exists()
+            else []
+        )
 
     # ------------------------------------------------------------------ SQL
     def connect(self) -> duckdb.DuckDBPyConnection:
@@ -215,7 +231,9 @@ class Lake:
         and the documented views of ``views.sql``."""
         con = duckdb.connect(":memory:")
         for table in ALL_TABLES:
-            files = sorted((self.root / table).rglob("part-0.parquet")) if (self.root / table).exists() else []
+            files = (
+                sorted((self.root / table).rglob("part-0.parquet")) if (self.root / table).exists() else []
+            )
             if files:
                 paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
                 try:
@@ -228,14 +246,16 @@ class Lake:
             else:
                 con.register(f"_{table}_empty", self._empty(table))
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
-        views = VIEWS_SQL
-        if views.exists():
-            for stmt in _split_sql(views.read_text()):
-                try:
-                    con.execute(stmt)
-                except duckdb.Error:
-                    # A derived view over a table that lacks optional columns yet: skip it.
-                    continue
+        for stmt in _split_sql(views_sql()):
+            try:
+                con.execute(stmt)
+            except duckdb.Error as exc:
+                # a derived view that cannot be built (e.g. a table lacks a column): it still exists,
+                # and a query that touches it fails with the reason; other queries are unaffected
+                name = _view_name(stmt)
+                if name:
+                    msg = f"view {name} is unavailable: {str(exc).splitlines()[0]}".replace("'", "''")
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT error('{msg}') AS error")
         return con
 
     def _find_corrupt(self, files: list[Path]) -> Path | None:
@@ -255,8 +275,10 @@ class Lake:
             if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
                 bad = self._find_corrupt(sorted(self.root.rglob("part-0.parquet")))
                 if bad is not None:
-                    raise LakeError(f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "
-                                    "re-materialize that partition") from exc
+                    raise LakeError(
+                        f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "
+                        "re-materialize that partition"
+                    ) from exc
             raise
         finally:
             con.close()
@@ -268,6 +290,11 @@ class Lake:
             return pa.table({})
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
         return fetch()
+
+
+def _view_name(stmt: str) -> str | None:
+    m = re.match(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+([A-Za-z_][A-Za-z0-9_]*)", stmt, re.I)
+    return m.group(1) if m else None
 
 
 def _split_sql(text: str) -> list[str]:

@@ -80,8 +80,14 @@ def batch_metrics(groups: list[np.ndarray] | np.ndarray) -> dict:
     groups = [np.asarray(g, dtype=float) for g in groups]
     groups = [g for g in groups if len(g)]
     if not groups:
-        return {"batch_variance": 0.0, "zero_variance_fraction": 0.0, "reward_mean": float("nan"),
-                "reward_median": float("nan"), "groups": 0, "informative_groups": 0}
+        return {
+            "batch_variance": 0.0,
+            "zero_variance_fraction": 0.0,
+            "reward_mean": float("nan"),
+            "reward_median": float("nan"),
+            "groups": 0,
+            "informative_groups": 0,
+        }
     stats = np.array([group_stats(g) for g in groups])
     return {
         "batch_variance": float(stats[:, 1].mean()),
@@ -104,10 +110,14 @@ def table(rows: Mapping[str, object], n: int) -> pa.Table:
         values = rows.get(name)
         if values is None:
             values = [default] * n
-        cols[name] = pa.array(np.asarray(values).tolist() if isinstance(values, np.ndarray) else list(values), type=typ)
+        cols[name] = pa.array(
+            np.asarray(values).tolist() if isinstance(values, np.ndarray) else list(values), type=typ
+        )
     for name, values in rows.items():
         if name not in cols:
-            cols[name] = pa.array(np.asarray(values).tolist() if isinstance(values, np.ndarray) else list(values))
+            cols[name] = pa.array(
+                np.asarray(values).tolist() if isinstance(values, np.ndarray) else list(values)
+            )
     return pa.table(cols)
 
 

@@ -7,6 +7,7 @@ anything is written, and unknown keys are refused with a message naming the key.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 import uuid
@@ -28,8 +29,11 @@ def check_types(obj, where: str) -> None:
     hints = typing.get_type_hints(type(obj))
     for f in fields(obj):
         value, want = getattr(obj, f.name), hints[f.name]
-        allowed = typing.get_args(want) if isinstance(want, types.UnionType) or typing.get_origin(want) is typing.Union \
+        allowed = (
+            typing.get_args(want)
+            if isinstance(want, types.UnionType) or typing.get_origin(want) is typing.Union
             else (want,)
+        )
         if value is None and type(None) in allowed:
             continue
         ok = False
@@ -52,8 +56,9 @@ def from_mapping(cls, data: dict | None, where: str):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(map(repr, unknown))}; "
-                          f"known: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{where}: unknown setting(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}"
+        )
     obj = cls(**data)
     check_types(obj, where)
     return obj
@@ -86,9 +91,33 @@ class PolicyConfig:
         "simulated": ("workers", "mode", "skill_lr", "familiarity_lr"),
         "neural": ("workers", "lr", "warm_start_steps", "temperature", "max_actions"),
         "hf-tiny": ("workers", "lr", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
-        "hf": ("workers", "lr", "model_path", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
-        "vllm": ("workers", "lr", "model_path", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
-        "openai": ("workers", "base_url", "model", "api_key_env", "max_new_tokens", "temperature", "max_actions"),
+        "hf": (
+            "workers",
+            "lr",
+            "model_path",
+            "max_new_tokens",
+            "temperature",
+            "max_actions",
+            "checkpoint_every",
+        ),
+        "vllm": (
+            "workers",
+            "lr",
+            "model_path",
+            "max_new_tokens",
+            "temperature",
+            "max_actions",
+            "checkpoint_every",
+        ),
+        "openai": (
+            "workers",
+            "base_url",
+            "model",
+            "api_key_env",
+            "max_new_tokens",
+            "temperature",
+            "max_actions",
+        ),
         "external": (),
     }
 
@@ -104,9 +133,13 @@ class PolicyConfig:
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"policy_config.workers must be >= 1, got {self.workers}")
         if policy == "hf" and not self.model_path:
-            raise ConfigError("policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one")
+            raise ConfigError(
+                "policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
+            )
         if policy == "openai" and not self.base_url:
-            raise ConfigError("policy openai needs base_url (an OpenAI-compatible server, e.g. http://host:8000/v1)")
+            raise ConfigError(
+                "policy openai needs base_url (an OpenAI-compatible server, e.g. http://host:8000/v1)"
+            )
 
 
 @dataclass(frozen=True)
@@ -150,21 +183,24 @@ class RunSpec:
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
         if self.group_size < 2:
-            raise ConfigError(f"group size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
+            raise ConfigError(
+                f"group size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}"
+            )
         if self.max_steps < 1:
             raise ConfigError(f"max steps must be >= 1, got {self.max_steps}")
         if not 0.0 <= self.prior_discount <= 1.0:
             raise ConfigError(f"prior discount must be in [0, 1], got {self.prior_discount}")
         if not _is_name(self.pool):
-            raise ConfigError(f"pool name {self.pool!r} is not a valid name (letters, digits, '_' and '-', "
-                              "starting with a letter or digit, at most 64 characters)")
+            raise ConfigError(
+                f"pool name {self.pool!r} is not a valid name (letters, digits, '_' and '-', "
+                "starting with a letter or digit, at most 64 characters)"
+            )
         if self.trainer != "external":
             self.policy_settings().validate(self.policy)
         return self
 
 
 def _is_name(name: str) -> bool:
-    import re
 
     return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,63}", name or ""))
 
@@ -172,8 +208,10 @@ def _is_name(name: str) -> bool:
 def valid_name(name: str, what: str = "pool") -> str:
     """A pool (or other lake-partition) name that cannot escape its folder."""
     if not _is_name(name):
-        raise ConfigError(f"{what} name {name!r} is not a valid name (letters, digits, '_' and '-', starting with "
-                          "a letter or digit, at most 64 characters)")
+        raise ConfigError(
+            f"{what} name {name!r} is not a valid name (letters, digits, '_' and '-', starting with "
+            "a letter or digit, at most 64 characters)"
+        )
     return name
 
 
@@ -200,8 +238,9 @@ def require_run(lake: Lake) -> RunSpec:
 FIXED = ("pool", "policy", "scheduler", "seed", "batch_size", "group_size", "trainer")
 
 
-def start_run(lake: Lake, spec: RunSpec, schedulers: typing.Iterable[str] = (), allow_config_change: bool = False
-              ) -> RunSpec:
+def start_run(
+    lake: Lake, spec: RunSpec, schedulers: typing.Iterable[str] = (), allow_config_change: bool = False
+) -> RunSpec:
     """Bind the lake to a run, or check that a resumed run asks for the same settings.
 
     Nothing is written unless the settings are valid. A resumed run may only extend ``max_steps``;
@@ -211,14 +250,19 @@ def start_run(lake: Lake, spec: RunSpec, schedulers: typing.Iterable[str] = (), 
     spec.validate(schedulers)
     current = load_run(lake)
     if current is not None and lake.steps("manifests"):
-        diff = [f"{k}: lake has {getattr(current, k)!r}, asked {getattr(spec, k)!r}"
-                for k in FIXED if getattr(current, k) != getattr(spec, k)]
+        diff = [
+            f"{k}: lake has {getattr(current, k)!r}, asked {getattr(spec, k)!r}"
+            for k in FIXED
+            if getattr(current, k) != getattr(spec, k)
+        ]
         if diff:
             raise StepError(
                 f"{lake.root} already holds a run with other settings ({'; '.join(diff)}). "
                 "Use another lake (--lake DIR or ENVSCHED_LAKE) or the same settings to resume."
             )
-        changed = [k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)]
+        changed = [
+            k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)
+        ]
         record = lake.read_json(RUN_FILE) or {}
         if changed and not allow_config_change:
             raise StepError(
@@ -226,13 +270,24 @@ def start_run(lake: Lake, spec: RunSpec, schedulers: typing.Iterable[str] = (), 
                 f"this command asks for {', '.join(f'{k}={getattr(spec, k)}' for k in changed)}. "
                 "Resume with the same settings, or allow the change explicitly (--allow-config-change)."
             )
-        spec = replace(spec, max_steps=max(current.max_steps, spec.max_steps), run_id=current.run_id,
-                       prior_lake=current.prior_lake, prior_discount=current.prior_discount)
+        spec = replace(
+            spec,
+            max_steps=max(current.max_steps, spec.max_steps),
+            run_id=current.run_id,
+            prior_lake=current.prior_lake,
+            prior_discount=current.prior_discount,
+        )
         if changed:
             record.setdefault("config_changes", []).append(
-                {"from_step": len(lake.steps("manifests")), **{k: getattr(spec, k) for k in changed}})
-        lake.write_json(RUN_FILE, {**spec.to_dict(), **({"config_changes": record["config_changes"]}
-                                                          if "config_changes" in record else {})})
+                {"from_step": len(lake.steps("manifests")), **{k: getattr(spec, k) for k in changed}}
+            )
+        lake.write_json(
+            RUN_FILE,
+            {
+                **spec.to_dict(),
+                **({"config_changes": record["config_changes"]} if "config_changes" in record else {}),
+            },
+        )
         return spec
     if current is not None and current.run_id:
         spec = replace(spec, run_id=current.run_id)

@@ -16,7 +16,10 @@ from envsched_pipeline.api import ExternalRun
 def rollout_group(task: dict, group_size: int, rng: random.Random) -> list[dict]:
     """Stand-in for your trainer: G rollouts of one task -> rewards in [0, 1]."""
     p = rng.random()
-    return [{"task_id": task["task_id"], "rollout": g, "reward": float(rng.random() < p)} for g in range(group_size)]
+    return [
+        {"task_id": task["task_id"], "rollout": g, "reward": float(rng.random() < p)}
+        for g in range(group_size)
+    ]
 
 
 def main() -> None:

@@ -26,9 +26,19 @@ from envsched_pipeline.api import ExternalRun
 class EnvSchedSampler:
     """Yields dataset indices: B tasks per step, each G times. Works as a torch Sampler (duck-typed)."""
 
-    def __init__(self, dataset_task_ids: list[str], lake: str, pool: str = "synthetic", group_size: int = 8,
-                 batch_size: int = 64, steps: int = 1000, seed: int = 0):
-        self.sched = ExternalRun(pool=pool, lake=lake, seed=seed, batch_size=batch_size, group_size=group_size)
+    def __init__(
+        self,
+        dataset_task_ids: list[str],
+        lake: str,
+        pool: str = "synthetic",
+        group_size: int = 8,
+        batch_size: int = 64,
+        steps: int = 1000,
+        seed: int = 0,
+    ):
+        self.sched = ExternalRun(
+            pool=pool, lake=lake, seed=seed, batch_size=batch_size, group_size=group_size
+        )
         self.index_of = {t: i for i, t in enumerate(dataset_task_ids)}
         self.group_size, self.steps = group_size, steps
         self.current_step = self.sched.next_step

@@ -44,3 +44,42 @@ def dagster_home(tmp_path, monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+# Test layers: every test module belongs to one (`make test-unit`, ... ; `make test` runs all).
+LAYERS = {
+    "unit": (
+        "test_scheduler",
+        "test_lake",
+        "test_synthetic",
+        "test_simulated",
+        "test_graph",
+        "test_topology_llm",
+        "test_shape",
+        "test_neural",
+    ),
+    "steps": (
+        "test_loop",
+        "test_external",
+        "test_failure_aware",
+        "test_faults",
+        "test_resume_edits",
+        "test_cost_and_priors",
+        "test_replay",
+        "test_pools",
+        "test_trainer",
+        "test_yield",
+    ),
+    "dagster": ("test_dagster",),
+    "e2e": ("test_cli", "test_ui"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        if item.get_closest_marker("e2e"):
+            continue
+        for layer, modules in LAYERS.items():
+            if module in modules:
+                item.add_marker(getattr(pytest.mark, layer))

@@ -13,16 +13,26 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KEYWORDS = [
-    ("Retire", "delete"), ("Register a new", "create"), ("Move ", "update"), ("Hand ", "relation_replacement"),
-    ("eligible", "eligibility_check"), ("Shift ", "transfer"), ("Apply a", "dependent_state_validation"),
-    ("Send ", "notify"), ("named", "lookup"),
+    ("Retire", "delete"),
+    ("Register a new", "create"),
+    ("Move ", "update"),
+    ("Hand ", "relation_replacement"),
+    ("eligible", "eligibility_check"),
+    ("Shift ", "transfer"),
+    ("Apply a", "dependent_state_validation"),
+    ("Send ", "notify"),
+    ("named", "lookup"),
 ]
 
 
 def canned_topology(prompt: str) -> dict:
     ops = [op for kw, op in KEYWORDS if kw in prompt] or ["other"]
-    return {"operations": ops, "entity_count": 2, "constraints": ["conditional_branch"] if "otherwise" in prompt else [],
-            "check_types": ["equality"]}
+    return {
+        "operations": ops,
+        "entity_count": 2,
+        "constraints": ["conditional_branch"] if "otherwise" in prompt else [],
+        "check_types": ["equality"],
+    }
 
 
 class StubOpenAI:
@@ -58,13 +68,18 @@ class StubOpenAI:
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, b'{"error": {"message": "not found"}}')
                 if action == "429":
-                    return self._send(429, b'{"error": {"message": "rate limited", "type": "rate_limit"}}',
-                                      headers={"Retry-After": "0"})
+                    return self._send(
+                        429,
+                        b'{"error": {"message": "rate limited", "type": "rate_limit"}}',
+                        headers={"Retry-After": "0"},
+                    )
                 if action == "500":
                     return self._send(500, b'{"error": {"message": "boom", "type": "server_error"}}')
                 if action == "slow":
                     time.sleep(stub.slow_seconds)
-                prompt = " ".join(m.get("content", "") for m in req.get("messages", []) if m.get("role") == "user")
+                prompt = " ".join(
+                    m.get("content", "") for m in req.get("messages", []) if m.get("role") == "user"
+                )
                 if action == "malformed":
                     content = "Sure! Here is the topology: operations are lookup and update."
                 elif action == "badschema":
@@ -72,12 +87,22 @@ class StubOpenAI:
                 else:
                     content = json.dumps(canned_topology(prompt))
                 body = {
-                    "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
+                    "id": "chatcmpl-stub",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
                     "model": req.get("model", "stub"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(content.split()),
-                              "total_tokens": len(prompt.split()) + len(content.split())},
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": content},
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": len(prompt.split()),
+                        "completion_tokens": len(content.split()),
+                        "total_tokens": len(prompt.split()) + len(content.split()),
+                    },
                 }
                 return self._send(200, json.dumps(body).encode())
 

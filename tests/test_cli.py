@@ -10,21 +10,42 @@ from envsched_pipeline.cli import main
 
 
 def envsched(*args, lake=None):
-    cmd = [sys.executable, "-m", "envsched_pipeline.cli"] + (["--lake", str(lake)] if lake else []) + list(args)
+    cmd = (
+        [sys.executable, "-m", "envsched_pipeline.cli"] + (["--lake", str(lake)] if lake else []) + list(args)
+    )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
 def test_train_resumes_without_duplicates(small_pool, dagster_home):
     lake = small_pool
-    common = ["train", "--pool", "synthetic", "--policy", "simulated", "--batch-size", "8", "--group-size", "4",
-              "--scheduler", "random", "--seed", "5"]
+    common = [
+        "train",
+        "--pool",
+        "synthetic",
+        "--policy",
+        "simulated",
+        "--batch-size",
+        "8",
+        "--group-size",
+        "4",
+        "--scheduler",
+        "random",
+        "--seed",
+        "5",
+    ]
     p = envsched(*common, "--steps", "3", lake=lake.root)
     assert p.returncode == 0, p.stderr
     assert "batch_var" in p.stdout and "SIMULATED" in p.stdout
     p = envsched(*common, "--steps", "4", lake=lake.root)
     assert p.returncode == 0, p.stderr
-    q = envsched("sql", "select count(*) as n, count(distinct (step, task_id, rollout)) as d, "
-                 "count(distinct step) as s from rollouts", "--format", "json", lake=lake.root)
+    q = envsched(
+        "sql",
+        "select count(*) as n, count(distinct (step, task_id, rollout)) as d, "
+        "count(distinct step) as s from rollouts",
+        "--format",
+        "json",
+        lake=lake.root,
+    )
     assert json.loads(q.stdout) == {"n": 4 * 8 * 4, "d": 4 * 8 * 4, "s": 4}
     # the runs are on the Dagster instance, so they appear in the UI afterwards
     import dagster as dg
@@ -35,8 +56,19 @@ def test_train_resumes_without_duplicates(small_pool, dagster_home):
 
 def test_sql_csv_and_errors(small_pool, capsys):
     lake = small_pool
-    assert main(["--lake", str(lake.root), "sql", "select env_id, count(*) as n from tasks group by 1 order by 1",
-                 "--format", "csv"]) == 0
+    assert (
+        main(
+            [
+                "--lake",
+                str(lake.root),
+                "sql",
+                "select env_id, count(*) as n from tasks group by 1 order by 1",
+                "--format",
+                "csv",
+            ]
+        )
+        == 0
+    )
     rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
     assert rows[0] == ["env_id", "n"] and len(rows) == 7
     assert main(["--lake", str(lake.root), "sql", "select nope from tasks"]) == 2
@@ -53,7 +85,17 @@ def test_max_steps_leaves_the_rest_to_the_sensor(small_pool, dagster_home):
     from envsched_pipeline.core.loop import next_action
     from envsched_pipeline.run import load_run
 
-    p = envsched("train", "--batch-size", "8", "--group-size", "4", "--steps", "1", "--max-steps", "5",
-                 lake=small_pool.root)
+    p = envsched(
+        "train",
+        "--batch-size",
+        "8",
+        "--group-size",
+        "4",
+        "--steps",
+        "1",
+        "--max-steps",
+        "5",
+        lake=small_pool.root,
+    )
     assert p.returncode == 0, p.stderr
     assert load_run(small_pool).max_steps == 5 and next_action(small_pool) == ("select", 1)

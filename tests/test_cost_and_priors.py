@@ -33,7 +33,11 @@ def test_cost_aware_prefers_cheap_informative_tasks_with_a_floor():
 
 def test_prior_from_previous_run_by_content_hash():
     prev = SchedulerState.new(["a1", "a2"], ["e", "e"], ["h1", "h2"])
-    update_state(prev, Observations.from_groups(0, [0, 1], [np.array([0.0, 1.0]), np.array([1.0, 1.0])]), SchedulerConfig())
+    update_state(
+        prev,
+        Observations.from_groups(0, [0, 1], [np.array([0.0, 1.0]), np.array([1.0, 1.0])]),
+        SchedulerConfig(),
+    )
     new = prior_from(prev, ["x1", "x2", "x3"], ["e", "e", "f"], ["h2", "h1", "h9"], discount=0.5)
     assert new.arrays["W"].tolist() == [0.5, 0.5, 0.0]
     assert new.arrays["Xs2"][1] == pytest.approx(0.5 * 0.25)  # h1 had variance 0.25
@@ -54,8 +58,17 @@ def test_run_started_from_a_previous_lake(tmp_path):
         select_manifest(a, t)
         run_step(a, t, log=lambda *_: None)
         statistics_step(a, t)
-    spec = start_run(b, RunSpec(pool="synthetic", batch_size=10, group_size=4, max_steps=2,
-                                prior_lake=str(a.root), prior_discount=0.5))
+    spec = start_run(
+        b,
+        RunSpec(
+            pool="synthetic",
+            batch_size=10,
+            group_size=4,
+            max_steps=2,
+            prior_lake=str(a.root),
+            prior_discount=0.5,
+        ),
+    )
     st0 = load_state(b, spec, -1)
     assert st0.arrays["W"].sum() > 0 and st0.extra["prior"]["discount"] == 0.5
     out = select_manifest(b, 0)

@@ -21,12 +21,21 @@ def resources(lake):
 
 def test_step_assets_materialize_through_pipes(small_run):
     lake = small_run
-    assets = dg.load_assets_from_modules([__import__("envsched_pipeline.assets.manifest", fromlist=["x"]),
-                                          __import__("envsched_pipeline.assets.training", fromlist=["x"])])
+    assets = dg.load_assets_from_modules(
+        [
+            __import__("envsched_pipeline.assets.manifest", fromlist=["x"]),
+            __import__("envsched_pipeline.assets.training", fromlist=["x"]),
+        ]
+    )
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(training_steps.name, ["0"])
-        res = dg.materialize(assets, partition_key="0", instance=instance, resources=resources(lake),
-                             selection=["batch_manifest", "training_step", "reward_statistics"])
+        res = dg.materialize(
+            assets,
+            partition_key="0",
+            instance=instance,
+            resources=resources(lake),
+            selection=["batch_manifest", "training_step", "reward_statistics"],
+        )
         assert res.success
         mats = res.get_asset_materialization_events()
         by_key = {m.asset_key.to_user_string(): m.materialization.metadata for m in mats}
@@ -34,8 +43,13 @@ def test_step_assets_materialize_through_pipes(small_run):
         # metadata reported by the trainer process through Pipes
         assert by_key["training_step"]["rollouts"].value == 32
         first = lake.read("rollouts", step=0).to_pylist()
-        res2 = dg.materialize(assets, partition_key="0", instance=instance, resources=resources(lake),
-                              selection=["batch_manifest", "training_step"])
+        res2 = dg.materialize(
+            assets,
+            partition_key="0",
+            instance=instance,
+            resources=resources(lake),
+            selection=["batch_manifest", "training_step"],
+        )
         assert res2.success
         again = lake.read("rollouts", step=0).to_pylist()
         strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731

@@ -19,8 +19,11 @@ def reward_of(step, task_id, rollout):
 
 
 def rollouts_for(step, picks, g=4):
-    return [{"task_id": p["task_id"], "rollout": r, "reward": reward_of(step, p["task_id"], r), "tokens": 10}
-            for p in picks for r in range(g)]
+    return [
+        {"task_id": p["task_id"], "rollout": r, "reward": reward_of(step, p["task_id"], r), "tokens": 10}
+        for p in picks
+        for r in range(g)
+    ]
 
 
 def cli(lake, *args, capsys):
@@ -33,8 +36,21 @@ def cli(lake, *args, capsys):
 def two_lakes(tmp_path, capsys):
     a, b = tmp_path / "api", tmp_path / "cli"
     for lake in (a, b):
-        code, _, err = cli(lake, "pool", "create", "synthetic", "--name", "mini", "--envs", "5", "--tasks-per-env", "8",
-                           "--seed", "2", capsys=capsys)
+        code, _, err = cli(
+            lake,
+            "pool",
+            "create",
+            "synthetic",
+            "--name",
+            "mini",
+            "--envs",
+            "5",
+            "--tasks-per-env",
+            "8",
+            "--seed",
+            "2",
+            capsys=capsys,
+        )
         assert code == 0, err
     return a, b
 
@@ -49,14 +65,30 @@ def test_cli_protocol_matches_python_api(two_lakes, tmp_path, capsys):
         api.observe(t, rollouts_for(t, batch))
     cli_manifests = []
     for t in range(5):
-        code, out, err = cli(b, "step", "select", "--pool", "mini", "--step", str(t), "--seed", "7",
-                             "--batch-size", "6", "--group-size", "4", capsys=capsys)
+        code, out, err = cli(
+            b,
+            "step",
+            "select",
+            "--pool",
+            "mini",
+            "--step",
+            str(t),
+            "--seed",
+            "7",
+            "--batch-size",
+            "6",
+            "--group-size",
+            "4",
+            capsys=capsys,
+        )
         assert code == 0, err
         picks = [json.loads(line) for line in out.splitlines()]
         cli_manifests.append([(p["task_id"], p["half"], round(p["score"], 9)) for p in picks])
         f = tmp_path / f"r{t}.jsonl"
         f.write_text("\n".join(json.dumps(r) for r in rollouts_for(t, picks)))
-        code, out, err = cli(b, "step", "ingest", "--pool", "mini", "--step", str(t), "--rollouts", str(f), capsys=capsys)
+        code, out, err = cli(
+            b, "step", "ingest", "--pool", "mini", "--step", str(t), "--rollouts", str(f), capsys=capsys
+        )
         assert code == 0, err
     assert api_manifests == cli_manifests
     assert {h for m in api_manifests[1:] for _, h, _ in m} <= {"coverage", "exploit"}
@@ -78,22 +110,34 @@ def test_restarted_trainer_continues(two_lakes):
     assert len(s2.manifest()) == 6
 
 
-@pytest.mark.parametrize("bad,match", [
-    ('{"task_id": "NOPE", "rollout": 0, "reward": 0.5}', "line 1: task 'NOPE' is not in manifest 0"),
-    ('{"task_id": "@T", "rollout": 0, "reward": 1.5}', "line 1: reward 1.5 is not a finite number in \\[0, 1\\]"),
-    ('{"task_id": "@T", "rollout": 0, "reward": NaN}', "line 1: reward nan is not a finite"),
-    ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollout": 0, "reward": 0.5}',
-     "line 2: duplicate rollout"),
-    ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollo', "line 2: invalid JSON"),
-    ('{"task_id": "@T", "reward": 0.5}', "line 1: missing field\\(s\\) rollout"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ('{"task_id": "NOPE", "rollout": 0, "reward": 0.5}', "line 1: task 'NOPE' is not in manifest 0"),
+        (
+            '{"task_id": "@T", "rollout": 0, "reward": 1.5}',
+            "line 1: reward 1.5 is not a finite number in \\[0, 1\\]",
+        ),
+        ('{"task_id": "@T", "rollout": 0, "reward": NaN}', "line 1: reward nan is not a finite"),
+        (
+            '{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollout": 0, "reward": 0.5}',
+            "line 2: duplicate rollout",
+        ),
+        ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollo', "line 2: invalid JSON"),
+        ('{"task_id": "@T", "reward": 0.5}', "line 1: missing field\\(s\\) rollout"),
+    ],
+)
 def test_ingest_refusals_name_the_line_and_write_nothing(two_lakes, tmp_path, capsys, bad, match):
     _, b = two_lakes
-    code, out, _ = cli(b, "step", "select", "--pool", "mini", "--step", "0", "--batch-size", "6", capsys=capsys)
+    code, out, _ = cli(
+        b, "step", "select", "--pool", "mini", "--step", "0", "--batch-size", "6", capsys=capsys
+    )
     task = json.loads(out.splitlines()[0])["task_id"]
     f = tmp_path / "bad.jsonl"
     f.write_text(bad.replace("@T", task))
-    code, _, err = cli(b, "step", "ingest", "--pool", "mini", "--step", "0", "--rollouts", str(f), capsys=capsys)
+    code, _, err = cli(
+        b, "step", "ingest", "--pool", "mini", "--step", "0", "--rollouts", str(f), capsys=capsys
+    )
     assert code == 2
     import re
 
@@ -149,10 +193,17 @@ def test_dagster_loop_with_external_trainer(two_lakes):
         req = r.run_requests[0]
         assert req.job_name == "train_job" and req.partition_key == "0"
         inst.add_dynamic_partitions("training_steps", ["0"])
-        out = dg.materialize([training.training_step, training.reward_statistics], partition_key="0",
-                             instance=inst, resources=res)
+        out = dg.materialize(
+            [training.training_step, training.reward_statistics],
+            partition_key="0",
+            instance=inst,
+            resources=res,
+        )
         assert out.success
-        md = {m.asset_key.to_user_string(): m.materialization.metadata for m in out.get_asset_materialization_events()}
+        md = {
+            m.asset_key.to_user_string(): m.materialization.metadata
+            for m in out.get_asset_materialization_events()
+        }
         assert md["training_step"]["trainer"].value == "external"
         assert lake.has("statistics", step=0)
         r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))

@@ -16,7 +16,9 @@ from trainer.step import run_step
 
 def test_flaky_environment_is_not_hard_and_is_quarantined(lake):
     import_pool(lake, load_synthetic("synthetic", n_envs=6, tasks_per_env=10, seed=3))
-    spec = start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=12, group_size=4, max_steps=8))
+    spec = start_run(
+        lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=12, group_size=4, max_steps=8)
+    )
     flaky = None
     for t in range(6):
         out = select_manifest(lake, t)
@@ -40,7 +42,9 @@ def test_flaky_environment_is_not_hard_and_is_quarantined(lake):
     in_env = state.env == e
     # its crashed rollouts never entered the task statistics: not "hard", just unobserved
     assert state.arrays["W"][in_env].sum() == 0 and state.arrays["exposure"][in_env].sum() > 0
-    picks_flaky = lake.sql(f"select count(*) as n from manifests where env_id = '{flaky}' and step between 1 and 3")
+    picks_flaky = lake.sql(
+        f"select count(*) as n from manifests where env_id = '{flaky}' and step between 1 and 3"
+    )
     assert picks_flaky.column("n")[0].as_py() == 0  # quarantined for quarantine_steps after the spike
     audits = lake.sql("select step, quarantined from audits order by step").to_pylist()
     assert any(flaky in a["quarantined"] for a in audits)

@@ -23,8 +23,17 @@ def test_trainer_killed_mid_step_then_rerun_leaves_exactly_b_x_g(tmp_path):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=20, tasks_per_env=20, seed=1))
     # real-environment mode: each rollout runs in the sandbox, so the step takes seconds
-    start_run(lake, RunSpec(pool="synthetic", scheduler="random", batch_size=64, group_size=8, max_steps=1,
-                            policy_config={"mode": "real"}))
+    start_run(
+        lake,
+        RunSpec(
+            pool="synthetic",
+            scheduler="random",
+            batch_size=64,
+            group_size=8,
+            max_steps=1,
+            policy_config={"mode": "real"},
+        ),
+    )
     select_manifest(lake, 0)
     cmd = [sys.executable, "-m", "trainer.step", "--lake", str(lake.root), "--step", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -48,7 +57,9 @@ def test_trainer_killed_mid_step_then_rerun_leaves_exactly_b_x_g(tmp_path):
 def test_corrupt_parquet_error_names_the_file(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     lake.write("rollouts", [{"step": 0, "task_id": "t", "rollout": 0, "env_id": "e", "reward": 1.0}], step=0)
-    bad = lake.write("rollouts", [{"step": 1, "task_id": "t", "rollout": 0, "env_id": "e", "reward": 1.0}], step=1)
+    bad = lake.write(
+        "rollouts", [{"step": 1, "task_id": "t", "rollout": 0, "env_id": "e", "reward": 1.0}], step=1
+    )
     bad.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")
     assert main(["--lake", str(lake.root), "sql", "select count(*) from rollouts"]) == 2
     err = capsys.readouterr().err
@@ -81,8 +92,11 @@ def test_sql_works_while_a_step_writes(tmp_path):
     def writer():
         k = 0
         while not stop.is_set():
-            rows = [{"step": k % 5, "task_id": f"t{i}", "rollout": r, "env_id": "e", "reward": 0.5}
-                    for i in range(64) for r in range(8)]
+            rows = [
+                {"step": k % 5, "task_id": f"t{i}", "rollout": r, "env_id": "e", "reward": 0.5}
+                for i in range(64)
+                for r in range(8)
+            ]
             lake.write("rollouts", rows, step=k % 5)
             k += 1
 

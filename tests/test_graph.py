@@ -29,8 +29,11 @@ def test_offline_topology_is_identifier_free():
     for t in tasks[:30]:
         text = topology_text(offline_topology(t))
         assert t["env_id"] not in text
-        assert not any(ch.isdigit() and tok.startswith(("op_", "seq_", "check_", "constraint_"))
-                       for tok in text.split() for ch in tok)
+        assert not any(
+            ch.isdigit() and tok.startswith(("op_", "seq_", "check_", "constraint_"))
+            for tok in text.split()
+            for ch in tok
+        )
 
 
 def test_graph_shapes_no_self_edges_and_env_separation():
@@ -51,7 +54,12 @@ def test_cross_neighbours_share_latent_patterns():
     tasks, tools, data = pool(n_envs=12, per_env=20)
     lat = {r["task_id"]: set(json.loads(r["patterns"])) for r in data.latents}
     g, _ = build_graph(tasks, tools)
-    hits = [bool(lat[g.task_ids[i]] & lat[g.task_ids[j]]) for i in range(len(tasks)) for j in g.cross_idx[i][:12] if j >= 0]
+    hits = [
+        bool(lat[g.task_ids[i]] & lat[g.task_ids[j]])
+        for i in range(len(tasks))
+        for j in g.cross_idx[i][:12]
+        if j >= 0
+    ]
     assert np.mean(hits) >= 0.8
 
 
@@ -87,7 +95,10 @@ def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
     g = load_graph(lake, "synthetic")
     assert np.array_equal(np.sort(g.task_ids), g.task_ids)
     assert (g.within_idx >= 0).sum() == out["within_edges"] and (g.cross_idx >= 0).sum() == out["cross_edges"]
-    assert lake.sql("select count(*) as n from edges where kind = 'cross'").column("n")[0].as_py() == out["cross_edges"]
+    assert (
+        lake.sql("select count(*) as n from edges where kind = 'cross'").column("n")[0].as_py()
+        == out["cross_edges"]
+    )
 
     from envsched_pipeline.assets import features, graph, topologies
     from envsched_pipeline.resources.lake import LakeResource
@@ -95,11 +106,15 @@ def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
 
     with dg.instance_for_test() as inst:
         res = dg.materialize(
-            [topologies.topologies, features.features, graph.task_graph], instance=inst,
+            [topologies.topologies, features.features, graph.task_graph],
+            instance=inst,
             resources={"lake": LakeResource(root=str(lake.root)), "llm": LLMResource()},
         )
         assert res.success
-        md = {m.asset_key.to_user_string(): m.materialization.metadata for m in res.get_asset_materialization_events()}
+        md = {
+            m.asset_key.to_user_string(): m.materialization.metadata
+            for m in res.get_asset_materialization_events()
+        }
         assert md["topologies"]["extractor"].value == "offline"
         assert md["task_graph"]["cross_edges"].value > 0
         assert md["task_graph"]["similarity_plot"].value.endswith(".png")

@@ -13,7 +13,9 @@ from trainer.step import run_step
 
 def rows(table):
     """Rows with NaN made comparable."""
-    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in table.to_pylist()]
+    return [
+        {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in table.to_pylist()
+    ]
 
 
 def one_step(lake, t):
@@ -30,13 +32,22 @@ def test_three_steps_and_next_action(small_run):
     assert next_action(lake) is None
     r = lake.read("rollouts")
     assert r.num_rows == 3 * 8 * 4
-    keys = set(zip(r.column("step").to_pylist(), r.column("task_id").to_pylist(), r.column("rollout").to_pylist(), strict=True))
+    keys = set(
+        zip(
+            r.column("step").to_pylist(),
+            r.column("task_id").to_pylist(),
+            r.column("rollout").to_pylist(),
+            strict=True,
+        )
+    )
     assert len(keys) == r.num_rows
 
 
 def test_statistics_record_prior_and_posterior_for_envsched(small_pool):
     lake = small_pool
-    start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", seed=1, batch_size=8, group_size=4, max_steps=2))
+    start_run(
+        lake, RunSpec(pool="synthetic", scheduler="envsched", seed=1, batch_size=8, group_size=4, max_steps=2)
+    )
     for t in range(2):
         one_step(lake, t)
     st = lake.read("statistics", step=1).to_pylist()
@@ -50,10 +61,16 @@ def test_statistics_record_prior_and_posterior_for_envsched(small_pool):
 def test_rematerializing_a_step_gives_identical_rows(small_run):
     lake = small_run
     one_step(lake, 0)
-    first = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("manifests", "rollouts")}
+    first = {
+        t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else [])
+        for t in ("manifests", "rollouts")
+    }
     select_manifest(lake, 0)
     run_step(lake, 0, log=lambda *_: None)
-    again = {t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else []) for t in ("manifests", "rollouts")}
+    again = {
+        t: lake.read(t, step=0).drop_columns(["seconds"] if t == "rollouts" else [])
+        for t in ("manifests", "rollouts")
+    }
     assert rows(first["manifests"]) == rows(again["manifests"])
     assert rows(first["rollouts"]) == rows(again["rollouts"])
     assert first["rollouts"].num_rows == 32
@@ -85,7 +102,9 @@ def test_statistics_use_task_outcomes_only(small_run):
 def test_resumed_run_with_other_settings_is_refused(small_run):
     one_step(small_run, 0)
     with pytest.raises(StepError, match="already holds a run with other settings"):
-        start_run(small_run, RunSpec(pool="synthetic", scheduler="random", seed=99, batch_size=8, group_size=4))
+        start_run(
+            small_run, RunSpec(pool="synthetic", scheduler="random", seed=99, batch_size=8, group_size=4)
+        )
 
 
 def test_selection_is_seeded_and_distinct(small_run):

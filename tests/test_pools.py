@@ -26,8 +26,13 @@ def gold_vs_corrupted(data, sandbox, n, seed=0):
     rng = np.random.default_rng(seed)
     sample = [data.tasks[i] for i in rng.choice(len(data.tasks), size=min(n, len(data.tasks)), replace=False)]
     gold_jobs = [(episode_spec(envs[t["env_id"]], t), json.loads(t["gold"])) for t in sample]
-    bad_jobs = [(episode_spec(envs[t["env_id"]], t),
-                 corrupt(json.loads(t["gold"]), 0.0, rng, tool_names_of(envs[t["env_id"]]))) for t in sample]
+    bad_jobs = [
+        (
+            episode_spec(envs[t["env_id"]], t),
+            corrupt(json.loads(t["gold"]), 0.0, rng, tool_names_of(envs[t["env_id"]])),
+        )
+        for t in sample
+    ]
     gold = sandbox.map_episodes(gold_jobs)
     bad = sandbox.map_episodes(bad_jobs)
     return [r["reward"] for r in gold], [r["reward"] for r in bad], gold
@@ -64,8 +69,9 @@ def test_bfcl_checker_cache_is_cleared(sandbox):
 def test_tau2_db_state_evaluator(sandbox):
     data = load_pool("tau2", domains=("airline", "retail"))
     assert {t["env_id"] for t in data.tasks} == {"airline", "retail"}
-    with_actions = type(data)(name=data.name, environments=data.environments,
-                              tasks=[t for t in data.tasks if json.loads(t["gold"])])
+    with_actions = type(data)(
+        name=data.name, environments=data.environments, tasks=[t for t in data.tasks if json.loads(t["gold"])]
+    )
     gold, bad, _ = gold_vs_corrupted(with_actions, sandbox, 6)
     assert gold == [1.0] * len(gold)
     assert np.mean(bad) < 1.0
@@ -83,7 +89,7 @@ def test_reasoning_gym_right_and_wrong(sandbox):
 
 
 # ---------------------------------------------------------------------------- EnvScaler import
-ENV_CODE = '''
+ENV_CODE = """
 class Shop:
     def __init__(self, config):
         self.items = config.get("items", {})
@@ -92,27 +98,63 @@ class Shop:
     def set_price(self, item_id, price):
         self.items[item_id]["price"] = price
         return {"ok": True}
-'''
+"""
 
 
 def write_pool(tmp_path, scenarios=None, meta=None):
-    meta = meta if meta is not None else {
-        "shop": {"env_class_name": "Shop", "env_class_code": ENV_CODE, "env_summary": "a shop",
-                 "tools": json.dumps([{"name": "get_item", "parameters": {}}, {"name": "set_price", "parameters": {}}])},
-        "broken": {"env_class_name": "Nope", "env_class_code": "class Other: pass", "tools": []},
-    }
-    scenarios = scenarios if scenarios is not None else [
-        {"env_id": "shop", "task": "Set the price of A-1 to 5.", "init_config": {"items": {"A-1": {"price": 3}}},
-         "checklist_with_func": [
-             {"check_item": "price is 5", "check_func": "def check_func(final_state):\n    return final_state['items']['A-1']['price'] == 5"},
-             {"check_item": "was 3", "check_func": "def check_func(final_state):\n    return initial_state['items']['A-1']['price'] == 3"},
-             {"check_item": "returns a number", "check_func": "def check_func(final_state):\n    return 1"},
-             {"check_item": "hangs", "check_func": "def check_func(final_state):\n    while True: pass"},
-         ]},
-        {"env_id": "shop", "task": "Nothing to check.", "init_config": {}, "checklist_with_func": []},
-        {"env_id": "broken", "task": "Cannot build.", "init_config": {}, "checklist_with_func": [
-            {"check_item": "x", "check_func": "def check_func(final_state):\n    return True"}]},
-    ]
+    meta = (
+        meta
+        if meta is not None
+        else {
+            "shop": {
+                "env_class_name": "Shop",
+                "env_class_code": ENV_CODE,
+                "env_summary": "a shop",
+                "tools": json.dumps(
+                    [{"name": "get_item", "parameters": {}}, {"name": "set_price", "parameters": {}}]
+                ),
+            },
+            "broken": {"env_class_name": "Nope", "env_class_code": "class Other: pass", "tools": []},
+        }
+    )
+    scenarios = (
+        scenarios
+        if scenarios is not None
+        else [
+            {
+                "env_id": "shop",
+                "task": "Set the price of A-1 to 5.",
+                "init_config": {"items": {"A-1": {"price": 3}}},
+                "checklist_with_func": [
+                    {
+                        "check_item": "price is 5",
+                        "check_func": "def check_func(final_state):\n    return final_state['items']['A-1']['price'] == 5",
+                    },
+                    {
+                        "check_item": "was 3",
+                        "check_func": "def check_func(final_state):\n    return initial_state['items']['A-1']['price'] == 3",
+                    },
+                    {
+                        "check_item": "returns a number",
+                        "check_func": "def check_func(final_state):\n    return 1",
+                    },
+                    {
+                        "check_item": "hangs",
+                        "check_func": "def check_func(final_state):\n    while True: pass",
+                    },
+                ],
+            },
+            {"env_id": "shop", "task": "Nothing to check.", "init_config": {}, "checklist_with_func": []},
+            {
+                "env_id": "broken",
+                "task": "Cannot build.",
+                "init_config": {},
+                "checklist_with_func": [
+                    {"check_item": "x", "check_func": "def check_func(final_state):\n    return True"}
+                ],
+            },
+        ]
+    )
     s, m = tmp_path / "scenarios.json", tmp_path / "env_meta.json"
     s.write_text(json.dumps(scenarios))
     m.write_text(json.dumps(meta))
@@ -120,20 +162,41 @@ def write_pool(tmp_path, scenarios=None, meta=None):
 
 
 def envsched(*args, lake):
-    return subprocess.run([sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(lake), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(lake), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_envscaler_import_and_env_run_semantics(tmp_path):
     s, m = write_pool(tmp_path)
     lake = tmp_path / "lake"
-    p = envsched("pool", "import", "envscaler", "--scenarios", str(s), "--env-metadata", str(m), "--name", "shop", lake=lake)
+    p = envsched(
+        "pool",
+        "import",
+        "envscaler",
+        "--scenarios",
+        str(s),
+        "--env-metadata",
+        str(m),
+        "--name",
+        "shop",
+        lake=lake,
+    )
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     assert rep["tasks"] == 3 and "broken" in rep["broken_environments"] and len(rep["empty_checklists"]) == 1
     actions = tmp_path / "a.json"
-    actions.write_text(json.dumps([{"name": "set_price", "arguments": {"item_id": "A-1", "price": 5}},
-                                   {"name": "teleport", "arguments": {}}]))
+    actions.write_text(
+        json.dumps(
+            [
+                {"name": "set_price", "arguments": {"item_id": "A-1", "price": 5}},
+                {"name": "teleport", "arguments": {}},
+            ]
+        )
+    )
     p = envsched("env", "run", "--pool", "shop", "--task", "shop-00000", "--actions", str(actions), lake=lake)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
@@ -141,7 +204,9 @@ def test_envscaler_import_and_env_run_semantics(tmp_path):
     assert out["reward"] == 0.5
     assert [c["passed"] for c in out["checks"]] == [True, True, False, False]
     assert "non-bool" in out["checks"][2]["error"] and "timeout" in out["checks"][3]["error"]
-    p = envsched("env", "run", "--pool", "shop", "--task", "broken-00002", "--actions", str(actions), lake=lake)
+    p = envsched(
+        "env", "run", "--pool", "shop", "--task", "broken-00002", "--actions", str(actions), lake=lake
+    )
     assert p.returncode == 0 and json.loads(p.stdout)["reward"] == 0.0 and json.loads(p.stdout)["error"]
     p = envsched("env", "run", "--pool", "shop", "--task", "nope", "--actions", str(actions), lake=lake)
     assert p.returncode == 2 and "task 'nope' is not in pool 'shop'" in p.stderr
@@ -149,31 +214,67 @@ def test_envscaler_import_and_env_run_semantics(tmp_path):
     assert p.returncode == 2 and "nopool" in p.stderr
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda s, m: (s.write_text(s.read_text()[:40]), None), "scenarios.json: invalid JSON"),
-    (lambda s, m: (s.write_text(json.dumps([{"task": "x", "init_config": {}, "checklist_with_func": []}])), None),
-     "scenarios.json: record 0: missing field 'env_id'"),
-    (lambda s, m: (s.write_text(json.dumps([{"env_id": "shop", "task": "x", "init_config": [],
-                                             "checklist_with_func": []}])), None),
-     "record 0: field 'init_config' must be an object"),
-    (lambda s, m: (m.write_text(json.dumps({"shop": {"env_class_name": "Shop"}})), None),
-     "env_meta.json: environment 'shop': missing field 'env_class_code'"),
-    (lambda s, m: (m.write_text(json.dumps({"shop": {"env_class_name": "Shop", "env_class_code": "x", "tools": "[oops"}})), None),
-     "field 'tools' is a string but not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda s, m: (s.write_text(s.read_text()[:40]), None), "scenarios.json: invalid JSON"),
+        (
+            lambda s, m: (
+                s.write_text(json.dumps([{"task": "x", "init_config": {}, "checklist_with_func": []}])),
+                None,
+            ),
+            "scenarios.json: record 0: missing field 'env_id'",
+        ),
+        (
+            lambda s, m: (
+                s.write_text(
+                    json.dumps(
+                        [{"env_id": "shop", "task": "x", "init_config": [], "checklist_with_func": []}]
+                    )
+                ),
+                None,
+            ),
+            "record 0: field 'init_config' must be an object",
+        ),
+        (
+            lambda s, m: (m.write_text(json.dumps({"shop": {"env_class_name": "Shop"}})), None),
+            "env_meta.json: environment 'shop': missing field 'env_class_code'",
+        ),
+        (
+            lambda s, m: (
+                m.write_text(
+                    json.dumps({"shop": {"env_class_name": "Shop", "env_class_code": "x", "tools": "[oops"}})
+                ),
+                None,
+            ),
+            "field 'tools' is a string but not valid JSON",
+        ),
+    ],
+)
 def test_malformed_envscaler_files_are_refused_and_nothing_written(tmp_path, mutate, match):
     s, m = write_pool(tmp_path)
     mutate(s, m)
     with pytest.raises(PoolFormatError, match=match):
         load_envscaler(s, m, "shop")
     lake = tmp_path / "lake"
-    p = envsched("pool", "import", "envscaler", "--scenarios", str(s), "--env-metadata", str(m), "--name", "shop", lake=lake)
+    p = envsched(
+        "pool",
+        "import",
+        "envscaler",
+        "--scenarios",
+        str(s),
+        "--env-metadata",
+        str(m),
+        "--name",
+        "shop",
+        lake=lake,
+    )
     assert p.returncode == 2 and match.split(": ")[-1].split("'")[0] in p.stderr
     assert not (lake / "tasks").exists()
 
 
 # ---------------------------------------------------------------------------- hostile code
-HOSTILE = '''
+HOSTILE = """
 import os, time
 class Evil:
     def __init__(self, config):
@@ -193,14 +294,30 @@ class Evil:
     def shout(self):
         print("garbage on stdout that must not break the protocol")
         return "ok"
-'''
+"""
 
 
 def hostile_spec():
-    tools = [{"type": "function", "function": {"name": n}} for n in ("spin", "sleep_forever", "crash", "eat", "shout")]
-    env = {"env_id": "evil", "class_name": "Evil", "code": HOSTILE, "tools": json.dumps(tools), "kind": "envscaler"}
-    task = {"task_id": "evil-1", "env_id": "evil", "instruction": "x", "init_state": "{}",
-            "checks": json.dumps([{"check_item": "ok", "check_func": "def check_func(final_state):\n    return True"}])}
+    tools = [
+        {"type": "function", "function": {"name": n}}
+        for n in ("spin", "sleep_forever", "crash", "eat", "shout")
+    ]
+    env = {
+        "env_id": "evil",
+        "class_name": "Evil",
+        "code": HOSTILE,
+        "tools": json.dumps(tools),
+        "kind": "envscaler",
+    }
+    task = {
+        "task_id": "evil-1",
+        "env_id": "evil",
+        "instruction": "x",
+        "init_state": "{}",
+        "checks": json.dumps(
+            [{"check_item": "ok", "check_func": "def check_func(final_state):\n    return True"}]
+        ),
+    }
     return episode_spec(env, task)
 
 
@@ -208,12 +325,14 @@ def test_hostile_environments_cost_one_rollout_each():
     limits = Limits(memory_mb=1024, episode_seconds=4.0, call_seconds=1.0)
     with SandboxPool(workers=2, limits=limits) as pool:
         spec = hostile_spec()
-        jobs = [(spec, [{"name": "shout", "arguments": {}}]),
-                (spec, [{"name": "spin", "arguments": {}}]),
-                (spec, [{"name": "sleep_forever", "arguments": {}}]),
-                (spec, [{"name": "crash", "arguments": {}}]),
-                (spec, [{"name": "eat", "arguments": {}}]),
-                (spec, [{"name": "shout", "arguments": {}}])]
+        jobs = [
+            (spec, [{"name": "shout", "arguments": {}}]),
+            (spec, [{"name": "spin", "arguments": {}}]),
+            (spec, [{"name": "sleep_forever", "arguments": {}}]),
+            (spec, [{"name": "crash", "arguments": {}}]),
+            (spec, [{"name": "eat", "arguments": {}}]),
+            (spec, [{"name": "shout", "arguments": {}}]),
+        ]
         res = pool.map_episodes(jobs)
         assert res[0]["reward"] == 1.0 and res[0]["tool_calls"][0]["output"] == "ok"
         assert res[1]["reward"] == 1.0 and "timed out" in res[1]["tool_calls"][0]["output"]  # per-call limit

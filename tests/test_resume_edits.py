@@ -32,8 +32,15 @@ def edited(lake):
 
 
 def reimport(lake, data, tasks, latents=None):
-    import_pool(lake, PoolData(name=data.name, environments=data.environments, tasks=tasks,
-                               latents=latents if latents is not None else data.latents))
+    import_pool(
+        lake,
+        PoolData(
+            name=data.name,
+            environments=data.environments,
+            tasks=tasks,
+            latents=latents if latents is not None else data.latents,
+        ),
+    )
 
 
 def observed(lake, spec_step=2):
@@ -65,7 +72,11 @@ def test_added_and_edited_tasks_start_fresh_others_keep_history(edited):
     tasks = []
     for t in data.tasks:
         if t["task_id"] == edit:
-            t = dict(t, instruction=t["instruction"] + " Then double-check.", content_hash="edited-" + t["content_hash"])
+            t = dict(
+                t,
+                instruction=t["instruction"] + " Then double-check.",
+                content_hash="edited-" + t["content_hash"],
+            )
         tasks.append(t)
     extra = dict(data.tasks[0], task_id="library-new", content_hash="brand-new")
     tasks.append(extra)
@@ -85,8 +96,12 @@ def test_removed_task_is_archived_and_restored(edited):
     lake, data = edited
     _, before = observed(lake)
     gone = next(t for t, w in before.items() if w > 0)
-    reimport(lake, data, [t for t in data.tasks if t["task_id"] != gone],
-             [r for r in data.latents if r["task_id"] != gone])
+    reimport(
+        lake,
+        data,
+        [t for t in data.tasks if t["task_id"] != gone],
+        [r for r in data.latents if r["task_id"] != gone],
+    )
     st, after = observed(lake)
     assert gone not in after and st.extra["last_alignment"]["archived"] == 1
     assert lake.sql(f"select count(*) as n from rollouts where task_id = '{gone}'").column("n")[0].as_py() > 0
@@ -97,7 +112,9 @@ def test_removed_task_is_archived_and_restored(edited):
     st4 = load_state(lake, require_run(lake), 3)
     i = st4.task_ids.tolist().index(gone)
     gamma = 2 ** (-1 / 8)
-    assert st4.arrays["W"][i] == pytest.approx(before[gone]) or st4.arrays["W"][i] == pytest.approx(before[gone] * gamma)
+    assert st4.arrays["W"][i] == pytest.approx(before[gone]) or st4.arrays["W"][i] == pytest.approx(
+        before[gone] * gamma
+    )
     assert st4.extra["last_alignment"]["restored"] == 1
     assert json.dumps(st4.extra)  # still serializable
     assert np.isfinite(st4.arrays["W"]).all()

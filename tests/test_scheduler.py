@@ -28,8 +28,13 @@ def observe(state, step, groups: dict[int, list[float]], config=SchedulerConfig(
 
 
 def empty_graph(n):
-    return TaskGraph(np.array([str(i) for i in range(n)]), np.full((n, 0), -1), np.zeros((n, 0), np.float32),
-                     np.full((n, 0), -1), np.zeros((n, 0), np.float32))
+    return TaskGraph(
+        np.array([str(i) for i in range(n)]),
+        np.full((n, 0), -1),
+        np.zeros((n, 0), np.float32),
+        np.full((n, 0), -1),
+        np.zeros((n, 0), np.float32),
+    )
 
 
 # ---------------------------------------------------------------------------- §2 decay
@@ -90,8 +95,10 @@ def test_calibration_is_monotone_in_u():
     rng = np.random.default_rng(0)
     for t in range(4):
         idx = rng.choice(40, 12, replace=False)
-        groups = {int(i): list(rng.choice([0.0, 0.5, 1.0], size=8, p=[0.2 + 0.01 * i, 0.3, 0.5 - 0.01 * i]))
-                  for i in idx}
+        groups = {
+            int(i): list(rng.choice([0.0, 0.5, 1.0], size=8, p=[0.2 + 0.01 * i, 0.3, 0.5 - 0.01 * i]))
+            for i in idx
+        }
         pred = rng.random(len(idx))
         observe(st_, t, groups, pred=pred)
     sched = EnvSched(SchedulerConfig())
@@ -184,20 +191,32 @@ def test_identifier_shapes():
 
 def test_hack_detector_on_crafted_trajectories():
     init = {"books": {"BO-100": {"status": "available"}}, "members": {"ME-101": {}}}
-    honest = [{"name": "get_book", "arguments": {"book_id": "BO-100"}, "output": {"id": "BO-100"}},
-              {"name": "assign_book", "arguments": {"book_id": "BO-100", "member_id": "ME-101"}, "output": {"ok": True}}]
-    invented = [{"name": "create_book", "arguments": {"book_id": "BO-999", "name": "x"}, "output": {"ok": True}}]
-    learned = [{"name": "list_books", "arguments": {}, "output": [{"id": "BO-555"}]},
-               {"name": "delete_book", "arguments": {"book_id": "BO-555"}, "output": {"ok": True}}]
+    honest = [
+        {"name": "get_book", "arguments": {"book_id": "BO-100"}, "output": {"id": "BO-100"}},
+        {
+            "name": "assign_book",
+            "arguments": {"book_id": "BO-100", "member_id": "ME-101"},
+            "output": {"ok": True},
+        },
+    ]
+    invented = [
+        {"name": "create_book", "arguments": {"book_id": "BO-999", "name": "x"}, "output": {"ok": True}}
+    ]
+    learned = [
+        {"name": "list_books", "arguments": {}, "output": [{"id": "BO-555"}]},
+        {"name": "delete_book", "arguments": {"book_id": "BO-555"}, "output": {"ok": True}},
+    ]
     assert not flag_trajectory(honest, init)
     assert flag_trajectory(invented, init)
     assert not flag_trajectory(invented, init, instruction="Register a new book BO-999")
     assert not flag_trajectory(learned, init)  # seen in an earlier tool output
     import json
 
-    rows = [{"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": invented})},
-            {"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": honest})},
-            {"task_id": "t", "reward": 0.0, "trajectory": json.dumps({"tool_calls": invented})}]
+    rows = [
+        {"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": invented})},
+        {"task_id": "t", "reward": 1.0, "trajectory": json.dumps({"tool_calls": honest})},
+        {"task_id": "t", "reward": 0.0, "trajectory": json.dumps({"tool_calls": invented})},
+    ]
     rep = replay(rows, {"t": init})
     assert rep["rewarded"] == 2 and rep["flagged"] == 1 and rep["flag_rate"] == 0.5
 
@@ -205,8 +224,9 @@ def test_hack_detector_on_crafted_trajectories():
 def test_hack_rate_discounts_and_retires():
     cfg = SchedulerConfig()
     st_ = make_state(n_envs=1, per_env=4)
-    obs = Observations.from_groups(0, [0, 1], [np.array([1.0, 0.0] * 4), np.array([1.0, 0.0] * 4)],
-                                   hack_flags=[4.0, 1.0])
+    obs = Observations.from_groups(
+        0, [0, 1], [np.array([1.0, 0.0] * 4), np.array([1.0, 0.0] * 4)], hack_flags=[4.0, 1.0]
+    )
     update_state(st_, obs, cfg)
     sched = EnvSched(cfg)
     inf = sched.informativeness(st_, sched.predict(st_))
@@ -256,8 +276,12 @@ def test_every_scheduler_returns_distinct_picks_with_reasons():
 # ---------------------------------------------------------------------------- properties
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    n_envs=st.integers(1, 7), per_env=st.integers(1, 9), batch=st.integers(1, 24),
-    steps=st.integers(1, 5), rho=st.sampled_from([0.0, 0.25, 0.5, 1.0]), seed=st.integers(0, 10_000),
+    n_envs=st.integers(1, 7),
+    per_env=st.integers(1, 9),
+    batch=st.integers(1, 24),
+    steps=st.integers(1, 5),
+    rho=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
+    seed=st.integers(0, 10_000),
 )
 def test_batches_never_repeat_and_respect_caps_unless_relaxed(n_envs, per_env, batch, steps, rho, seed):
     cfg = SchedulerConfig(batch_size=batch, rho=rho)
@@ -283,4 +307,6 @@ def test_batches_never_repeat_and_respect_caps_unless_relaxed(n_envs, per_env, b
             assert not (set(idx) & set(history[-1]) & set(history[-2]))
         history.append(idx)
         groups = [rng.choice([0.0, 0.5, 1.0], size=4) for _ in idx]
-        sched.update(state, Observations.from_groups(t, idx, groups), predicted_u=np.array([p.pred_var for p in picks]))
+        sched.update(
+            state, Observations.from_groups(t, idx, groups), predicted_u=np.array([p.pred_var for p in picks])
+        )

@@ -14,7 +14,9 @@ def tasks(n=6):
 
 def extractor(stub, tmp_path, **kw):
     kw.setdefault("backoff", 0.01)
-    return LLMTopologyExtractor(base_url=stub.base_url, model="stub-model", api_key="k", cache_dir=tmp_path / "cache", **kw)
+    return LLMTopologyExtractor(
+        base_url=stub.base_url, model="stub-model", api_key="k", cache_dir=tmp_path / "cache", **kw
+    )
 
 
 def test_results_match_canned_answers(tmp_path):
@@ -79,8 +81,10 @@ def test_validation_rejects_bad_answers():
         validate_topology('{"operations": [], "entity_count": 1}')
     with pytest.raises(MalformedAnswer):
         validate_topology('{"operations": ["lookup"], "entity_count": -2}')
-    ok = validate_topology('```json\n{"operations": ["Lookup", "teleport"], "entity_count": 2, '
-                           '"constraints": ["conditional_branch", "BO-104 id"], "check_types": ["equality"]}\n```')
+    ok = validate_topology(
+        '```json\n{"operations": ["Lookup", "teleport"], "entity_count": 2, '
+        '"constraints": ["conditional_branch", "BO-104 id"], "check_types": ["equality"]}\n```'
+    )
     assert ok["operations"] == ["lookup", "other"] and ok["constraints"] == ["conditional_branch"]
 
 
@@ -92,9 +96,14 @@ def test_topologies_asset_uses_the_endpoint(small_pool, monkeypatch):
     from envsched_pipeline.resources.llm import LLMResource
 
     with StubOpenAI() as stub, dg.instance_for_test() as inst:
-        res = dg.materialize([topologies], instance=inst, resources={
-            "lake": LakeResource(root=str(small_pool.root)),
-            "llm": LLMResource(base_url=stub.base_url, model="stub-model", concurrency=2)})
+        res = dg.materialize(
+            [topologies],
+            instance=inst,
+            resources={
+                "lake": LakeResource(root=str(small_pool.root)),
+                "llm": LLMResource(base_url=stub.base_url, model="stub-model", concurrency=2),
+            },
+        )
         assert res.success
         n = len(stub.requests)
     assert n == 60

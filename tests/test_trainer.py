@@ -76,16 +76,23 @@ def test_group_advantages():
 
 # ---------------------------------------------------------------------------- format
 def test_tokenizer_has_qwen3_special_ids(tok):
-    for name, want in (("<|im_start|>", 151644), ("<|im_end|>", 151645), ("<tool_call>", 151657),
-                       ("<tool_response>", 151665), ("<think>", 151667)):
+    for name, want in (
+        ("<|im_start|>", 151644),
+        ("<|im_end|>", 151645),
+        ("<tool_call>", 151657),
+        ("<tool_response>", 151665),
+        ("<think>", 151667),
+    ):
         assert tok.convert_tokens_to_ids(name) == want
     ids = tok.encode("<tool_call>\n{}\n</tool_call>", add_special_tokens=False)
     assert ids[0] == 151657 and ids[-1] == 151658
 
 
 def test_parse_think_tool_calls_and_errors():
-    p = parse_assistant('<think>plan</think>\nok <tool_call>\n{"name": "get_x", "arguments": {"a": 1}}\n</tool_call>'
-                        '<tool_call>{"name": "f", "arguments": "{\\"b\\": 2}"}</tool_call><|im_end|>')
+    p = parse_assistant(
+        '<think>plan</think>\nok <tool_call>\n{"name": "get_x", "arguments": {"a": 1}}\n</tool_call>'
+        '<tool_call>{"name": "f", "arguments": "{\\"b\\": 2}"}</tool_call><|im_end|>'
+    )
     assert p.think == "plan" and p.content == "ok"
     assert p.tool_calls == [{"name": "get_x", "arguments": {"a": 1}}, {"name": "f", "arguments": {"b": 2}}]
     bad = parse_assistant("<tool_call>{not json}</tool_call>")
@@ -107,7 +114,7 @@ def pool_and_task():
 
 
 def as_text(calls):
-    return "".join(f'<tool_call>{json.dumps(c)}</tool_call>' for c in calls)
+    return "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
 
 
 def test_agent_loop_gold_script_scores_one(tok, pool_and_task):
@@ -118,15 +125,20 @@ def test_agent_loop_gold_script_scores_one(tok, pool_and_task):
     assert ep.result["reward"] == 1.0 and ep.actions == len(gold) and not ep.truncated
     assert ep.answer == "Done."
     # the mask covers exactly the generated tokens
-    gen = sum(len(tok.encode(x + "<|im_end|>", add_special_tokens=False)) for x in engine.scripts[0][: len(gold) + 1])
+    gen = sum(
+        len(tok.encode(x + "<|im_end|>", add_special_tokens=False))
+        for x in engine.scripts[0][: len(gold) + 1]
+    )
     assert ep.generated_tokens == gen
     assert [m["role"] for m in ep.messages[:3]] == ["system", "user", "assistant"]
 
 
 def test_agent_loop_parse_errors_and_unknown_tools_are_observations(tok, pool_and_task):
     pool, spec, _ = pool_and_task
-    engine = ScriptedEngine(tok, [["<tool_call>{oops</tool_call>", as_text([{"name": "teleport", "arguments": {}}]),
-                                   "I give up."]])
+    engine = ScriptedEngine(
+        tok,
+        [["<tool_call>{oops</tool_call>", as_text([{"name": "teleport", "arguments": {}}]), "I give up."]],
+    )
     with pool.session(spec) as s:
         ep = AgentLoop(engine, tok).run([Episode("t", 0, s)])[0]
     assert ep.parse_errors == 1 and ep.unknown_tools == 1 and ep.actions == 2
@@ -167,7 +179,9 @@ def test_tiny_qwen3_update_lowers_the_loss(tok):
     model = tiny_qwen3(seed=0)
     assert model.config.vocab_size >= 151669 and model.config.model_type == "qwen3"
     trainer = GRPOTrainer(model, tok, GRPOConfig(lr=3e-3, epochs=6, micro_batch=2))
-    prompt = tok.encode("<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    prompt = tok.encode(
+        "<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
     good = tok.encode("yes yes<|im_end|>", add_special_tokens=False)
     bad = tok.encode("no no<|im_end|>", add_special_tokens=False)
     seqs = [prompt + good, prompt + bad] * 2
@@ -212,8 +226,26 @@ def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
     from envsched_pipeline.lake import Lake
 
     lake = tmp_path / "lake"
-    cmd = [sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(lake), "train", "--pool", "synthetic",
-           "--policy", "hf-tiny", "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "12", "--lr", "1e-4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envsched_pipeline.cli",
+        "--lake",
+        str(lake),
+        "train",
+        "--pool",
+        "synthetic",
+        "--policy",
+        "hf-tiny",
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--lr",
+        "1e-4",
+    ]
     p = subprocess.run(cmd + ["--steps", "1"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     lk = Lake(lake)

@@ -32,8 +32,11 @@ def free_port() -> int:
 
 
 def graphql(port: int, query: str) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -50,9 +53,14 @@ def dagster_dev(tmp_path):
     port = free_port()
     env = dict(os.environ, DAGSTER_HOME=str(home), ENVSCHED_LAKE=str(lake.root))
     dagster = Path(sys.executable).with_name("dagster")
-    proc = subprocess.Popen([str(dagster), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "dagster.log", "w"),
-                            start_new_session=True)  # its own process group: we can stop all of it
+    proc = subprocess.Popen(
+        [str(dagster), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "dagster.log", "w"),
+        start_new_session=True,
+    )  # its own process group: we can stop all of it
     try:
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -63,7 +71,9 @@ def dagster_dev(tmp_path):
             except OSError:
                 time.sleep(1)
         else:
-            pytest.fail("dagster dev did not serve /server_info: " + (tmp_path / "dagster.log").read_text()[-2000:])
+            pytest.fail(
+                "dagster dev did not serve /server_info: " + (tmp_path / "dagster.log").read_text()[-2000:]
+            )
         yield port, lake, tmp_path
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -79,31 +89,60 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
     assert "127.0.0.1" in f"http://127.0.0.1:{port}"
     assets = graphql(port, "{ assetNodes { assetKey { path } groupName } }")["data"]["assetNodes"]
     keys = {"/".join(a["assetKey"]["path"]) for a in assets}
-    assert {"environments", "tasks", "topologies", "features", "task_graph", "batch_manifest", "training_step",
-            "reward_statistics"} <= keys
-    sensors = graphql(port, "{ sensorsOrError(repositorySelector: {repositoryName: \"__repository__\", "
-                            "repositoryLocationName: \"envsched\"}) { ... on Sensors { results { name "
-                            "sensorState { status } } } } }")["data"]["sensorsOrError"]["results"]
+    assert {
+        "environments",
+        "tasks",
+        "topologies",
+        "features",
+        "task_graph",
+        "batch_manifest",
+        "training_step",
+        "reward_statistics",
+    } <= keys
+    sensors = graphql(
+        port,
+        '{ sensorsOrError(repositorySelector: {repositoryName: "__repository__", '
+        'repositoryLocationName: "envsched"}) { ... on Sensors { results { name '
+        "sensorState { status } } } } }",
+    )["data"]["sensorsOrError"]["results"]
     assert {(s["name"], s["sensorState"]["status"]) for s in sensors} == {("training_loop_sensor", "RUNNING")}
     # the sensor drives select -> train -> statistics -> select ... by itself
     deadline = time.time() + 420
     while time.time() < deadline and not lake.has("statistics", step=1):
         time.sleep(3)
-    assert lake.has("statistics", step=1), "the sensor did not advance the loop: " + \
-        (tmp / "dagster.log").read_text()[-3000:]
+    assert lake.has("statistics", step=1), (
+        "the sensor did not advance the loop: " + (tmp / "dagster.log").read_text()[-3000:]
+    )
     assert lake.read("rollouts").num_rows == 2 * 8 * 4
     # a real browser renders the asset graph
     assert CHROMIUM, "chromium is not installed (make test installs it)"
     shot = tmp / "graph.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp / 'chrome'}", "--window-size=1400,900", "--virtual-time-budget=20000",
-                    f"--screenshot={shot}", f"http://127.0.0.1:{port}/asset-groups"],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp / 'chrome'}",
+            "--window-size=1400,900",
+            "--virtual-time-budget=20000",
+            f"--screenshot={shot}",
+            f"http://127.0.0.1:{port}/asset-groups",
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000
     import matplotlib.image as mpimg
 
     img = mpimg.imread(str(shot))[..., :3]
     colors = len(np.unique((img.reshape(-1, 3) * 255).astype(np.uint8), axis=0))
     assert img.std() > 0.02 and colors > 50, "the screenshot is blank"
-    shutil.copy(shot, REPO / "bench" / "ui_asset_graph.png") if os.environ.get("ENVSCHED_SAVE_SCREENSHOT") else None
+    shutil.copy(shot, REPO / "bench" / "ui_asset_graph.png") if os.environ.get(
+        "ENVSCHED_SAVE_SCREENSHOT"
+    ) else None

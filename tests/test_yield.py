@@ -14,7 +14,9 @@ from trainer.step import run_step
 
 def test_predicted_vs_realized_yield_and_oversampling(lake):
     import_pool(lake, load_synthetic("synthetic", n_envs=10, tasks_per_env=20, seed=1))
-    start_run(lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=32, group_size=8, max_steps=12))
+    start_run(
+        lake, RunSpec(pool="synthetic", scheduler="envsched", batch_size=32, group_size=8, max_steps=12)
+    )
     for t in range(12):
         select_manifest(lake, t)
         run_step(lake, t, log=lambda *_: None)

@@ -43,8 +43,16 @@ class Episode:
 
 
 class AgentLoop:
-    def __init__(self, engine, tokenizer=None, max_actions: int = 40, max_new_tokens: int = 256,
-                 temperature: float = 1.0, max_context: int = 16384, system: str = chat.DEFAULT_SYSTEM):
+    def __init__(
+        self,
+        engine,
+        tokenizer=None,
+        max_actions: int = 40,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        max_context: int = 16384,
+        system: str = chat.DEFAULT_SYSTEM,
+    ):
         self.engine, self.tok = engine, tokenizer
         self.max_actions, self.max_new_tokens, self.temperature = max_actions, max_new_tokens, temperature
         self.max_context, self.system = max_context, system
@@ -66,9 +74,17 @@ class AgentLoop:
             ep.done = True
             return
         ep.tools = first.get("tools") or []
-        ep.messages = [{"role": "system", "content": self.system}, {"role": "user", "content": first["observation"]}]
-        self._append(ep, chat.render_system(ep.tools, self.system) + chat.render_user(first["observation"])
-                     + chat.assistant_header(), False)
+        ep.messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": first["observation"]},
+        ]
+        self._append(
+            ep,
+            chat.render_system(ep.tools, self.system)
+            + chat.render_user(first["observation"])
+            + chat.assistant_header(),
+            False,
+        )
         ep.turns = 1
 
     def _finish(self, ep: Episode, answer: str | None) -> None:
@@ -84,7 +100,9 @@ class AgentLoop:
             for err in parsed.errors:
                 ep.parse_errors += 1
                 ep.actions += 1
-                results.append(f"Error: {err}. Use <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>.")
+                results.append(
+                    f'Error: {err}. Use <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+                )
             for call in parsed.tool_calls:
                 if ep.actions >= self.max_actions:
                     break
@@ -93,7 +111,9 @@ class AgentLoop:
                 obs = obs if isinstance(obs, str) else str(obs)
                 if obs.startswith("Error: unknown tool"):
                     ep.unknown_tools += 1
-                ep.tool_log.append({"name": call["name"], "arguments": call["arguments"], "output": obs[:2000]})
+                ep.tool_log.append(
+                    {"name": call["name"], "arguments": call["arguments"], "output": obs[:2000]}
+                )
                 results.append(obs)
             for r in results:
                 ep.messages.append({"role": "tool", "content": r})
@@ -130,8 +150,12 @@ class AgentLoop:
             if not active:
                 break
             if self.tokens:
-                outs = self.engine.generate([e.ids for e in active], self.max_new_tokens, self.temperature,
-                                            episode_ids=[episodes.index(e) for e in active])
+                outs = self.engine.generate(
+                    [e.ids for e in active],
+                    self.max_new_tokens,
+                    self.temperature,
+                    episode_ids=[episodes.index(e) for e in active],
+                )
                 eos = self.tok.convert_tokens_to_ids(chat.IM_END)
                 texts = []
                 for e, new in zip(active, outs, strict=True):
@@ -145,12 +169,18 @@ class AgentLoop:
                     e.mask += [0] * len(nl)
                     texts.append(self.tok.decode(new, skip_special_tokens=False))
             else:
-                texts = [self.engine.chat(_api_messages(e.messages), e.tools, self.max_new_tokens, self.temperature)
-                         for e in active]
+                texts = [
+                    self.engine.chat(
+                        _api_messages(e.messages), e.tools, self.max_new_tokens, self.temperature
+                    )
+                    for e in active
+                ]
             for e, text in zip(active, texts, strict=True):
                 self._observe(e, text)
             if log:
-                log(f"agent round {rounds}: {sum(not e.done for e in episodes)} of {len(episodes)} episodes active")
+                log(
+                    f"agent round {rounds}: {sum(not e.done for e in episodes)} of {len(episodes)} episodes active"
+                )
         return episodes
 
 

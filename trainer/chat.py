@@ -17,11 +17,32 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 # Qwen3's special tokens, in id order from 151643 (the Qwen BPE has 151,643 mergeable tokens).
 QWEN3_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
-    "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
-    "</tool_response>", "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 )
 QWEN3_SPECIAL_START = 151643
 
@@ -31,17 +52,24 @@ TOOLS_PREAMBLE = (
 )
 TOOLS_POSTAMBLE = (
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call>"
 )
-DEFAULT_SYSTEM = ("You are an agent operating a stateful service through tools. Use the tools to complete the "
-                  "user's request exactly, then reply with a short final answer and no tool call.")
+DEFAULT_SYSTEM = (
+    "You are an agent operating a stateful service through tools. Use the tools to complete the "
+    "user's request exactly, then reply with a short final answer and no tool call."
+)
 
 
 def render_system(tools: list[dict], system: str = DEFAULT_SYSTEM) -> str:
     body = system
     if tools:
-        body += "\n\n" + TOOLS_PREAMBLE + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_POSTAMBLE
+        body += (
+            "\n\n"
+            + TOOLS_PREAMBLE
+            + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            + TOOLS_POSTAMBLE
+        )
     return f"{IM_START}system\n{body}{IM_END}\n"
 
 
@@ -64,7 +92,9 @@ def render_assistant(content: str, tool_calls: list[dict] | None = None, think: 
         parts.append(f"{THINK_OPEN}\n{think}\n{THINK_CLOSE}\n\n")
     parts.append(content)
     for c in tool_calls or []:
-        parts.append(f"\n{TOOL_CALL_OPEN}\n{json.dumps({'name': c['name'], 'arguments': c.get('arguments', {})})}\n{TOOL_CALL_CLOSE}")
+        parts.append(
+            f"\n{TOOL_CALL_OPEN}\n{json.dumps({'name': c['name'], 'arguments': c.get('arguments', {})})}\n{TOOL_CALL_CLOSE}"
+        )
     return "".join(parts)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from openai import OpenAI
+
 
 class ScriptedEngine:
     """Replays fixed assistant texts (tests of the agent loop). Cycles per episode index."""
@@ -30,7 +32,7 @@ class ScriptedEngine:
             script = self.scripts[e % len(self.scripts)]
             text = script[k] if k < len(script) else "done"
             self.calls[e] = k + 1
-            out.append(self.tok.encode(text + "<|im_end|>", add_special_tokens=False)[: max_new_tokens])
+            out.append(self.tok.encode(text + "<|im_end|>", add_special_tokens=False)[:max_new_tokens])
         return out
 
 
@@ -43,25 +45,31 @@ class HFEngine:
         self.model, self.tok, self.device, self.batch_size = model, tokenizer, device, batch_size
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
-        import torch
+        import torch  # engines without torch (openai, scripted) must not need it
 
         out: list[list[int]] = []
         pad = self.tok.pad_token_id
         eos = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.model.eval()
         for s in range(0, len(prompts), self.batch_size):
-            chunk = prompts[s:s + self.batch_size]
+            chunk = prompts[s : s + self.batch_size]
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             att = torch.zeros((len(chunk), width), dtype=torch.long)
             for j, p in enumerate(chunk):
-                ids[j, width - len(p):] = torch.tensor(p)
-                att[j, width - len(p):] = 1
+                ids[j, width - len(p) :] = torch.tensor(p)
+                att[j, width - len(p) :] = 1
             with torch.no_grad():
                 gen = self.model.generate(
-                    input_ids=ids.to(self.device), attention_mask=att.to(self.device), max_new_tokens=max_new_tokens,
-                    do_sample=temperature > 0, temperature=max(temperature, 1e-5), top_p=1.0, top_k=0,
-                    eos_token_id=eos, pad_token_id=pad,
+                    input_ids=ids.to(self.device),
+                    attention_mask=att.to(self.device),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=temperature > 0,
+                    temperature=max(temperature, 1e-5),
+                    top_p=1.0,
+                    top_k=0,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
                 )
             for j in range(len(chunk)):
                 new = gen[j, width:].tolist()
@@ -80,16 +88,26 @@ class VLLMEngine:
 
     kind = "tokens"
 
-    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.4, tensor_parallel_size: int = 1,
-                 dtype: str = "bfloat16"):
+    def __init__(
+        self,
+        model_path: str,
+        gpu_memory_utilization: float = 0.4,
+        tensor_parallel_size: int = 1,
+        dtype: str = "bfloat16",
+    ):
         from vllm import LLM  # lazy: the gpu extra only
 
-        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
-                       tensor_parallel_size=tensor_parallel_size, dtype=dtype, enable_prefix_caching=True)
+        self.llm = LLM(
+            model=model_path,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            enable_prefix_caching=True,
+        )
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # the gpu extra only
+        from vllm.inputs import TokensPrompt  # the gpu extra only
 
         params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, stop_token_ids=[151645])
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -108,14 +126,18 @@ class OpenAIEngine:
     kind = "messages"
 
     def __init__(self, base_url: str, model: str, api_key: str = "none", timeout: float = 60.0):
-        from openai import OpenAI
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout)
         self.model = model
 
     def chat(self, messages: list[dict], tools: list[dict], max_new_tokens=512, temperature=1.0) -> str:
-        resp = self.client.chat.completions.create(model=self.model, messages=messages, tools=tools or None,
-                                                   max_tokens=max_new_tokens, temperature=temperature)
+        resp = self.client.chat.completions.create(
+            model=self.model,
+            messages=messages,
+            tools=tools or None,
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+        )
         msg = resp.choices[0].message
         text = msg.content or ""
         for c in msg.tool_calls or []:
@@ -123,5 +145,9 @@ class OpenAIEngine:
                 args = json.loads(c.function.arguments or "{}")
             except json.JSONDecodeError:
                 args = c.function.arguments
-            text += "\n<tool_call>\n" + json.dumps({"name": c.function.name, "arguments": args}) + "\n</tool_call>"
+            text += (
+                "\n<tool_call>\n"
+                + json.dumps({"name": c.function.name, "arguments": args})
+                + "\n</tool_call>"
+            )
         return text

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import torch
+from tqdm import tqdm
 
 from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
@@ -43,8 +45,6 @@ def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
 
 
 def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
-    import torch
-
 
     pc = spec.policy_settings()
     cfg = GRPOConfig.from_dict(pc.set_values())
@@ -74,18 +74,23 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     task_ids = manifest.column("task_id").to_pylist()
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
-    loop = AgentLoop(engine, tok, max_actions=cfg.max_actions, max_new_tokens=cfg.max_new_tokens,
-                     temperature=cfg.temperature, max_context=cfg.max_context)
+    loop = AgentLoop(
+        engine,
+        tok,
+        max_actions=cfg.max_actions,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        max_context=cfg.max_context,
+    )
     t_roll = time.perf_counter()
     workers = pc.workers or 2
     eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
-    from tqdm import tqdm
 
     bar = tqdm(total=len(eps), desc="agent rollouts", unit="episode", leave=False)
     with SandboxPool(workers=workers) as pool:
         # a session holds a worker for its whole episode: run the episodes in waves of `workers`
         for s in range(0, len(eps), workers):
-            wave = eps[s:s + workers]
+            wave = eps[s : s + workers]
             for e in wave:
                 e.session = pool.session(episode_spec(envs[tasks[e.task_id]["env_id"]], tasks[e.task_id]))
             try:
@@ -119,7 +124,9 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "env_id": np.array([tasks[e.task_id]["env_id"] for e in eps]),
         "reward": rewards,
         "advantage": adv,
-        "checks_passed": np.array([sum(c.get("passed", False) for c in e.result.get("checks", [])) for e in eps]),
+        "checks_passed": np.array(
+            [sum(c.get("passed", False) for c in e.result.get("checks", [])) for e in eps]
+        ),
         "checks_total": np.array([len(e.result.get("checks", [])) for e in eps]),
         "turns": np.array([e.turns for e in eps], dtype=np.int64),
         "tool_calls": np.array([e.actions for e in eps], dtype=np.int64),
@@ -131,24 +138,46 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "tokens": tokens.astype(np.int64),
         "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
         "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),
-        "trajectory": np.array([json.dumps({"engine": spec.policy, "messages": e.messages[-12:],
-                                            "tool_calls": e.tool_log[:40], "parse_errors": e.parse_errors},
-                                           default=str)[:20000] for e in eps]),
+        "trajectory": np.array(
+            [
+                json.dumps(
+                    {
+                        "engine": spec.policy,
+                        "messages": e.messages[-12:],
+                        "tool_calls": e.tool_log[:40],
+                        "parse_errors": e.parse_errors,
+                    },
+                    default=str,
+                )[:20000]
+                for e in eps
+            ]
+        ),
     }
     r2 = rewards.reshape(n, g)
     seconds = time.perf_counter() - t0
     metrics = {
-        "step": step, "policy": spec.policy, "loss": upd["loss"], "grad_norm": upd["grad_norm"], "lr": cfg.lr,
+        "step": step,
+        "policy": spec.policy,
+        "loss": upd["loss"],
+        "grad_norm": upd["grad_norm"],
+        "lr": cfg.lr,
         "clip_fraction": upd.get("clip_fraction", float("nan")),
-        "reward_mean": float(rewards.mean()), "reward_median": float(np.median(r2.mean(axis=1))),
+        "reward_mean": float(rewards.mean()),
+        "reward_median": float(np.median(r2.mean(axis=1))),
         "batch_variance": float(r2.var(axis=1).mean()),
         "zero_variance_fraction": float((np.ptp(r2, axis=1) <= 1e-6).mean()),
-        "envs_touched": len({tasks[t]["env_id"] for t in task_ids}), "rollouts": n * g,
-        "tokens": int(tokens.sum()), "generated_tokens": int(gen_tokens.sum()),
+        "envs_touched": len({tasks[t]["env_id"] for t in task_ids}),
+        "rollouts": n * g,
+        "tokens": int(tokens.sum()),
+        "generated_tokens": int(gen_tokens.sum()),
         "tokens_per_second": float(gen_tokens.sum() / max(rollout_seconds, 1e-9)),
-        "rollout_seconds": rollout_seconds, "update_seconds": upd.get("seconds", 0.0), "seconds": seconds,
-        "parse_errors": int(sum(e.parse_errors for e in eps)), "truncated": int(sum(e.truncated for e in eps)),
-        "device": device, "resumed_from_step": int(ckpt_step),
+        "rollout_seconds": rollout_seconds,
+        "update_seconds": upd.get("seconds", 0.0),
+        "seconds": seconds,
+        "parse_errors": int(sum(e.parse_errors for e in eps)),
+        "truncated": int(sum(e.truncated for e in eps)),
+        "device": device,
+        "resumed_from_step": int(ckpt_step),
     }
     if device == "cuda":
         metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)

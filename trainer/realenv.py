@@ -1,4 +1,4 @@
-"""The simulated learner in real-environment mode (ALGORITHM.md §8).
+"""The simulated learner in real-environment mode (docs/algorithm.md §8).
 
 The learner's per-task success probability p_i decides, per gold action, whether the action is
 kept (probability p_i) or corrupted (dropped, given a wrong argument, or replaced by a wrong tool);
@@ -29,7 +29,9 @@ def _perturb(value, rng: np.random.Generator):
     return value
 
 
-def corrupt_turn(actions: list[dict], p: float, rng: np.random.Generator, tool_names: list[str]) -> list[dict]:
+def corrupt_turn(
+    actions: list[dict], p: float, rng: np.random.Generator, tool_names: list[str]
+) -> list[dict]:
     out = []
     for a in actions:
         if rng.random() < p:

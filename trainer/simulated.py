@@ -1,4 +1,4 @@
-"""Simulated learner (ALGORITHM.md §8): a *simulation* of how a policy improves under GRPO.
+"""Simulated learner (docs/algorithm.md §8): a *simulation* of how a policy improves under GRPO.
 
 It stands in for the GPU policy on the CPU testbed so the scheduler can be measured over hundreds
 of steps. Everything reported from it must say it is simulated.
@@ -117,8 +117,12 @@ class SimulatedLearner:
         )
         reward = np.round(passed / k, 4)
         seconds = self.cost[idx][:, None] * np.exp(rng.normal(0.0, 0.1, (n, g)))
-        return {"reward": reward, "checks_passed": passed, "n_checks": np.broadcast_to(k, (n, g)).copy(),
-                "seconds": seconds}
+        return {
+            "reward": reward,
+            "checks_passed": passed,
+            "n_checks": np.broadcast_to(k, (n, g)).copy(),
+            "seconds": seconds,
+        }
 
     def learn(self, task_ids: list[str] | np.ndarray, rewards: np.ndarray) -> dict:
         """One simulated GRPO update from the groups of this step (rewards: (n, G))."""
@@ -140,8 +144,12 @@ class SimulatedLearner:
         c = self.config
         z = np.array([np.asarray(r["z"], dtype=float) for r in latents])
         z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-9)
-        fam = np.array([self.familiarity[self.env_ids.index(r["env_id"])] if r["env_id"] in self.env_ids else 0.0
-                        for r in latents])
+        fam = np.array(
+            [
+                self.familiarity[self.env_ids.index(r["env_id"])] if r["env_id"] in self.env_ids else 0.0
+                for r in latents
+            ]
+        )
         p = _sigmoid(z @ self.skill + fam - np.array([float(r["difficulty"]) for r in latents]))
         k = np.array([int(r["n_checks"]) for r in latents])
         easy = np.array([int(r["easy_checks"]) for r in latents])

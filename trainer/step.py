@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from tqdm import tqdm
 
 from envs.hack import flag_trajectory
 from envs.registry import episode_spec
@@ -25,7 +26,6 @@ from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, require_run, step_rng
 from trainer.grpo import group_advantages
-from trainer.policy_step import run_policy
 from trainer.realenv import corrupt, episode_rows, tool_names_of
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
@@ -71,9 +71,13 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     else:
         out = learner.rollout(task_ids, spec.group_size, rng)
         n0 = len(task_ids) * spec.group_size
-        out.update(error_class=np.full(n0, "none"), error_message=np.full(n0, ""), tool_calls=np.zeros(n0, dtype=np.int64),
-                   trajectory=np.full(n0, json.dumps({"engine": "simulated", "mode": "latent"})),
-                   hack_flag=np.zeros(n0, dtype=bool))  # seconds: the simulator's modeled rollout cost
+        out.update(
+            error_class=np.full(n0, "none"),
+            error_message=np.full(n0, ""),
+            tool_calls=np.zeros(n0, dtype=np.int64),
+            trajectory=np.full(n0, json.dumps({"engine": "simulated", "mode": "latent"})),
+            hack_flag=np.zeros(n0, dtype=bool),
+        )  # seconds: the simulator's modeled rollout cost
     rewards = out["reward"]
     adv = group_advantages(rewards)
     version = learner.version
@@ -98,8 +102,11 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "error_message": np.asarray(out["error_message"]).reshape(-1),
         "hack_flag": np.asarray(out["hack_flag"], dtype=bool).reshape(-1),
         "tokens": np.zeros(n * g, dtype=np.int64),
-        "seconds": np.where(np.isnan(np.asarray(out["seconds"], dtype=float).reshape(-1)),
-                            seconds / max(n * g, 1), np.asarray(out["seconds"], dtype=float).reshape(-1)),
+        "seconds": np.where(
+            np.isnan(np.asarray(out["seconds"], dtype=float).reshape(-1)),
+            seconds / max(n * g, 1),
+            np.asarray(out["seconds"], dtype=float).reshape(-1),
+        ),
         "policy_version": np.full(n * g, version, dtype=np.int64),
         "trajectory": np.asarray(out["trajectory"]).reshape(-1),
     }
@@ -122,13 +129,17 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     }
     metrics["sim_mode"] = mode
     metrics["errors"] = int((rollouts["error_class"] != "none").sum())
-    evals = [{"step": step, "benchmark": "heldout_expected_reward (simulated)", "score": learner.heldout_score()}]
+    evals = [
+        {"step": step, "benchmark": "heldout_expected_reward (simulated)", "score": learner.heldout_score()}
+    ]
     return {"rollouts": pa.table(rollouts), "metrics": metrics, "evals": evals}
 
 
-def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], rng: np.random.Generator, log=print) -> dict:
+def real_env_rollouts(
+    lake: Lake, spec: RunSpec, learner, task_ids: list[str], rng: np.random.Generator, log=print
+) -> dict:
     """Gold actions corrupted with the learner's failure probability, executed by the real
-    runtime in the sandbox and scored by the real verifier (ALGORITHM.md §8)."""
+    runtime in the sandbox and scored by the real verifier (docs/algorithm.md §8)."""
 
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
@@ -141,10 +152,11 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
         names = tool_names_of(env)
         for _ in range(g):
             jobs.append((episode_spec(env, row), corrupt(gold, float(pi), rng, names)))
-    from tqdm import tqdm
 
     last = [0]
-    bar = tqdm(total=len(jobs), desc=f"step {spec.pool} rollouts", unit="rollout", leave=False, mininterval=0.5)
+    bar = tqdm(
+        total=len(jobs), desc=f"step {spec.pool} rollouts", unit="rollout", leave=False, mininterval=0.5
+    )
 
     def progress(done, total):
         bar.update(done - bar.n)
@@ -161,30 +173,48 @@ def real_env_rollouts(lake: Lake, spec: RunSpec, learner, task_ids: list[str], r
     flags = []
     for (spec_j, _), r in zip(jobs, results, strict=True):
         t = spec_j["task"]["task_id"]
-        flags.append(bool(r.get("reward", 0) > 0 and flag_trajectory(r.get("tool_calls", []), inits[t],
-                                                                      tasks[t].get("instruction", ""))))
+        flags.append(
+            bool(
+                r.get("reward", 0) > 0
+                and flag_trajectory(r.get("tool_calls", []), inits[t], tasks[t].get("instruction", ""))
+            )
+        )
     return {
         "reward": rew,
-        "checks_passed": np.array([sum(c.get("passed", False) for c in r.get("checks", [])) for r in results]).reshape(n, g),
+        "checks_passed": np.array(
+            [sum(c.get("passed", False) for c in r.get("checks", [])) for r in results]
+        ).reshape(n, g),
         "n_checks": np.array([len(r.get("checks", [])) for r in results]).reshape(n, g),
         "error_class": np.array([r.get("error_class") or "none" for r in results]).reshape(n, g),
         "error_message": np.array([str(r.get("error") or "")[:500] for r in results]).reshape(n, g),
         "tool_calls": np.array([len(r.get("tool_calls", [])) for r in results]).reshape(n, g),
         "hack_flag": np.array(flags).reshape(n, g),
         "seconds": np.array([r.get("seconds", np.nan) for r in results], dtype=float).reshape(n, g),
-        "trajectory": np.array([json.dumps({"engine": "simulated", "mode": "real",
-                                            "tool_calls": r.get("tool_calls", [])[:40]}, default=str)[:20000]
-                                for r in results]).reshape(n, g),
+        "trajectory": np.array(
+            [
+                json.dumps(
+                    {"engine": "simulated", "mode": "real", "tool_calls": r.get("tool_calls", [])[:40]},
+                    default=str,
+                )[:20000]
+                for r in results
+            ]
+        ).reshape(n, g),
     }
 
 
 def _policy_engine(lake, spec, step, manifest, log=print):
+    from trainer.policy_step import run_policy  # torch + transformers: only the LM policies load them
 
     return run_policy(lake, spec, step, manifest, log=log)
 
 
-ENGINES = {"simulated": run_simulated, "hf-tiny": _policy_engine, "hf": _policy_engine,
-           "vllm": _policy_engine, "openai": _policy_engine}
+ENGINES = {
+    "simulated": run_simulated,
+    "hf-tiny": _policy_engine,
+    "hf": _policy_engine,
+    "vllm": _policy_engine,
+    "openai": _policy_engine,
+}
 
 
 def run_step(lake: Lake, step: int, log=print) -> dict:
@@ -209,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     lake = Lake(args.lake)
     try:
-        from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+        from dagster_pipes import (  # optional: plain runs need no Dagster
+            PipesEnvVarParamsLoader,
+            open_dagster_pipes,
+        )
 
         under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
     except ImportError:  # running without dagster-pipes installed: a plain process
@@ -218,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         with open_dagster_pipes() as pipes:
             metrics = run_step(lake, args.step, log=pipes.log.info)
             pipes.report_asset_materialization(
-                metadata={k: v for k, v in metrics.items() if isinstance(v, (int, float, str))
-                          and not (isinstance(v, float) and np.isnan(v))},
+                metadata={
+                    k: v
+                    for k, v in metrics.items()
+                    if isinstance(v, (int, float, str)) and not (isinstance(v, float) and np.isnan(v))
+                },
             )
     else:
         try:

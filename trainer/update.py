@@ -4,6 +4,7 @@ checkpoints that a restarted trainer resumes from."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from trainer.grpo import group_advantages
 from trainer.loss import grpo_loss, token_logprobs
@@ -43,14 +45,11 @@ class GRPOConfig:
 
 class GRPOTrainer:
     def __init__(self, model, tokenizer, config: GRPOConfig = GRPOConfig(), device: str = "cpu"):
-        import torch
 
         self.model, self.tok, self.config, self.device = model, tokenizer, config, device
         self.bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
         self.ref = None
         if config.kl_coef > 0:
-            import copy
-
             self.ref = copy.deepcopy(model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
@@ -59,16 +58,22 @@ class GRPOTrainer:
             import deepspeed  # lazy: the gpu extra only
 
             self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
-                model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-                config=json.loads(Path(config.deepspeed_config).read_text()))
+                model=model,
+                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                config=json.loads(Path(config.deepspeed_config).read_text()),
+            )
         else:
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                               betas=(0.9, 0.999), eps=1e-8)
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(),
+                lr=config.lr,
+                weight_decay=config.weight_decay,
+                betas=(0.9, 0.999),
+                eps=1e-8,
+            )
         self.version = 0
 
     # ------------------------------------------------------------------ batching
     def _pad(self, seqs: list[list[int]], masks: list[list[int]]):
-        import torch
 
         width = max(len(s) for s in seqs)
         pad = self.tok.pad_token_id
@@ -85,8 +90,6 @@ class GRPOTrainer:
         """(B, T) log-probabilities of each token given its prefix. With a mask, the vocabulary
         projection runs only at the positions that predict policy tokens (the rest are 0): the
         (B, T, V) logits of a 150k vocabulary would dominate memory and time otherwise."""
-        import torch
-
 
         base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
@@ -103,24 +106,31 @@ class GRPOTrainer:
         return out
 
     # ------------------------------------------------------------------ update
-    def update(self, seqs: list[list[int]], masks: list[list[int]], rewards: np.ndarray, group_size: int) -> dict:
+    def update(
+        self, seqs: list[list[int]], masks: list[list[int]], rewards: np.ndarray, group_size: int
+    ) -> dict:
         """One GRPO step. seqs/masks: per rollout, grouped consecutively (G per task); rewards: (n*G,)."""
-        import torch
-
 
         c = self.config
         t0 = time.perf_counter()
         adv = group_advantages(np.asarray(rewards, dtype=float).reshape(-1, group_size)).reshape(-1)
         # zero-advantage sequences carry no gradient: skip their compute entirely
         keep = [j for j in range(len(seqs)) if abs(adv[j]) > 1e-8 and sum(masks[j]) > 0]
-        metrics = {"sequences": len(seqs), "trained_sequences": len(keep),
-                   "policy_tokens": int(sum(sum(m) for m in masks)), "loss": 0.0, "grad_norm": 0.0,
-                   "lr": c.lr, "clip_fraction": 0.0, "kl": 0.0}
+        metrics = {
+            "sequences": len(seqs),
+            "trained_sequences": len(keep),
+            "policy_tokens": int(sum(sum(m) for m in masks)),
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "lr": c.lr,
+            "clip_fraction": 0.0,
+            "kl": 0.0,
+        }
         if not keep:
             metrics["seconds"] = time.perf_counter() - t0
             return metrics
         model = self.ds_engine or self.model
-        micro = [keep[s:s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
+        micro = [keep[s : s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
         total_tokens = float(sum(sum(masks[j]) for j in keep))
         old: dict[int, torch.Tensor] = {}
         ref: dict[int, torch.Tensor] = {}
@@ -143,7 +153,11 @@ class GRPOTrainer:
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
                 loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
                 # scale so the accumulated gradient equals the full-batch aggregation
-                weight = (msk.sum().item() / total_tokens) if c.aggregation == "token-mean" else len(mb) / len(keep)
+                weight = (
+                    (msk.sum().item() / total_tokens)
+                    if c.aggregation == "token-mean"
+                    else len(mb) / len(keep)
+                )
                 scaled = loss * weight
                 if self.ds_engine is not None:
                     self.ds_engine.backward(scaled)
@@ -161,9 +175,14 @@ class GRPOTrainer:
                 norms.append(float(norm))
             losses.append(step_loss)
         self.version += 1
-        metrics.update(loss=float(np.mean(losses)), grad_norm=float(np.mean(norms)), epoch_losses=losses,
-                       clip_fraction=float(np.mean(clips)), kl=float(np.mean(kls)),
-                       seconds=time.perf_counter() - t0)
+        metrics.update(
+            loss=float(np.mean(losses)),
+            grad_norm=float(np.mean(norms)),
+            epoch_losses=losses,
+            clip_fraction=float(np.mean(clips)),
+            kl=float(np.mean(kls)),
+            seconds=time.perf_counter() - t0,
+        )
         if not math.isfinite(metrics["loss"]):
             raise FloatingPointError("GRPO loss is not finite; refusing to write a broken checkpoint")
         return metrics
@@ -171,7 +190,6 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path, step: int) -> None:
         """Atomically write model + optimizer + meta to ``path`` (a folder)."""
-        import torch
 
         path = Path(path)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -180,8 +198,9 @@ class GRPOTrainer:
         self.model.save_pretrained(tmp, safe_serialization=True)
         if self.ds_engine is None:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "trainer.json").write_text(json.dumps({"step": step, "version": self.version,
-                                                      "config": asdict(self.config)}))
+        (tmp / "trainer.json").write_text(
+            json.dumps({"step": step, "version": self.version, "config": asdict(self.config)})
+        )
         old = path.with_name(path.name + ".old")
         if path.exists():
             os.replace(path, old)
@@ -189,7 +208,6 @@ class GRPOTrainer:
         shutil.rmtree(old, ignore_errors=True)
 
     def load_optimizer(self, path: Path) -> None:
-        import torch
 
         opt = Path(path) / "optimizer.pt"
         if opt.exists() and self.ds_engine is None:

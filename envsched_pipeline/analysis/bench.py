@@ -41,12 +41,32 @@ from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
-METRICS = ("batch_variance", "zero_variance_fraction", "envs_touched", "median_reward", "mean_reward",
-           "pool_seen_fraction", "heldout_final", "steps_to_random_best", "select_seconds_median", "relaxations",
-           "informative_groups_per_second", "heldout_seen_initial", "heldout_seen_final", "heldout_seen_final_se",
-           "heldout_seen_initial_se", "heldout_unseen_initial", "heldout_unseen_final", "heldout_unseen_initial_se",
-           "heldout_unseen_final_se", "informative_envs", "effective_envs", "distinct_tasks", "max_task_picks",
-           "step_seconds")
+METRICS = (
+    "batch_variance",
+    "zero_variance_fraction",
+    "envs_touched",
+    "median_reward",
+    "mean_reward",
+    "pool_seen_fraction",
+    "heldout_final",
+    "steps_to_random_best",
+    "select_seconds_median",
+    "relaxations",
+    "informative_groups_per_second",
+    "heldout_seen_initial",
+    "heldout_seen_final",
+    "heldout_seen_final_se",
+    "heldout_seen_initial_se",
+    "heldout_unseen_initial",
+    "heldout_unseen_final",
+    "heldout_unseen_initial_se",
+    "heldout_unseen_final_se",
+    "informative_envs",
+    "effective_envs",
+    "distinct_tasks",
+    "max_task_picks",
+    "step_seconds",
+)
 UNSEEN_ENVS, UNSEEN_TASKS_PER_ENV = 12, 10
 
 
@@ -59,9 +79,16 @@ def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | 
     graph, stats = build_graph(tasks, tools, progress=progress)
     stats["build_seconds"] = time.perf_counter() - t0
     latents = [dict(r, z=json.loads(r["z"])) for r in data.latents]
-    return {"tasks": tasks, "graph": graph, "graph_stats": stats, "latents": latents,
-            "environments": data.environments, "heldout": data.heldout, "seed": seed,
-            "shape": {"envs": envs, "tasks_per_env": tasks_per_env}}
+    return {
+        "tasks": tasks,
+        "graph": graph,
+        "graph_stats": stats,
+        "latents": latents,
+        "environments": data.environments,
+        "heldout": data.heldout,
+        "seed": seed,
+        "shape": {"envs": envs, "tasks_per_env": tasks_per_env},
+    }
 
 
 # ---------------------------------------------------------------------------- learners
@@ -72,13 +99,24 @@ class SimulatedBench:
     name = "simulated"
 
     def __init__(self, pool: dict, seed: int, difficulty_shift: float = 0.0):
-        lat = pool["latents"] if not difficulty_shift else [dict(r, difficulty=r["difficulty"] + difficulty_shift)
-                                                             for r in pool["latents"]]
+        lat = (
+            pool["latents"]
+            if not difficulty_shift
+            else [dict(r, difficulty=r["difficulty"] + difficulty_shift) for r in pool["latents"]]
+        )
         self.learner = SimulatedLearner(lat)
-        unseen = load_synthetic("unseen", family="unseen", n_envs=UNSEEN_ENVS, tasks_per_env=UNSEEN_TASKS_PER_ENV,
-                                heldout_per_env=0, seed=seed + 2000)
+        unseen = load_synthetic(
+            "unseen",
+            family="unseen",
+            n_envs=UNSEEN_ENVS,
+            tasks_per_env=UNSEEN_TASKS_PER_ENV,
+            heldout_per_env=0,
+            seed=seed + 2000,
+        )
         self.unseen = [dict(r, z=json.loads(r["z"])) for r in unseen.latents]
-        self.true_variance = lambda ids: self.learner.true_variance(np.array([self.learner.index[t] for t in ids]))
+        self.true_variance = lambda ids: self.learner.true_variance(
+            np.array([self.learner.index[t] for t in ids])
+        )
 
     def rollout(self, task_ids: list[str], group_size: int, rng: np.random.Generator) -> dict:
         return self.learner.rollout(task_ids, group_size, rng)
@@ -88,8 +126,10 @@ class SimulatedBench:
 
     def evaluate(self, seed: int) -> dict:
         unseen = self.learner.score_tasks(self.unseen)
-        return {"seen": {"mean": self.learner.heldout_score(), "se": 0.0},
-                "unseen": {"mean": float(unseen.mean()), "se": 0.0}}
+        return {
+            "seen": {"mean": self.learner.heldout_score(), "se": 0.0},
+            "unseen": {"mean": float(unseen.mean()), "se": 0.0},
+        }
 
     def close(self) -> None:
         pass
@@ -136,29 +176,57 @@ def eval_points(steps: int, learner: str, every: int | None = None) -> list[int]
     return sorted({0, steps, *range(every, steps, every)})
 
 
-def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, group_size: int = 8,
-            overrides: dict | None = None, use_graph: bool = True, init_state: SchedulerState | None = None,
-            difficulty_shift: float = 0.0, return_state: bool = False, learner: str = "simulated",
-            eval_every: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+def run_one(
+    name: str,
+    pool: dict,
+    steps: int,
+    seed: int,
+    batch_size: int = 64,
+    group_size: int = 8,
+    overrides: dict | None = None,
+    use_graph: bool = True,
+    init_state: SchedulerState | None = None,
+    difficulty_shift: float = 0.0,
+    return_state: bool = False,
+    learner: str = "simulated",
+    eval_every: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
     simulates a weaker model (simulated learner only)."""
     tasks = pool["tasks"]
     lrn = make_learner(learner, pool, seed, difficulty_shift=difficulty_shift)
     try:
-        state = init_state or SchedulerState.new([t["task_id"] for t in tasks], [t["env_id"] for t in tasks],
-                                                 [t["content_hash"] for t in tasks])
-        config = SchedulerConfig(batch_size=batch_size, group_size=group_size).with_overrides(**(overrides or {}))
+        state = init_state or SchedulerState.new(
+            [t["task_id"] for t in tasks], [t["env_id"] for t in tasks], [t["content_hash"] for t in tasks]
+        )
+        config = SchedulerConfig(batch_size=batch_size, group_size=group_size).with_overrides(
+            **(overrides or {})
+        )
         base = name.split("@")[0]
         if base == "oracle":
             if lrn.true_variance is None:
                 raise ValueError("the oracle needs the simulator's true variance (learner simulated)")
             sched = Oracle(config, true_variance=lrn.true_variance)
         else:
-            sched = make_scheduler(base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None)
+            sched = make_scheduler(
+                base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None
+            )
         roll_rng = np.random.default_rng([seed, 99])
-        keys = ("batch_variance", "zero_variance_fraction", "envs_touched", "median_reward", "mean_reward",
-                "pool_seen_fraction", "heldout", "select_seconds", "relaxations", "predicted_nonzero",
-                "informative_per_second", "step_seconds")
+        keys = (
+            "batch_variance",
+            "zero_variance_fraction",
+            "envs_touched",
+            "median_reward",
+            "mean_reward",
+            "pool_seen_fraction",
+            "heldout",
+            "select_seconds",
+            "relaxations",
+            "predicted_nonzero",
+            "informative_per_second",
+            "step_seconds",
+        )
         series: dict[str, list] = {k: [] for k in keys}
         series["evals"] = []
         picks_per_task = np.zeros(state.n_tasks, dtype=np.int64)
@@ -167,11 +235,14 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
         for t in range(steps + 1):
             if t in points:
                 ev = lrn.evaluate(seed=10_000 + t)
-                series["evals"].append({"step": t, **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen")
-                                                      for m in ("mean", "se")}})
+                series["evals"].append(
+                    {"step": t, **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen") for m in ("mean", "se")}}
+                )
                 if log and learner != "simulated":
-                    log(f"    {name} seed {seed} step {t}: held-out seen {ev['seen']['mean']:.4f} "
-                        f"unseen {ev['unseen']['mean']:.4f}")
+                    log(
+                        f"    {name} seed {seed} step {t}: held-out seen {ev['seen']['mean']:.4f} "
+                        f"unseen {ev['unseen']['mean']:.4f}"
+                    )
             if t == steps:
                 break
             t_step = time.perf_counter()
@@ -202,7 +273,9 @@ def run_one(name: str, pool: dict, steps: int, seed: int, batch_size: int = 64, 
             series["relaxations"].append(len(selection.relaxations))
             pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
             series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
-            series["informative_per_second"].append(float(inf.sum() / max(np.asarray(out["seconds"]).sum(), 1e-9)))
+            series["informative_per_second"].append(
+                float(inf.sum() / max(np.asarray(out["seconds"]).sum(), 1e-9))
+            )
             series["step_seconds"].append(time.perf_counter() - t_step)
         if learner == "simulated":  # the held-out after each step (evals[0] is before any step)
             series["heldout"] = [e["seen_mean"] for e in series["evals"][1:]]
@@ -222,10 +295,12 @@ def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict
     trained, and the most picks of one task."""
     total = informative_per_env.sum()
     p = informative_per_env[informative_per_env > 0] / total if total > 0 else np.array([])
-    return {"informative_envs": int((informative_per_env > 0).sum()),
-            "effective_envs": float(np.exp(-(p * np.log(p)).sum())) if len(p) else 0.0,
-            "distinct_tasks": int((picks_per_task > 0).sum()),
-            "max_task_picks": int(picks_per_task.max()) if len(picks_per_task) else 0}
+    return {
+        "informative_envs": int((informative_per_env > 0).sum()),
+        "effective_envs": float(np.exp(-(p * np.log(p)).sum())) if len(p) else 0.0,
+        "distinct_tasks": int((picks_per_task > 0).sum()),
+        "max_task_picks": int(picks_per_task.max()) if len(picks_per_task) else 0,
+    }
 
 
 def summarize(series: dict, random_best: float | None) -> dict:
@@ -249,10 +324,14 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "select_seconds_median": float(np.median(series["select_seconds"])),
         "relaxations": float(np.mean(series["relaxations"])),
         "informative_groups_per_second": float(np.mean(series["informative_per_second"])),
-        "heldout_seen_initial": first["seen_mean"], "heldout_seen_initial_se": first["seen_se"],
-        "heldout_seen_final": last["seen_mean"], "heldout_seen_final_se": last["seen_se"],
-        "heldout_unseen_initial": first["unseen_mean"], "heldout_unseen_initial_se": first["unseen_se"],
-        "heldout_unseen_final": last["unseen_mean"], "heldout_unseen_final_se": last["unseen_se"],
+        "heldout_seen_initial": first["seen_mean"],
+        "heldout_seen_initial_se": first["seen_se"],
+        "heldout_seen_final": last["seen_mean"],
+        "heldout_seen_final_se": last["seen_se"],
+        "heldout_unseen_initial": first["unseen_mean"],
+        "heldout_unseen_initial_se": first["unseen_se"],
+        "heldout_unseen_final": last["unseen_mean"],
+        "heldout_unseen_final_se": last["unseen_se"],
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
     }
@@ -275,26 +354,42 @@ def _job(args: tuple) -> tuple[str, int, dict]:
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:
     if cache_dir is None:
         return None
-    key = hashlib.sha256(json.dumps({"name": name, "seed": seed, **kw, "v": 3}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps({"name": name, "seed": seed, **kw, "v": 3}, sort_keys=True, default=str).encode()
+    ).hexdigest()[:12]
     return cache_dir / f"{name}-s{seed}-{key}.json"
 
 
-def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, tasks_per_env: int = 50,
-                  seeds: int = 1, batch_size: int = 64, group_size: int = 8,
-                  overrides: dict[str, dict] | None = None, log: Callable[[str], None] = print,
-                  learner: str = "simulated", jobs: int = 1, cache_dir: str | Path | None = None,
-                  eval_every: int | None = None) -> dict:
+def run_benchmark(
+    schedulers: list[str],
+    steps: int,
+    seed: int,
+    envs: int = 51,
+    tasks_per_env: int = 50,
+    seeds: int = 1,
+    batch_size: int = 64,
+    group_size: int = 8,
+    overrides: dict[str, dict] | None = None,
+    log: Callable[[str], None] = print,
+    learner: str = "simulated",
+    jobs: int = 1,
+    cache_dir: str | Path | None = None,
+    eval_every: int | None = None,
+) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
-        raise ValueError(f"unknown scheduler(s): {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}, oracle")
+        raise ValueError(
+            f"unknown scheduler(s): {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}, oracle"
+        )
     if learner not in LEARNERS:
         raise ValueError(f"unknown learner {learner!r}; choose one of {', '.join(LEARNERS)}")
     if steps < 1 or seeds < 1:
         raise ValueError("steps and seeds must be >= 1")
     if learner == "neural" and "oracle" in schedulers:
-        raise ValueError("the oracle reads the simulator's true variance: it exists for the simulated learner only")
+        raise ValueError(
+            "the oracle reads the simulator's true variance: it exists for the simulated learner only"
+        )
     names = list(dict.fromkeys(schedulers))
     cache = Path(cache_dir) if cache_dir else None
     if cache:
@@ -302,9 +397,16 @@ def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, 
     todo, results = [], {}
     for k in range(seeds):
         for n in names:
-            kw = {"envs": envs, "tasks_per_env": tasks_per_env, "steps": steps, "batch_size": batch_size,
-                  "group_size": group_size, "overrides": (overrides or {}).get(n), "learner": learner,
-                  "eval_every": eval_every}
+            kw = {
+                "envs": envs,
+                "tasks_per_env": tasks_per_env,
+                "steps": steps,
+                "batch_size": batch_size,
+                "group_size": group_size,
+                "overrides": (overrides or {}).get(n),
+                "learner": learner,
+                "eval_every": eval_every,
+            }
             f = _cache_file(cache, n, seed + k, kw)
             if f is not None and f.exists():
                 results[(n, seed + k)] = json.loads(f.read_text())
@@ -323,9 +425,11 @@ def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, 
         finished = len([x for x in todo if (x[0], x[1]) in results])
         left = len(todo) - finished
         eta = f", ETA {(time.perf_counter() - t_start) / finished * left:.0f}s" if left else ""
-        log(f"  seed {s} {n:<16} var={m['batch_variance']:.4f} zero={m['zero_variance_fraction']:.3f} "
+        log(
+            f"  seed {s} {n:<16} var={m['batch_variance']:.4f} zero={m['zero_variance_fraction']:.3f} "
             f"envs={m['envs_touched']:.1f} held-out seen={m['heldout_seen_final']:.4f} "
-            f"unseen={m['heldout_unseen_final']:.4f} [{finished}/{len(todo)}{eta}]")
+            f"unseen={m['heldout_unseen_final']:.4f} [{finished}/{len(todo)}{eta}]"
+        )
 
     if jobs > 1 and len(todo) > 1:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
@@ -341,9 +445,22 @@ def run_benchmark(schedulers: list[str], steps: int, seed: int, envs: int = 51, 
             kw = dict(kw)
             kw.pop("envs"), kw.pop("tasks_per_env")
             done(n, s, run_one(n, pools[s], seed=s, log=log, **kw), f)
-    return aggregate(names, [seed + k for k in range(seeds)], results, {
-        "learner": learner, "simulated": learner == "simulated", "envs": envs, "tasks_per_env": tasks_per_env,
-        "steps": steps, "seed": seed, "seeds": seeds, "batch_size": batch_size, "group_size": group_size})
+    return aggregate(
+        names,
+        [seed + k for k in range(seeds)],
+        results,
+        {
+            "learner": learner,
+            "simulated": learner == "simulated",
+            "envs": envs,
+            "tasks_per_env": tasks_per_env,
+            "steps": steps,
+            "seed": seed,
+            "seeds": seeds,
+            "batch_size": batch_size,
+            "group_size": group_size,
+        },
+    )
 
 
 def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) -> dict:
@@ -365,17 +482,32 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
         agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in seeds]))
         out["schedulers"][n] = agg
         runs = [results[(n, s)] for s in seeds]
-        out["series"][n] = {k: np.mean([r[k] for r in runs], axis=0).tolist() for k in runs[0]
-                            if not k.startswith("_") and k not in ("evals", "breadth", "heldout")}
-        out["series"][n]["evals"] = [{k: float(np.mean([r["evals"][j][k] for r in runs])) for k in runs[0]["evals"][j]}
-                                     for j in range(len(runs[0]["evals"]))]
+        out["series"][n] = {
+            k: np.mean([r[k] for r in runs], axis=0).tolist()
+            for k in runs[0]
+            if not k.startswith("_") and k not in ("evals", "breadth", "heldout")
+        }
+        out["series"][n]["evals"] = [
+            {k: float(np.mean([r["evals"][j][k] for r in runs])) for k in runs[0]["evals"][j]}
+            for j in range(len(runs[0]["evals"]))
+        ]
         out["series"][n]["heldout"] = np.mean([r["heldout"] for r in runs], axis=0).tolist()
         if "random" in names and n != "random":
             diff = {}
-            for m in ("heldout_seen_final", "heldout_unseen_final", "batch_variance", "zero_variance_fraction"):
+            for m in (
+                "heldout_seen_final",
+                "heldout_unseen_final",
+                "batch_variance",
+                "zero_variance_fraction",
+            ):
                 d = np.array([summaries[(n, s)][m] - summaries[("random", s)][m] for s in seeds])
-                diff[m] = {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
-                           "wins": int((d > 0).sum()) if "heldout" in m or m == "batch_variance" else int((d < 0).sum()),
-                           "per_seed": d.tolist()}
+                diff[m] = {
+                    "mean": float(d.mean()),
+                    "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
+                    "wins": int((d > 0).sum())
+                    if "heldout" in m or m == "batch_variance"
+                    else int((d < 0).sum()),
+                    "per_seed": d.tolist(),
+                }
             out["paired_vs_random"][n] = diff
     return out

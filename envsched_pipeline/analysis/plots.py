@@ -9,10 +9,10 @@ import numpy as np
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # the backend must be chosen before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use: headless rendering
 
     return plt
 
@@ -36,7 +36,10 @@ def graph_report(lake, pool: str, graph) -> dict:
     path = out_dir / "graph.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    tasks = {r["task_id"]: r for r in lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()}
+    tasks = {
+        r["task_id"]: r
+        for r in lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()
+    }
     rows = ["| task | env | nearest cross-env task | env | sim |", "|---|---|---|---|---|"]
     rng = np.random.default_rng(0)
     for i in rng.choice(len(graph.task_ids), size=min(5, len(graph.task_ids)), replace=False):
@@ -45,8 +48,10 @@ def graph_report(lake, pool: str, graph) -> dict:
             continue
         a, b = tasks[graph.task_ids[i]], tasks[graph.task_ids[j]]
         clip = lambda s: (s[:90] + "...") if len(s) > 90 else s  # noqa: E731
-        rows.append(f"| {clip(a['instruction'])} | {a['env_id']} | {clip(b['instruction'])} | {b['env_id']} "
-                    f"| {graph.cross_sim[i, 0]:.2f} |")
+        rows.append(
+            f"| {clip(a['instruction'])} | {a['env_id']} | {clip(b['instruction'])} | {b['env_id']} "
+            f"| {graph.cross_sim[i, 0]:.2f} |"
+        )
     return {"plot": str(path), "examples_md": "\n".join(rows)}
 
 
@@ -80,9 +85,12 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     series = result["series"]
-    panels = [("batch_variance", "batch within-task reward variance"),
-              ("zero_variance_fraction", "zero-variance group fraction"),
-              ("envs_touched", "environments touched"), ("heldout", "held-out expected reward")]
+    panels = [
+        ("batch_variance", "batch within-task reward variance"),
+        ("zero_variance_fraction", "zero-variance group fraction"),
+        ("envs_touched", "environments touched"),
+        ("heldout", "held-out expected reward"),
+    ]
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     for ax, (key, title) in zip(axes.flat, panels, strict=True):
         for name, s in series.items():
@@ -93,8 +101,10 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
         ax.set_title(title + (" (10-step mean)" if key != "heldout" else ""))
         ax.set_xlabel("step")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle("Simulated learner (ALGORITHM.md section 8): " + json.dumps(
-        {k: result["setup"][k] for k in ("envs", "tasks_per_env", "steps", "seeds")}))
+    fig.suptitle(
+        "Simulated learner (docs/algorithm.md §8): "
+        + json.dumps({k: result["setup"][k] for k in ("envs", "tasks_per_env", "steps", "seeds")})
+    )
     fig.tight_layout()
     p = out_dir / f"{prefix}_curves.png"
     fig.savefig(p, dpi=90)
@@ -128,7 +138,9 @@ def training_curves(lake) -> str:
     s = {k: [np.nan if v is None else v for v in vals] for k, vals in s.items()}
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
     ax[0].plot(s["step"], [np.nan if v is None else v for v in s["loss"]], marker=".")
-    ax[0].set_title("GRPO loss" + (" (simulated learner: none)" if all(v is None or v != v for v in s["loss"]) else ""))
+    ax[0].set_title(
+        "GRPO loss" + (" (simulated learner: none)" if all(v is None or v != v for v in s["loss"]) else "")
+    )
     ax[1].plot(s["step"], s["reward_mean"], label="mean")
     ax[1].plot(s["step"], s["reward_median"], label="median of groups")
     ax[1].legend()
@@ -146,8 +158,11 @@ def statistics_trends(lake, pool: str) -> str:
     """Batch variance, environments touched and pool coverage over steps."""
     plt = _plt()
     s = _series(lake, "select step, batch_variance, envs_touched from step_summary order by step")
-    seen = _series(lake, "select step, count(*) over (order by step rows unbounded preceding) as c from "
-                         "(select min(step) as step, task_id from rollouts group by task_id) order by step")
+    seen = _series(
+        lake,
+        "select step, count(*) over (order by step rows unbounded preceding) as c from "
+        "(select min(step) as step, task_id from rollouts group by task_id) order by step",
+    )
     n = lake.read("tasks", pool=pool, columns=["task_id"]).num_rows or 1
     cover: dict[int, int] = {}
     for st_, c in zip(seen["step"], seen["c"], strict=True):

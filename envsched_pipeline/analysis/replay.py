@@ -32,8 +32,10 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
     steps = [s for s in lake.steps("statistics") if lake.has("manifests", step=s)]
     if not steps:
         raise ValueError(f"{lake.root}: no completed steps to replay")
-    hist = lake.sql("select step, task_id, any_value(env_id) as env_id, var_pop(reward) as v from rollouts "
-                    "where error_class is null or error_class in ('none', 'task') group by 1, 2").to_pylist()
+    hist = lake.sql(
+        "select step, task_id, any_value(env_id) as env_id, var_pop(reward) as v from rollouts "
+        "where error_class is null or error_class in ('none', 'task') group by 1, 2"
+    ).to_pylist()
     by_task: dict[str, list[tuple[int, float]]] = {}
     by_step: dict[int, dict[str, float]] = {}
     env_step: dict[tuple[int, str], list[float]] = {}
@@ -48,7 +50,6 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
             logged_prop[(s, r["task_id"])] = p if p == p and p > 0 else 1.0
     graph = None
     if any(n.split("@")[0] in GRAPH_SCHEDULERS for n in schedulers):
-
         graph = load_graph(lake, spec.pool)
     out = {}
     for name in schedulers:
@@ -57,7 +58,9 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
             state = load_state(lake, spec, t - 1)
             state = SchedulerState.from_bytes(state.to_bytes())  # the scheduler may annotate its copy
             g = graph.reindex(state.task_ids) if graph is not None else None
-            sched = make_scheduler(name, scheduler_config(spec), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None)
+            sched = make_scheduler(
+                name, scheduler_config(spec), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None
+            )
             picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t).picks
             step_mean = float(np.mean(list(by_step.get(t, {0: 0.0}).values())))
             vals, hits, model_only = [], 0, 0
@@ -88,8 +91,16 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
             "model_share": float(np.mean(model_share)),
             "steps": len(arr),
         }
-        log(f"  replay {name:<16} estimate {arr.mean():.4f} +- {out[name]['stderr']:.4f} "
-            f"(overlap {np.mean(overlap):.2f})")
+        log(
+            f"  replay {name:<16} estimate {arr.mean():.4f} +- {out[name]['stderr']:.4f} "
+            f"(overlap {np.mean(overlap):.2f})"
+        )
     logged = [float(np.mean(list(by_step[s].values()))) for s in steps if s in by_step]
-    return {"logged": {"scheduler": spec.scheduler, "batch_variance": float(np.mean(logged)), "steps": len(steps)},
-            "schedulers": out}
+    return {
+        "logged": {
+            "scheduler": spec.scheduler,
+            "batch_variance": float(np.mean(logged)),
+            "steps": len(steps),
+        },
+        "schedulers": out,
+    }

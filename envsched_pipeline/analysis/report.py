@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = require_run(lake)
-    s = _series(lake, "select step, batch_variance, zero_variance_fraction, envs_touched, mean_reward, median_reward "
-                      "from step_summary order by step")
+    s = _series(
+        lake,
+        "select step, batch_variance, zero_variance_fraction, envs_touched, mean_reward, median_reward "
+        "from step_summary order by step",
+    )
     if not s.get("step"):
         raise ValueError(f"no steps in {lake.root}: nothing to report")
     steps = s["step"]
@@ -50,7 +54,6 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     # 1. batch variance against baselines (simulated, same pool / B / G / steps)
     base_series = {}
     if baselines and spec.pool == "synthetic" and spec.policy == "simulated":
-
         log(f"re-running baselines {', '.join(BASELINES)} in the simulator for {len(steps)} steps ...")
         pool = prepare_pool(51, 50, 0)
         for name in BASELINES:
@@ -58,7 +61,13 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.plot(steps, s["batch_variance"], lw=2.4, label=f"this run ({spec.scheduler})")
     for name, ser in base_series.items():
-        ax.plot(range(len(ser["batch_variance"])), ser["batch_variance"], lw=1, alpha=0.8, label=f"{name} (simulated)")
+        ax.plot(
+            range(len(ser["batch_variance"])),
+            ser["batch_variance"],
+            lw=1,
+            alpha=0.8,
+            label=f"{name} (simulated)",
+        )
     ax.set_xlabel("step")
     ax.set_title("batch within-task reward variance")
     ax.legend(fontsize=8)
@@ -90,8 +99,11 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     plt.close(fig)
 
     # 3. predicted vs realized variance (calibration)
-    cal = _series(lake, "select pred_var, realized_variance from pick_reasons "
-                        "where pred_var is not null and not isnan(pred_var) and realized_variance is not null")
+    cal = _series(
+        lake,
+        "select pred_var, realized_variance from pick_reasons "
+        "where pred_var is not null and not isnan(pred_var) and realized_variance is not null",
+    )
     if cal.get("pred_var"):
         fig, ax = plt.subplots(figsize=(5, 4))
         x, y = np.array(cal["pred_var"]), np.array(cal["realized_variance"])
@@ -112,8 +124,6 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     # 3b. predicted vs realized yield (share of informative groups)
 
     if lake.steps("yields"):
-        import shutil
-
         shutil.copy(yield_calibration_plot(lake), out_dir / "yield.png")
         figs.append(("yield.png", "Predicted vs realized yield of informative groups"))
 
@@ -136,15 +146,23 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     plt.close(fig)
 
     # 5. most informative tasks
-    top = lake.sql("select task_id, any_value(env_id) as env_id, count(*) as groups, avg(reward_variance) as mean_variance, "
-                   "avg(mean_reward) as mean_reward from task_history group by task_id "
-                   "order by mean_variance desc limit 15").to_pylist()
+    top = lake.sql(
+        "select task_id, any_value(env_id) as env_id, count(*) as groups, avg(reward_variance) as mean_variance, "
+        "avg(mean_reward) as mean_reward from task_history group by task_id "
+        "order by mean_variance desc limit 15"
+    ).to_pylist()
     summary = {
-        "pool": spec.pool, "policy": spec.policy, "scheduler": spec.scheduler, "steps": len(steps),
+        "pool": spec.pool,
+        "policy": spec.policy,
+        "scheduler": spec.scheduler,
+        "steps": len(steps),
         "batch_variance": float(np.mean(s["batch_variance"])),
         "zero_variance_fraction": float(np.mean(s["zero_variance_fraction"])),
         "envs_touched": float(np.mean(s["envs_touched"])),
-        **{f"{n}_batch_variance (simulated)": float(np.mean(b["batch_variance"])) for n, b in base_series.items()},
+        **{
+            f"{n}_batch_variance (simulated)": float(np.mean(b["batch_variance"]))
+            for n, b in base_series.items()
+        },
     }
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>envsched report</title>",
@@ -152,8 +170,10 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}img{max-width:100%}</style></head><body>",
         f"<h1>envsched run report</h1><p>lake <code>{html.escape(str(lake.root))}</code>, generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
-        "<p><b>The policy is the simulated learner</b> (ALGORITHM.md §8); baselines are re-run in the same "
-        "simulator.</p>" if spec.policy == "simulated" else "",
+        "<p><b>The policy is the simulated learner</b> (docs/algorithm.md §8); baselines are re-run in the same "
+        "simulator.</p>"
+        if spec.policy == "simulated"
+        else "",
         _md_to_html(md_table([{"metric": k, "value": v} for k, v in summary.items()], limit=50)),
     ]
     for fname, title in figs:

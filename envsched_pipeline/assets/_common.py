@@ -2,12 +2,15 @@
 
 import dagster as dg
 from pydantic import Field
+from tqdm import tqdm
 
 from envsched_pipeline.run import load_run
 
 
 class PoolSelection(dg.Config):
-    pool: str = Field(default="", description="Pool name; empty: the pool of the lake's run (else synthetic).")
+    pool: str = Field(
+        default="", description="Pool name; empty: the pool of the lake's run (else synthetic)."
+    )
 
 
 def pool_name(config: PoolSelection, lake) -> str:
@@ -18,7 +21,6 @@ def pool_name(config: PoolSelection, lake) -> str:
 def progress_logger(context, every: int = 10):
     """A progress callback: a tqdm bar per stage on stderr (visible when the CLI drives the job)
     and a line every ``every`` percent in the run's log (visible in the Dagster UI)."""
-    from tqdm import tqdm
 
     last: dict[str, int] = {}
     bars: dict[str, tqdm] = {}

@@ -1,9 +1,8 @@
 """``batch_manifest[t]``: the scheduler's selection for step t.
 
 It reads the scheduler state after step t-1 from the lake (the sensor orders the loop; see
-DESIGN.md §4: Dagster's asset graph must be acyclic, so the t-1 -> t edge is carried by the lake).
+docs/architecture.md §4: Dagster's asset graph must be acyclic, so the t-1 -> t edge is carried by the lake).
 """
-
 
 from collections import Counter
 
@@ -30,13 +29,24 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
 
     halves = Counter(r["half"] for r in rows)
     envs = Counter(r["env_id"] for r in rows)
-    return dg.MaterializeResult(metadata={
-        "dagster/row_count": len(rows),
-        "envs_touched": len(envs),
-        **{f"half_{k}": v for k, v in halves.items()},
-        **scalar_metadata(audit),
-        "plot": dg.MetadataValue.path(manifest_plot(lake.lake(), step, rows)),
-        "picks": dg.MetadataValue.md(md_table(
-            [{k: r[k] for k in ("slot", "task_id", "env_id", "half", "score", "pred_var", "reason")} for r in rows],
-            limit=64)),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": len(rows),
+            "envs_touched": len(envs),
+            **{f"half_{k}": v for k, v in halves.items()},
+            **scalar_metadata(audit),
+            "plot": dg.MetadataValue.path(manifest_plot(lake.lake(), step, rows)),
+            "picks": dg.MetadataValue.md(
+                md_table(
+                    [
+                        {
+                            k: r[k]
+                            for k in ("slot", "task_id", "env_id", "half", "score", "pred_var", "reason")
+                        }
+                        for r in rows
+                    ],
+                    limit=64,
+                )
+            ),
+        }
+    )

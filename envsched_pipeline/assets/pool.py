@@ -1,6 +1,5 @@
 """Pool assets: environment metadata and tasks imported into the lake."""
 
-
 import dagster as dg
 from pydantic import Field
 
@@ -12,15 +11,26 @@ from envsched_pipeline.run import load_run
 
 
 class PoolConfig(dg.Config):
-    pool: str = Field(default="", description="Pool to import; empty: the pool of the lake's run (else synthetic).")
+    pool: str = Field(
+        default="", description="Pool to import; empty: the pool of the lake's run (else synthetic)."
+    )
 
 
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec("environments", group_name="pool", kinds={"parquet"},
-                     description="Environment metadata: summary, rules, tool schemas, class code."),
-        dg.AssetSpec("tasks", group_name="pool", kinds={"parquet"}, deps=["environments"],
-                     description="Tasks: instruction, initial state, checks, gold actions, content hash."),
+        dg.AssetSpec(
+            "environments",
+            group_name="pool",
+            kinds={"parquet"},
+            description="Environment metadata: summary, rules, tool schemas, class code.",
+        ),
+        dg.AssetSpec(
+            "tasks",
+            group_name="pool",
+            kinds={"parquet"},
+            deps=["environments"],
+            description="Tasks: instruction, initial state, checks, gold actions, content hash.",
+        ),
     ],
 )
 def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: LakeResource):
@@ -31,24 +41,43 @@ def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: Lak
     if name not in POOLS and lk.has("tasks", pool=name):
         # imported from files (`envsched pool import`): the lake copy is the source; report it
         context.log.info(f"pool {name} was imported from files; re-import it with `envsched pool import`")
-        data = PoolData(name=name, environments=lk.read("environments", pool=name).to_pylist(),
-                        tasks=lk.read("tasks", pool=name).to_pylist())
+        data = PoolData(
+            name=name,
+            environments=lk.read("environments", pool=name).to_pylist(),
+            tasks=lk.read("tasks", pool=name).to_pylist(),
+        )
     else:
         data = load_pool(name)
-    counts = import_pool(lk, data) if name in POOLS else {
-        "pool": name, "environments": len(data.environments), "tasks": len(data.tasks)}
+    counts = (
+        import_pool(lk, data)
+        if name in POOLS
+        else {"pool": name, "environments": len(data.environments), "tasks": len(data.tasks)}
+    )
     per_env: dict[str, int] = {}
     for t in data.tasks:
         per_env[t["env_id"]] = per_env.get(t["env_id"], 0) + 1
-    sample = [{"env_id": e["env_id"], "tasks": per_env.get(e["env_id"], 0), "summary": e["summary"]}
-              for e in data.environments]
+    sample = [
+        {"env_id": e["env_id"], "tasks": per_env.get(e["env_id"], 0), "summary": e["summary"]}
+        for e in data.environments
+    ]
     context.log.info(f"imported pool {name}: {counts}")
-    yield dg.MaterializeResult(asset_key="environments", metadata={
-        "pool": name, "dagster/row_count": counts["environments"],
-        "environments": dg.MetadataValue.md(md_table(sample, limit=60)),
-    })
-    yield dg.MaterializeResult(asset_key="tasks", metadata={
-        "pool": name, "dagster/row_count": counts["tasks"],
-        "examples": dg.MetadataValue.md(md_table(
-            [{"task_id": t["task_id"], "instruction": t["instruction"]} for t in data.tasks[:10]])),
-    })
+    yield dg.MaterializeResult(
+        asset_key="environments",
+        metadata={
+            "pool": name,
+            "dagster/row_count": counts["environments"],
+            "environments": dg.MetadataValue.md(md_table(sample, limit=60)),
+        },
+    )
+    yield dg.MaterializeResult(
+        asset_key="tasks",
+        metadata={
+            "pool": name,
+            "dagster/row_count": counts["tasks"],
+            "examples": dg.MetadataValue.md(
+                md_table(
+                    [{"task_id": t["task_id"], "instruction": t["instruction"]} for t in data.tasks[:10]]
+                )
+            ),
+        },
+    )

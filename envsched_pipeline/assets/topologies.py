@@ -11,10 +11,15 @@ from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.llm import LLMResource
 
 
-@dg.asset(deps=["tasks"], group_name="graph", kinds={"parquet", "openai"},
-          description="Abstract task topologies: operation categories, entity counts, constraints, check types.")
-def topologies(context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource,
-               llm: LLMResource) -> dg.MaterializeResult:
+@dg.asset(
+    deps=["tasks"],
+    group_name="graph",
+    kinds={"parquet", "openai"},
+    description="Abstract task topologies: operation categories, entity counts, constraints, check types.",
+)
+def topologies(
+    context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource, llm: LLMResource
+) -> dg.MaterializeResult:
 
     lk = lake.lake()
     pool = pool_name(config, lk)
@@ -22,9 +27,15 @@ def topologies(context: dg.AssetExecutionContext, config: PoolSelection, lake: L
     out = build_topologies(lk, pool, extractor=extractor, progress=progress_logger(context))
     tab = lk.read("topologies", pool=pool)
     ops = Counter(o for s in tab.column("operations").to_pylist() for o in s.split(",") if o)
-    return dg.MaterializeResult(metadata={
-        "dagster/row_count": out["tasks"], "extractor": out["extractor"],
-        "distinct_topologies": out["distinct_topologies"], "seconds": out["seconds"],
-        **({"llm_usage": dg.MetadataValue.json(extractor.usage)} if extractor is not None else {}),
-        "operation_counts": dg.MetadataValue.md(md_table([{"operation": k, "tasks": v} for k, v in ops.most_common()])),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": out["tasks"],
+            "extractor": out["extractor"],
+            "distinct_topologies": out["distinct_topologies"],
+            "seconds": out["seconds"],
+            **({"llm_usage": dg.MetadataValue.json(extractor.usage)} if extractor is not None else {}),
+            "operation_counts": dg.MetadataValue.md(
+                md_table([{"operation": k, "tasks": v} for k, v in ops.most_common()])
+            ),
+        }
+    )

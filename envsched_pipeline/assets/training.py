@@ -1,6 +1,5 @@
 """``training_step[t]``: the GRPO step for manifest t, launched (not imported) through Pipes."""
 
-
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
@@ -26,16 +25,24 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
     mode = trainer.mode if trainer.mode != "auto" else require_run(lk).trainer
     if mode == "external":
         if not lk.has("rollouts", step=step):
-            raise dg.Failure(f"external trainer: rollouts of step {step} are not ingested yet "
-                             "(`envsched step ingest --step {step} ...`)")
+            raise dg.Failure(
+                f"external trainer: rollouts of step {step} are not ingested yet "
+                "(`envsched step ingest --step {step} ...`)"
+            )
         r = lk.read("rollouts", step=step)
 
-        return dg.MaterializeResult(metadata={"dagster/row_count": r.num_rows, "trainer": "external",
-                                              "curves": dg.MetadataValue.path(training_curves(lk))})
+        return dg.MaterializeResult(
+            metadata={
+                "dagster/row_count": r.num_rows,
+                "trainer": "external",
+                "curves": dg.MetadataValue.path(training_curves(lk)),
+            }
+        )
 
     result = trainer.launch(context, str(lk.root), step).get_materialize_result()
-    return dg.MaterializeResult(metadata={**(result.metadata or {}),
-                                          "curves": dg.MetadataValue.path(training_curves(lk))})
+    return dg.MaterializeResult(
+        metadata={**(result.metadata or {}), "curves": dg.MetadataValue.path(training_curves(lk))}
+    )
 
 
 @dg.asset(
@@ -49,7 +56,11 @@ def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> 
 
     lk = lake.lake()
     out = statistics_step(lk, step_of(context))
-    return dg.MaterializeResult(metadata={
-        "dagster/row_count": out["tasks_updated"], **scalar_metadata(out),
-        "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool)),
-        "yield_calibration": dg.MetadataValue.path(yield_calibration_plot(lk))})
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": out["tasks_updated"],
+            **scalar_metadata(out),
+            "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool)),
+            "yield_calibration": dg.MetadataValue.path(yield_calibration_plot(lk)),
+        }
+    )

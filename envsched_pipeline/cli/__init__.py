@@ -23,8 +23,11 @@ from envsched_pipeline.errors import EnvschedError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envsched", description="Environment-aware rollout scheduling for agent RL.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="envsched",
+        description="Environment-aware rollout scheduling for agent RL.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE, else warehouse/lake)")
     p.add_argument("--version", action="version", version=f"envsched {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -27,8 +27,9 @@ def add_parser(sub) -> None:
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    bs = bsub.add_parser("scheduler", help="every scheduler against the same learner, pool and seeds",
-                         formatter_class=F)
+    bs = bsub.add_parser(
+        "scheduler", help="every scheduler against the same learner, pool and seeds", formatter_class=F
+    )
     bs.add_argument("--pool", default="synthetic", choices=["synthetic"], help="pool generator")
     bs.add_argument("--steps", type=int, default=200, help="training steps per run")
     bs.add_argument("--seed", type=int, default=0, help="first seed")
@@ -40,18 +41,32 @@ def add_parser(sub) -> None:
     bs.add_argument("--group-size", type=int, default=8, help="G")
     bs.add_argument("--json", default=None, help="write the result document here")
     bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
-    bs.add_argument("--learner", default="simulated", choices=["simulated", "neural"],
-                    help="simulated: fast model of learning (mechanics only); neural: a pointer policy trained with "
-                         "GRPO in the real sandboxed environments (the held-out evidence)")
+    bs.add_argument(
+        "--learner",
+        default="simulated",
+        choices=["simulated", "neural"],
+        help="simulated: fast model of learning (mechanics only); neural: a pointer policy trained with "
+        "GRPO in the real sandboxed environments (the held-out evidence)",
+    )
     bs.add_argument("--jobs", type=int, default=1, help="(scheduler, seed) runs in parallel processes")
     bs.add_argument("--cache", default=None, help="keep finished runs here; a re-run resumes from them")
-    bs.add_argument("--eval-every", type=int, default=None, help="neural: held-out every N steps (default steps/4)")
+    bs.add_argument(
+        "--eval-every", type=int, default=None, help="neural: held-out every N steps (default steps/4)"
+    )
     bs.set_defaults(func=cmd_bench_scheduler)
-    br = bsub.add_parser("replay", help="offline evaluation of schedulers on the lake's logged run (no new rollouts)",
-                         formatter_class=F)
-    br.add_argument("--schedulers", default="random,envsched,exploit-only,greso,mopps,dps",
-                    help="comma-separated scheduler names")
-    br.add_argument("--window", type=int, default=4, help="steps within which a task's logged variance is reused")
+    br = bsub.add_parser(
+        "replay",
+        help="offline evaluation of schedulers on the lake's logged run (no new rollouts)",
+        formatter_class=F,
+    )
+    br.add_argument(
+        "--schedulers",
+        default="random,envsched,exploit-only,greso,mopps,dps",
+        help="comma-separated scheduler names",
+    )
+    br.add_argument(
+        "--window", type=int, default=4, help="steps within which a task's logged variance is reused"
+    )
     br.add_argument("--json", default=None, help="write the result document here")
     br.set_defaults(func=cmd_bench_replay)
 
@@ -62,8 +77,12 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    index = build_report(lake_of(args), Path(args.out), baselines=not args.no_baselines,
-                         log=lambda m: print(m, file=sys.stderr, flush=True))
+    index = build_report(
+        lake_of(args),
+        Path(args.out),
+        baselines=not args.no_baselines,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     print(f"wrote {index}")
     return 0
 
@@ -75,36 +94,63 @@ def cmd_bench_scheduler(args) -> int:
     if not chosen:
         raise UsageError("--schedulers names no scheduler")
     label = "SIMULATED learner" if args.learner == "simulated" else "NEURAL learner (real environments)"
-    print(f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
-          f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}",
-          flush=True)
+    print(
+        f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
+        f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}",
+        flush=True,
+    )
     try:
-        out = run_benchmark(chosen, steps=args.steps, seed=args.seed, envs=args.envs, tasks_per_env=args.tasks,
-                            seeds=args.seeds, batch_size=args.batch_size, group_size=args.group_size,
-                            log=lambda m: print(m, flush=True), learner=args.learner, jobs=args.jobs,
-                            cache_dir=args.cache, eval_every=args.eval_every)
+        out = run_benchmark(
+            chosen,
+            steps=args.steps,
+            seed=args.seed,
+            envs=args.envs,
+            tasks_per_env=args.tasks,
+            seeds=args.seeds,
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            log=lambda m: print(m, flush=True),
+            learner=args.learner,
+            jobs=args.jobs,
+            cache_dir=args.cache,
+            eval_every=args.eval_every,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    doc = {"schedulers": out["schedulers"], "paired_vs_random": out["paired_vs_random"], "setup": out["setup"]}
+    doc = {
+        "schedulers": out["schedulers"],
+        "paired_vs_random": out["paired_vs_random"],
+        "setup": out["setup"],
+    }
     if args.series:
         doc["series"] = out["series"]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(doc, indent=2))
     base = out["schedulers"].get("random")
-    print(f"{'scheduler':<16} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} {'median_r':>9} "
-          f"{'ho_seen':>8} {'ho_unseen':>9} {'eff_envs':>8} {'sel_ms':>8}")
+    print(
+        f"{'scheduler':<16} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} {'median_r':>9} "
+        f"{'ho_seen':>8} {'ho_unseen':>9} {'eff_envs':>8} {'sel_ms':>8}"
+    )
     for name, m in out["schedulers"].items():
-        ratio = m["batch_variance"] / base["batch_variance"] if base and base["batch_variance"] else float("nan")
-        print(f"{name:<16} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
-              f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_seen_final']:>8.4f} "
-              f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}")
+        ratio = (
+            m["batch_variance"] / base["batch_variance"] if base and base["batch_variance"] else float("nan")
+        )
+        print(
+            f"{name:<16} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
+            f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_seen_final']:>8.4f} "
+            f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}"
+        )
     return 0
 
 
 def cmd_bench_replay(args) -> int:
-    out = replay(lake_of(args), names(args.schedulers), window=args.window,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    out = replay(
+        lake_of(args),
+        names(args.schedulers),
+        window=args.window,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     text = dumps(out, indent=2)
     if args.json:
         Path(args.json).write_text(text)

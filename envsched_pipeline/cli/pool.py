@@ -38,7 +38,9 @@ def add_parser(sub) -> None:
 
     env = sub.add_parser("env", help="environments")
     esub = env.add_subparsers(dest="env_command", required=True)
-    er = esub.add_parser("run", help="run a list of tool calls against a task, then verify", formatter_class=F)
+    er = esub.add_parser(
+        "run", help="run a list of tool calls against a task, then verify", formatter_class=F
+    )
     er.add_argument("--pool", required=True, help="pool name")
     er.add_argument("--task", required=True, help="task id")
     er.add_argument("--actions", required=True, help='JSON file: a list of {"name", "arguments"}')
@@ -74,12 +76,23 @@ def cmd_import(args) -> int:
         data = load_envscaler(args.scenarios, args.env_metadata, args.name)
     except PoolFormatError as exc:
         raise UsageError(str(exc)) from exc
-    print(f"parsed {len(data.environments)} environments, {len(data.tasks)} tasks; building each environment "
-          "once in the sandbox ...", file=sys.stderr, flush=True)
+    print(
+        f"parsed {len(data.environments)} environments, {len(data.tasks)} tasks; building each environment "
+        "once in the sandbox ...",
+        file=sys.stderr,
+        flush=True,
+    )
     report = validate_buildable(data)
     counts = import_pool(lake, data)
-    print(dumps({**counts, "broken_environments": report["broken_environments"],
-                 "empty_checklists": report["empty_checklists"]}))
+    print(
+        dumps(
+            {
+                **counts,
+                "broken_environments": report["broken_environments"],
+                "empty_checklists": report["empty_checklists"],
+            }
+        )
+    )
     return 0
 
 
@@ -91,9 +104,13 @@ def cmd_env_run(args) -> int:
     rows = [r for r in tasks.to_pylist() if r["task_id"] == args.task]
     if not rows:
         raise UsageError(f"task {args.task!r} is not in pool {args.pool!r}")
-    env = [e for e in lake.read("environments", pool=args.pool).to_pylist() if e["env_id"] == rows[0]["env_id"]]
+    env = [
+        e for e in lake.read("environments", pool=args.pool).to_pylist() if e["env_id"] == rows[0]["env_id"]
+    ]
     if not env:
-        raise UsageError(f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}")
+        raise UsageError(
+            f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}"
+        )
     try:
         actions = json.loads(Path(args.actions).read_text())
     except FileNotFoundError as exc:
@@ -101,10 +118,17 @@ def cmd_env_run(args) -> int:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.actions}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(actions, list) or not all(isinstance(a, dict) and "name" in a for a in actions):
-        raise UsageError(f"{args.actions}: expected a JSON list of {{\"name\", \"arguments\"}} objects")
+        raise UsageError(f'{args.actions}: expected a JSON list of {{"name", "arguments"}} objects')
     with SandboxPool(workers=1) as pool:
         res = pool.run_episode(episode_spec(env[0], rows[0]), actions, args.answer)
-    print(dumps({"task_id": args.task, "reward": res.get("reward", 0.0),
-                 "checks": [{k: c.get(k) for k in ("item", "passed", "error")} for c in res.get("checks", [])],
-                 "error": res.get("error")}))
+    print(
+        dumps(
+            {
+                "task_id": args.task,
+                "reward": res.get("reward", 0.0),
+                "checks": [{k: c.get(k) for k in ("item", "passed", "error")} for c in res.get("checks", [])],
+                "error": res.get("error"),
+            }
+        )
+    )
     return 0

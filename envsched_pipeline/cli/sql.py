@@ -12,8 +12,11 @@ from envsched_pipeline.cli.common import UsageError, dumps, lake_of
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("sql", help="run SQL over the lake's DuckDB views",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = sub.add_parser(
+        "sql",
+        help="run SQL over the lake's DuckDB views",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("query", help='e.g. "select * from step_summary"')
     s.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
     s.set_defaults(func=run)

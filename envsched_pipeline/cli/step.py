@@ -20,16 +20,21 @@ F = argparse.ArgumentDefaultsHelpFormatter
 def add_parser(sub) -> None:
     step = sub.add_parser("step", help="step-by-step protocol for an external trainer")
     ssub = step.add_subparsers(dest="step_command", required=True)
-    sel = ssub.add_parser("select", help="write manifest T and print its picks as JSON lines", formatter_class=F)
+    sel = ssub.add_parser(
+        "select", help="write manifest T and print its picks as JSON lines", formatter_class=F
+    )
     sel.add_argument("--pool", required=True, help="pool name")
     sel.add_argument("--step", type=int, required=True, help="step T")
-    sel.add_argument("--scheduler", default=None, choices=sorted(SCHEDULERS), help="scheduler (first call: envsched)")
+    sel.add_argument(
+        "--scheduler", default=None, choices=sorted(SCHEDULERS), help="scheduler (first call: envsched)"
+    )
     sel.add_argument("--seed", type=int, default=None, help="run seed (first call: 0)")
     sel.add_argument("--batch-size", type=int, default=None, help="B (first call: 64)")
     sel.add_argument("--group-size", type=int, default=None, help="G, >= 2 (first call: 8)")
     sel.set_defaults(func=cmd_select)
-    ing = ssub.add_parser("ingest", help="validate and write rollouts of step T (.jsonl or .parquet)",
-                          formatter_class=F)
+    ing = ssub.add_parser(
+        "ingest", help="validate and write rollouts of step T (.jsonl or .parquet)", formatter_class=F
+    )
     ing.add_argument("--pool", required=True, help="pool name")
     ing.add_argument("--step", type=int, required=True, help="step T")
     ing.add_argument("--rollouts", required=True, help="file with task_id, rollout, reward per row")
@@ -42,19 +47,30 @@ def add_parser(sub) -> None:
 def _run_for(lake, args) -> RunSpec:
     run = load_run(lake)
     if run is not None and run.pool != args.pool:
-        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake")
+        raise UsageError(
+            f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake"
+        )
+
     def pick(name, default):
         value = getattr(args, name, None)
         return value if value is not None else (getattr(run, name) if run else default)
 
-    spec = RunSpec(pool=args.pool, policy=run.policy if run else "external", trainer="external",
-                   scheduler=pick("scheduler", "envsched"), seed=pick("seed", 0),
-                   batch_size=pick("batch_size", 64), group_size=pick("group_size", 8),
-                   max_steps=run.max_steps if run else 1_000_000)
+    spec = RunSpec(
+        pool=args.pool,
+        policy=run.policy if run else "external",
+        trainer="external",
+        scheduler=pick("scheduler", "envsched"),
+        seed=pick("seed", 0),
+        batch_size=pick("batch_size", 64),
+        group_size=pick("group_size", 8),
+        max_steps=run.max_steps if run else 1_000_000,
+    )
     spec.validate(SCHEDULERS)  # before anything is written
     if not lake.has("tasks", pool=args.pool):
         if args.pool != "synthetic":
-            raise UsageError(f"pool {args.pool!r} is not in {lake.root} (`envsched pool create` or `pool import`)")
+            raise UsageError(
+                f"pool {args.pool!r} is not in {lake.root} (`envsched pool create` or `pool import`)"
+            )
         ensure_pool(lake, "synthetic")
     return open_run(lake, spec)
 
@@ -67,8 +83,16 @@ def cmd_select(args) -> int:
     for r in lake.read("manifests", step=args.step).sort_by("slot").to_pylist():
         print(dumps({k: r[k] for k in ("task_id", "env_id", "half", "score", "pred_var", "p_nonzero")}))
     audit = lake.read("audits", step=args.step).to_pylist()[0]
-    print(dumps({"step": args.step, "predicted_yield": audit.get("predicted_yield"),
-                 "oversampling_factor": audit.get("oversampling_factor")}), file=sys.stderr)
+    print(
+        dumps(
+            {
+                "step": args.step,
+                "predicted_yield": audit.get("predicted_yield"),
+                "oversampling_factor": audit.get("oversampling_factor"),
+            }
+        ),
+        file=sys.stderr,
+    )
     return 0
 
 

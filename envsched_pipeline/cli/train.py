@@ -15,38 +15,74 @@ from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.run import POLICIES, RunSpec
 from envsched_pipeline.scheduler import SCHEDULERS
 
-STEP_COLUMNS = ("step", "batch_variance", "zero_variance_fraction", "envs_touched", "mean_reward", "heldout", "seconds")
+STEP_COLUMNS = (
+    "step",
+    "batch_variance",
+    "zero_variance_fraction",
+    "envs_touched",
+    "mean_reward",
+    "heldout",
+    "seconds",
+)
 HEADER = ("step", "batch_var", "zero_var", "envs", "mean_rew", "heldout", "seconds")
 
 
 def add_parser(sub) -> None:
-    t = sub.add_parser("train", help="run the scheduled training loop through the Dagster jobs, in-process",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = sub.add_parser(
+        "train",
+        help="run the scheduled training loop through the Dagster jobs, in-process",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     t.add_argument("--pool", default="synthetic", help="task pool (`envsched pool list`)")
-    t.add_argument("--policy", default="simulated", choices=POLICIES,
-                   help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai")
+    t.add_argument(
+        "--policy",
+        default="simulated",
+        choices=POLICIES,
+        help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai",
+    )
     t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
-    t.add_argument("--max-steps", type=int, default=None,
-                   help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
-                        "step here and lets the loop sensor in `make ui` drive the rest")
+    t.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
+        "step here and lets the loop sensor in `make ui` drive the rest",
+    )
     t.add_argument("--seed", type=int, default=0, help="seed of the run (selection and rollouts)")
     t.add_argument("--batch-size", type=int, default=64, help="B: tasks per step")
     t.add_argument("--group-size", type=int, default=8, help="G: rollouts per task (>= 2)")
-    t.add_argument("--scheduler", default="envsched", choices=sorted(SCHEDULERS), help="which scheduler picks batches")
+    t.add_argument(
+        "--scheduler", default="envsched", choices=sorted(SCHEDULERS), help="which scheduler picks batches"
+    )
     t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
     t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (LM policies)")
     t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
-    t.add_argument("--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1")
+    t.add_argument(
+        "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
+    )
     t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
-    t.add_argument("--api-key-env", default=None, help="openai policy: environment variable that holds the API key")
-    t.add_argument("--prior-lake", default="", help="start the estimates from another run's lake (cross-run prior)")
+    t.add_argument(
+        "--api-key-env", default=None, help="openai policy: environment variable that holds the API key"
+    )
+    t.add_argument(
+        "--prior-lake", default="", help="start the estimates from another run's lake (cross-run prior)"
+    )
     t.add_argument("--prior-discount", type=float, default=0.5, help="weight of the prior run's statistics")
-    t.add_argument("--cost-aware", action="store_true", help="score informativeness per predicted rollout second")
-    t.add_argument("--sim-mode", default="auto", choices=["auto", "latent", "real"],
-                   help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
-                        "and run through the real runtime + verifier (default for package pools)")
-    t.add_argument("--allow-config-change", action="store_true",
-                   help="resume with another scheduler/policy config (recorded in run.json)")
+    t.add_argument(
+        "--cost-aware", action="store_true", help="score informativeness per predicted rollout second"
+    )
+    t.add_argument(
+        "--sim-mode",
+        default="auto",
+        choices=["auto", "latent", "real"],
+        help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
+        "and run through the real runtime + verifier (default for package pools)",
+    )
+    t.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume with another scheduler/policy config (recorded in run.json)",
+    )
     t.set_defaults(func=run)
 
 
@@ -89,10 +125,17 @@ def run(args) -> int:
 
     lake = lake_of(args)
     spec = RunSpec(
-        pool=args.pool, policy=args.policy, scheduler=args.scheduler, seed=args.seed,
-        batch_size=args.batch_size, group_size=args.group_size, max_steps=max(args.steps, args.max_steps or 0),
-        trainer="subprocess", policy_config=policy_config(args),
-        prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "", prior_discount=args.prior_discount,
+        pool=args.pool,
+        policy=args.policy,
+        scheduler=args.scheduler,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        max_steps=max(args.steps, args.max_steps or 0),
+        trainer="subprocess",
+        policy_config=policy_config(args),
+        prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "",
+        prior_discount=args.prior_discount,
         scheduler_config={"cost_aware": True} if args.cost_aware else {},
     )
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
@@ -101,8 +144,11 @@ def run(args) -> int:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
         materialize_pool(spec.pool, lake)
         ensure_pool(lake, spec.pool)
-    print(f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={spec.scheduler} "
-          f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}", flush=True)
+    print(
+        f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={spec.scheduler} "
+        f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}",
+        flush=True,
+    )
     if spec.policy == "simulated":
         print("note: the policy is the SIMULATED learner (docs/algorithm.md), not a neural network.")
     elif spec.policy == "hf-tiny":
@@ -119,6 +165,9 @@ def run(args) -> int:
             print(row(rows[step], seconds), flush=True)
 
     run_loop(lake, args.steps, on_step=on_step)
-    print(f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
-          f"`envsched sql \"select * from step_summary\"`", file=sys.stdout)
+    print(
+        f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
+        f'`envsched sql "select * from step_summary"`',
+        file=sys.stdout,
+    )
     return 0

@@ -21,7 +21,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
     """The run's scheduler config: the paper's defaults, the run's overrides, its B and G."""
     try:
         return SchedulerConfig.from_dict(spec.scheduler_config).with_overrides(
-            batch_size=spec.batch_size, group_size=spec.group_size)
+            batch_size=spec.batch_size, group_size=spec.group_size
+        )
     except ValueError as exc:
         raise ConfigError(f"scheduler_config: {exc}") from exc
 

@@ -61,13 +61,20 @@ def ingest_rollouts(lake: Lake, step: int, rows_or_path) -> dict:
     """
     spec = require_run(lake)
     if not lake.has("manifests", step=step):
-        raise StepError(f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)")
-    rows = load_rollout_file(rows_or_path) if isinstance(rows_or_path, (str, bytes)) or hasattr(rows_or_path, "__fspath__") \
+        raise StepError(
+            f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)"
+        )
+    rows = (
+        load_rollout_file(rows_or_path)
+        if isinstance(rows_or_path, (str, bytes)) or hasattr(rows_or_path, "__fspath__")
         else [dict(r, _where=f"record {j}") for j, r in enumerate(rows_or_path)]
+    )
     if not rows:
         raise StepError(f"step {step}: no rollouts given")
     manifest = lake.read("manifests", step=step)
-    env_of = dict(zip(manifest.column("task_id").to_pylist(), manifest.column("env_id").to_pylist(), strict=True))
+    env_of = dict(
+        zip(manifest.column("task_id").to_pylist(), manifest.column("env_id").to_pylist(), strict=True)
+    )
     seen: set[tuple[str, int]] = set()
     out = []
     for r in rows:
@@ -94,16 +101,39 @@ def ingest_rollouts(lake: Lake, step: int, rows_or_path) -> dict:
         if err not in ERROR_CLASSES:
             raise StepError(f"{where}: error_class {err!r} is not one of {', '.join(ERROR_CLASSES)}")
         extra = {k: v for k, v in r.items() if k not in INGEST_REQUIRED and k not in ("step", "env_id")}
-        out.append({
-            "step": int(step), "task_id": tid, "rollout": rollout, "env_id": env_of[tid], "reward": reward,
-            "error_class": err, "error_message": str(r.get("error_message") or ""),
-            "hack_flag": bool(r.get("hack_flag", False)),
-            "tokens": int(r.get("tokens") or 0), "seconds": float(r.get("seconds") or 0.0),
-            "trajectory": json.dumps(r["trajectory"]) if isinstance(r.get("trajectory"), (dict, list))
-            else str(r.get("trajectory") or ""),
-            "extra": json.dumps({k: v for k, v in extra.items() if k not in (
-                "error_class", "error_message", "hack_flag", "tokens", "seconds", "trajectory")}, default=str),
-        })
+        out.append(
+            {
+                "step": int(step),
+                "task_id": tid,
+                "rollout": rollout,
+                "env_id": env_of[tid],
+                "reward": reward,
+                "error_class": err,
+                "error_message": str(r.get("error_message") or ""),
+                "hack_flag": bool(r.get("hack_flag", False)),
+                "tokens": int(r.get("tokens") or 0),
+                "seconds": float(r.get("seconds") or 0.0),
+                "trajectory": json.dumps(r["trajectory"])
+                if isinstance(r.get("trajectory"), (dict, list))
+                else str(r.get("trajectory") or ""),
+                "extra": json.dumps(
+                    {
+                        k: v
+                        for k, v in extra.items()
+                        if k
+                        not in (
+                            "error_class",
+                            "error_message",
+                            "hack_flag",
+                            "tokens",
+                            "seconds",
+                            "trajectory",
+                        )
+                    },
+                    default=str,
+                ),
+            }
+        )
     rewards = np.array([r["reward"] for r in out])
     by_task: dict[str, list[float]] = {}
     for r in out:
@@ -111,11 +141,17 @@ def ingest_rollouts(lake: Lake, step: int, rows_or_path) -> dict:
     spread = [np.ptp(v) > 1e-6 for v in by_task.values()]
     lake.write("rollouts", out, step=step)
     metrics = {
-        "step": int(step), "policy": f"external ({spec.policy})", "seconds": float("nan"),
-        "reward_mean": float(rewards.mean()), "reward_median": float(np.median([np.mean(v) for v in by_task.values()])),
+        "step": int(step),
+        "policy": f"external ({spec.policy})",
+        "seconds": float("nan"),
+        "reward_mean": float(rewards.mean()),
+        "reward_median": float(np.median([np.mean(v) for v in by_task.values()])),
         "batch_variance": float(np.mean([np.var(v) for v in by_task.values()])),
-        "zero_variance_fraction": float(1 - np.mean(spread)), "envs_touched": len({env_of[t] for t in by_task}),
-        "rollouts": len(out), "groups": len(by_task), "missing_groups": len(set(env_of) - set(by_task)),
+        "zero_variance_fraction": float(1 - np.mean(spread)),
+        "envs_touched": len({env_of[t] for t in by_task}),
+        "rollouts": len(out),
+        "groups": len(by_task),
+        "missing_groups": len(set(env_of) - set(by_task)),
     }
     lake.write("train_metrics", [metrics], step=step)
     return metrics

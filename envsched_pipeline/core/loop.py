@@ -31,8 +31,11 @@ def next_action(lake: Lake) -> tuple[str, int] | None:
     if spec is None:
         return None
     sel = set(lake.steps("manifests"))
-    roll = set(lake.steps("rollouts")) & set(lake.steps("train_metrics")) if spec.trainer != "external" \
+    roll = (
+        set(lake.steps("rollouts")) & set(lake.steps("train_metrics"))
+        if spec.trainer != "external"
         else set(lake.steps("rollouts"))
+    )
     stats = set(lake.steps("statistics"))
     t = 0
     while t < spec.max_steps:

@@ -14,8 +14,18 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import valid_name
 
 # abstract operation categories the simulated learner's latent patterns are made of
-LATENT_CATEGORIES = ("lookup", "eligibility_check", "relation_replacement", "dependent_state_validation", "create",
-                     "update", "delete", "transfer", "notify", "answer")
+LATENT_CATEGORIES = (
+    "lookup",
+    "eligibility_check",
+    "relation_replacement",
+    "dependent_state_validation",
+    "create",
+    "update",
+    "delete",
+    "transfer",
+    "notify",
+    "answer",
+)
 
 
 def import_pool(lake: Lake, data: PoolData) -> dict:
@@ -48,8 +58,9 @@ def pool_tasks(lake: Lake, pool: str) -> pa.Table:
     return t.sort_by("task_id")
 
 
-def derive_latents(data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: float = 1.2,
-                   shift: float = 0.0) -> list[dict]:
+def derive_latents(
+    data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: float = 1.2, shift: float = 0.0
+) -> list[dict]:
     """Latents for the simulated learner on a pool without a generator ground truth (docs/algorithm.md,
     the simulated learner): patterns = the operation categories of the task's gold tool calls,
     difficulty = environment offset + task noise + a term for the number of gold actions. (The
@@ -66,11 +77,22 @@ def derive_latents(data: PoolData, seed: int = 0, env_sd: float = 1.5, task_sd: 
         n_actions = sum(len(x) if isinstance(x, list) else 1 for x in gold)
         if not any(z):
             z[-1] = 1.0
-        out.append({
-            "pool": data.name, "task_id": t["task_id"], "env_id": t["env_id"], "split": "train",
-            "patterns": json.dumps([c for c, v in zip(LATENT_CATEGORIES, z, strict=True) if v]), "z": json.dumps(z),
-            "difficulty": shift + env_off.get(t["env_id"], 0.0) + float(rng.normal(0, task_sd)) + 0.15 * n_actions,
-            "n_checks": max(1, len(json.loads(t.get("checks") or "[]"))), "easy_checks": 0,
-            "n_actions": n_actions, "source": "derived",
-        })
+        out.append(
+            {
+                "pool": data.name,
+                "task_id": t["task_id"],
+                "env_id": t["env_id"],
+                "split": "train",
+                "patterns": json.dumps([c for c, v in zip(LATENT_CATEGORIES, z, strict=True) if v]),
+                "z": json.dumps(z),
+                "difficulty": shift
+                + env_off.get(t["env_id"], 0.0)
+                + float(rng.normal(0, task_sd))
+                + 0.15 * n_actions,
+                "n_checks": max(1, len(json.loads(t.get("checks") or "[]"))),
+                "easy_checks": 0,
+                "n_actions": n_actions,
+                "source": "derived",
+            }
+        )
     return out

@@ -31,7 +31,9 @@ def read_state(path: Path) -> SchedulerState:
     try:
         return SchedulerState.from_bytes(Path(path).read_bytes())
     except (OSError, ValueError, KeyError) as exc:
-        raise StepError(f"{path}: cannot read the scheduler state ({exc}); re-materialize that step's statistics") from exc
+        raise StepError(
+            f"{path}: cannot read the scheduler state ({exc}); re-materialize that step's statistics"
+        ) from exc
 
 
 def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
@@ -46,10 +48,16 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
         return SchedulerState.new(ids, envs, hashes)
     path = state_path(lake, step)
     if not path.exists():
-        raise StepError(f"scheduler state after step {step} is missing ({path}); materialize statistics[{step}] first")
+        raise StepError(
+            f"scheduler state after step {step} is missing ({path}); materialize statistics[{step}] first"
+        )
     state = read_state(path)
     stored = state.arrays.get("content_hash")
-    if stored is None or list(state.task_ids.astype(str)) != ids or list(np.asarray(stored).astype(str)) != hashes:
+    if (
+        stored is None
+        or list(state.task_ids.astype(str)) != ids
+        or list(np.asarray(stored).astype(str)) != hashes
+    ):
         # the pool was re-imported with edits: re-key the history by content hash
         state, report = align_state(state, ids, envs, hashes)
         state.extra["last_alignment"] = report

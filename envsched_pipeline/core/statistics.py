@@ -24,16 +24,22 @@ def observations_from_rollouts(state: SchedulerState, step: int, rollouts: pa.Ta
     task_ids = rollouts.column("task_id").to_pylist()
     rewards = np.asarray(rollouts.column("reward").to_pylist(), dtype=float)
     err = rollouts.column("error_class").to_pylist() if "error_class" in cols else ["none"] * len(task_ids)
-    hack = (np.asarray(rollouts.column("hack_flag").to_pylist(), dtype=float)
-            if "hack_flag" in cols else np.zeros(len(task_ids)))
+    hack = (
+        np.asarray(rollouts.column("hack_flag").to_pylist(), dtype=float)
+        if "hack_flag" in cols
+        else np.zeros(len(task_ids))
+    )
     order: dict[str, list[int]] = {}
     for j, t in enumerate(task_ids):
         order.setdefault(t, []).append(j)
     tids = list(order)
     idx = state.index_of(tids)
     outcome = np.array([e is None or e in TASK_OUTCOMES for e in err], dtype=bool)
-    secs = (np.asarray(rollouts.column("seconds").to_pylist(), dtype=float)
-            if "seconds" in cols else np.full(len(task_ids), np.nan))
+    secs = (
+        np.asarray(rollouts.column("seconds").to_pylist(), dtype=float)
+        if "seconds" in cols
+        else np.full(len(task_ids), np.nan)
+    )
     groups, flags, spent, cost = [], [], [], []
     for t in tids:
         js = np.array(order[t])
@@ -61,7 +67,9 @@ def statistics_step(lake: Lake, step: int) -> dict:
     rollouts = lake.read("rollouts", step=step)
     manifest = lake.read("manifests", step=step)
     obs = observations_from_rollouts(state, step, rollouts)
-    pred = dict(zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True))
+    pred = dict(
+        zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True)
+    )
     u = np.array([pred.get(t, np.nan) for t in state.task_ids[obs.task_idx]], dtype=float)
     t0 = time.perf_counter()
     sched.update(state, obs, predicted_u=None if np.isnan(u).all() else np.nan_to_num(u))
@@ -96,9 +104,16 @@ def statistics_step(lake: Lake, step: int) -> dict:
     lake.write("statistics", pa.table(rows), step=step)
     audit = lake.read("audits", step=step).to_pylist()
     realized = float((obs.dispersion > 0).mean()) if len(i) else 0.0
-    pred_y = float(audit[0]["predicted_yield"]) if audit and audit[0].get("predicted_yield") is not None else float("nan")
-    lake.write("yields", [{"step": step, "predicted_yield": pred_y, "realized_yield": realized, "groups": len(i)}],
-               step=step)
+    pred_y = (
+        float(audit[0]["predicted_yield"])
+        if audit and audit[0].get("predicted_yield") is not None
+        else float("nan")
+    )
+    lake.write(
+        "yields",
+        [{"step": step, "predicted_yield": pred_y, "realized_yield": realized, "groups": len(i)}],
+        step=step,
+    )
     metrics = batch_metrics([np.asarray(g) for g in _group_rewards(rollouts)])
     return {
         "predicted_yield": pred_y,
@@ -115,6 +130,8 @@ def statistics_step(lake: Lake, step: int) -> dict:
 
 def _group_rewards(rollouts: pa.Table) -> list[list[float]]:
     by: dict[str, list[float]] = {}
-    for t, r in zip(rollouts.column("task_id").to_pylist(), rollouts.column("reward").to_pylist(), strict=True):
+    for t, r in zip(
+        rollouts.column("task_id").to_pylist(), rollouts.column("reward").to_pylist(), strict=True
+    ):
         by.setdefault(t, []).append(r)
     return list(by.values())

@@ -20,12 +20,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import openai
+from openai import OpenAI
+
 from envsched_pipeline.graph.topology import offline_topology
 from envsched_pipeline.lake import atomic_write_bytes
 
 CATEGORIES = (
-    "lookup", "eligibility_check", "relation_replacement", "dependent_state_validation",
-    "create", "update", "delete", "transfer", "notify",
+    "lookup",
+    "eligibility_check",
+    "relation_replacement",
+    "dependent_state_validation",
+    "create",
+    "update",
+    "delete",
+    "transfer",
+    "notify",
 )
 
 SYSTEM_PROMPT = """You describe the abstract structure of tool-use tasks for an RL scheduler.
@@ -87,10 +97,18 @@ def validate_topology(text: str) -> dict:
 
 
 class LLMTopologyExtractor:
-    def __init__(self, base_url: str, model: str, api_key: str = "none", cache_dir: Path | None = None,
-                 concurrency: int = 4, max_attempts: int = 5, timeout: float = 30.0, backoff: float = 0.5,
-                 tools_by_env: dict[str, list[str]] | None = None):
-        from openai import OpenAI
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str = "none",
+        cache_dir: Path | None = None,
+        concurrency: int = 4,
+        max_attempts: int = 5,
+        timeout: float = 30.0,
+        backoff: float = 0.5,
+        tools_by_env: dict[str, list[str]] | None = None,
+    ):
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0, timeout=timeout)
         self.model = model
@@ -102,8 +120,15 @@ class LLMTopologyExtractor:
         self.backoff = backoff
         self.tools_by_env = tools_by_env or {}
         self._lock = threading.Lock()
-        self.usage = {"requests": 0, "retries": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                      "fallbacks": 0, "errors": {}}
+        self.usage = {
+            "requests": 0,
+            "retries": 0,
+            "cache_hits": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "fallbacks": 0,
+            "errors": {},
+        }
 
     # ------------------------------------------------------------------ cache
     def _key(self, task: dict) -> str:
@@ -130,12 +155,15 @@ class LLMTopologyExtractor:
         tools = ", ".join(self.tools_by_env.get(task.get("env_id", ""), [])) or "(not listed)"
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": USER_TEMPLATE.format(
-                instruction=task.get("instruction", ""), checks="\n".join(lines), tools=tools)},
+            {
+                "role": "user",
+                "content": USER_TEMPLATE.format(
+                    instruction=task.get("instruction", ""), checks="\n".join(lines), tools=tools
+                ),
+            },
         ]
 
     def extract_one(self, task: dict) -> dict:
-        import openai
 
         path = self._cache_path(task)
         if path is not None and path.exists():
@@ -152,7 +180,8 @@ class LLMTopologyExtractor:
             try:
                 self._count("requests")
                 resp = self.client.chat.completions.create(
-                    model=self.model, messages=self._messages(task), temperature=0.0)
+                    model=self.model, messages=self._messages(task), temperature=0.0
+                )
                 if resp.usage is not None:
                     self._count("prompt_tokens", int(resp.usage.prompt_tokens or 0))
                     self._count("completion_tokens", int(resp.usage.completion_tokens or 0))
@@ -172,15 +201,26 @@ class LLMTopologyExtractor:
                 last = "malformed"
             else:
                 if path is not None:
-                    atomic_write_bytes(path, json.dumps({"task_id": task["task_id"], "model": self.model,
-                                                         "prompt_sha": self.prompt_sha, "topology": topo}).encode())
+                    atomic_write_bytes(
+                        path,
+                        json.dumps(
+                            {
+                                "task_id": task["task_id"],
+                                "model": self.model,
+                                "prompt_sha": self.prompt_sha,
+                                "topology": topo,
+                            }
+                        ).encode(),
+                    )
                 return topo
             self._error(last)
         self._count("fallbacks")
         return offline_topology(task)
 
     # ------------------------------------------------------------------ many
-    def extract(self, tasks: list[dict], progress: Callable[[str, int, int], None] | None = None) -> dict[str, dict]:
+    def extract(
+        self, tasks: list[dict], progress: Callable[[str, int, int], None] | None = None
+    ) -> dict[str, dict]:
         out: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futs = {pool.submit(self.extract_one, t): t["task_id"] for t in tasks}

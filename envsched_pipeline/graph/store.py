@@ -9,6 +9,7 @@ The assets call these; the scheduler loads the graph with :func:`load_graph`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
@@ -51,15 +52,26 @@ def build_topologies(lake: Lake, pool: str, extractor=None, progress: Callable |
         topo = extractor.extract(tasks, progress=progress)
         name, prompt_sha = extractor.name, extractor.prompt_sha
     rows = [
-        {"pool": pool, "task_id": t["task_id"], "env_id": t["env_id"], "content_hash": t["content_hash"],
-         "topology": json.dumps(topo[t["task_id"]], sort_keys=True),
-         "text": topology_text(topo[t["task_id"]]), "extractor": name, "prompt_sha": prompt_sha,
-         "operations": ",".join(topo[t["task_id"]].get("operations", []))}
+        {
+            "pool": pool,
+            "task_id": t["task_id"],
+            "env_id": t["env_id"],
+            "content_hash": t["content_hash"],
+            "topology": json.dumps(topo[t["task_id"]], sort_keys=True),
+            "text": topology_text(topo[t["task_id"]]),
+            "extractor": name,
+            "prompt_sha": prompt_sha,
+            "operations": ",".join(topo[t["task_id"]].get("operations", [])),
+        }
         for t in tasks
     ]
     lake.write("topologies", rows, pool=pool)
-    return {"tasks": len(rows), "extractor": name, "seconds": time.perf_counter() - t0,
-            "distinct_topologies": len({r["text"] for r in rows})}
+    return {
+        "tasks": len(rows),
+        "extractor": name,
+        "seconds": time.perf_counter() - t0,
+        "distinct_topologies": len({r["text"] for r in rows}),
+    }
 
 
 def build_features(lake: Lake, pool: str) -> dict:
@@ -70,13 +82,27 @@ def build_features(lake: Lake, pool: str) -> dict:
     for view, m in mats.items():
         buf = io.BytesIO()
         sp.save_npz(buf, m)
-        atomic_write_bytes(lake.artifact_path("features_npz", None, f"pool={pool}/{view}.npz"), buf.getvalue())
+        atomic_write_bytes(
+            lake.artifact_path("features_npz", None, f"pool={pool}/{view}.npz"), buf.getvalue()
+        )
         nnz = np.diff(m.indptr)
-        rows += [{"pool": pool, "task_id": t["task_id"], "view": view, "nnz": int(k), "vocabulary": int(m.shape[1])}
-                 for t, k in zip(tasks, nnz, strict=True)]
+        rows += [
+            {
+                "pool": pool,
+                "task_id": t["task_id"],
+                "view": view,
+                "nnz": int(k),
+                "vocabulary": int(m.shape[1]),
+            }
+            for t, k in zip(tasks, nnz, strict=True)
+        ]
     lake.write("features", rows, pool=pool)
-    return {"views": list(mats), "rows": len(rows), "seconds": time.perf_counter() - t0,
-            "vocabulary": {v: int(m.shape[1]) for v, m in mats.items()}}
+    return {
+        "views": list(mats),
+        "rows": len(rows),
+        "seconds": time.perf_counter() - t0,
+        "vocabulary": {v: int(m.shape[1]) for v, m in mats.items()},
+    }
 
 
 def load_features(lake: Lake, pool: str) -> dict[str, sp.csr_matrix]:
@@ -94,12 +120,16 @@ def build_task_graph(lake: Lake, pool: str, progress: Callable | None = None) ->
     t0 = time.perf_counter()
     mats = load_features(lake, pool) or view_matrices(tasks, tools)
     topo_tab = lake.read("topologies", pool=pool)
-    texts = dict(zip(topo_tab.column("task_id").to_pylist(), topo_tab.column("text").to_pylist(), strict=True)) \
-        if topo_tab.num_rows else {t["task_id"]: topology_text(offline_topology(t)) for t in tasks}
+    texts = (
+        dict(zip(topo_tab.column("task_id").to_pylist(), topo_tab.column("text").to_pylist(), strict=True))
+        if topo_tab.num_rows
+        else {t["task_id"]: topology_text(offline_topology(t)) for t in tasks}
+    )
     ids = np.array([t["task_id"] for t in tasks])
     env_of = np.array([t["env_id"] for t in tasks])
-    g = topk_graph(ids, env_of, list(mats.values()), topology_matrix([texts.get(t, "") for t in ids]),
-                   progress=progress)
+    g = topk_graph(
+        ids, env_of, list(mats.values()), topology_matrix([texts.get(t, "") for t in ids]), progress=progress
+    )
     cols = graph_to_edges(g, pool)
     lake.write("edges", pa.table(cols), pool=pool)
     return {
@@ -112,11 +142,12 @@ def build_task_graph(lake: Lake, pool: str, progress: Callable | None = None) ->
 
 
 def pool_signature(lake: Lake, pool: str) -> str:
-    import hashlib
 
     t = lake.read("tasks", pool=pool, columns=["task_id", "content_hash"]).sort_by("task_id")
-    blob = "\n".join(f"{a}|{b}" for a, b in zip(t.column("task_id").to_pylist(), t.column("content_hash").to_pylist(),
-                                                   strict=True))
+    blob = "\n".join(
+        f"{a}|{b}"
+        for a, b in zip(t.column("task_id").to_pylist(), t.column("content_hash").to_pylist(), strict=True)
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -126,8 +157,11 @@ def ensure_graph(lake: Lake, pool: str) -> None:
     meta_path = f"graph_meta/pool={pool}.json"
     sig = pool_signature(lake, pool)
     meta = lake.read_json(meta_path) or {}
-    stale = meta.get("signature") not in (None, sig) or (meta.get("signature") is None and lake.has("edges", pool=pool)
-                                                          and _edge_tasks(lake, pool) != _pool_task_set(lake, pool))
+    stale = meta.get("signature") not in (None, sig) or (
+        meta.get("signature") is None
+        and lake.has("edges", pool=pool)
+        and _edge_tasks(lake, pool) != _pool_task_set(lake, pool)
+    )
     if stale:
         _refresh_topologies(lake, pool)
     if not lake.has("topologies", pool=pool):
@@ -159,9 +193,16 @@ def _refresh_topologies(lake: Lake, pool: str) -> None:
         r = old.get(t["task_id"])
         if r is None or r.get("content_hash", t["content_hash"]) != t["content_hash"]:
             topo = offline_topology(t)
-            r = {"pool": pool, "task_id": t["task_id"], "env_id": t["env_id"], "topology": json.dumps(topo, sort_keys=True),
-                 "text": topology_text(topo), "extractor": "offline", "prompt_sha": "",
-                 "operations": ",".join(topo.get("operations", []))}
+            r = {
+                "pool": pool,
+                "task_id": t["task_id"],
+                "env_id": t["env_id"],
+                "topology": json.dumps(topo, sort_keys=True),
+                "text": topology_text(topo),
+                "extractor": "offline",
+                "prompt_sha": "",
+                "operations": ",".join(topo.get("operations", [])),
+            }
         r["content_hash"] = t["content_hash"]
         rows.append(r)
     lake.write("topologies", rows, pool=pool)
@@ -174,9 +215,19 @@ def load_graph(lake: Lake, pool: str, state=None) -> TaskGraph:
     if state is not None:
         ids = np.asarray(state.task_ids)
     else:
-        ids = np.array(sorted(lake.read("tasks", pool=pool, columns=["task_id"]).column("task_id").to_pylist()))
+        ids = np.array(
+            sorted(lake.read("tasks", pool=pool, columns=["task_id"]).column("task_id").to_pylist())
+        )
     cols = {c: e.column(c).to_numpy(zero_copy_only=False) for c in e.column_names}
     within = int(cols["rank"][cols["kind"] == "within"].max() + 1) if (cols["kind"] == "within").any() else 0
     cross = int(cols["rank"][cols["kind"] == "cross"].max() + 1) if (cols["kind"] == "cross").any() else 0
-    return graph_from_edges(ids, cols["src"], cols["dst"], cols["kind"], cols["similarity"], cols["rank"],
-                            within_candidates=max(within, 1), cross_candidates=max(cross, 1))
+    return graph_from_edges(
+        ids,
+        cols["src"],
+        cols["dst"],
+        cols["kind"],
+        cols["similarity"],
+        cols["rank"],
+        within_candidates=max(within, 1),
+        cross_candidates=max(cross, 1),
+    )

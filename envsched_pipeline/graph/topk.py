@@ -57,18 +57,21 @@ def topk_graph(
     bounds = np.searchsorted(env_code[order], np.arange(len(envs) + 1))
     cat = _cat if _cat is not None else _concat_views(mats)
     for e_no in range(len(envs)):
-        rows = order[bounds[e_no]:bounds[e_no + 1]]
+        rows = order[bounds[e_no] : bounds[e_no + 1]]
         targets = rows[wanted[rows]]
         if not len(targets) or cat is None:
             continue
         contiguous = rows[-1] - rows[0] + 1 == len(rows)
-        block = cat[rows[0]:rows[-1] + 1] if contiguous else cat[rows]
+        block = cat[rows[0] : rows[-1] + 1] if contiguous else cat[rows]
         for start in range(0, len(targets), chunk):
-            part = targets[start:start + chunk]
+            part = targets[start : start + chunk]
             local = np.searchsorted(rows, part) if contiguous else None
             s = ((block[local] if contiguous else cat[part]) @ block.T).toarray().astype(np.float32)
-            self_pos = np.searchsorted(rows, part) if np.all(np.diff(rows) > 0) else \
-                np.array([np.flatnonzero(rows == p)[0] for p in part])
+            self_pos = (
+                np.searchsorted(rows, part)
+                if np.all(np.diff(rows) > 0)
+                else np.array([np.flatnonzero(rows == p)[0] for p in part])
+            )
             s[np.arange(len(part)), self_pos] = -np.inf  # no self edge
             idx, val = _topk_rows(s, within_candidates)
             within_idx[part, : idx.shape[1]] = np.where(idx >= 0, rows[np.maximum(idx, 0)], -1)
@@ -87,7 +90,7 @@ def topk_graph(
             # many distinct topologies: exact chunked top-k, chunk bounded to ~40M similarities
             step = max(16, min(chunk, int(4e7 // max(n, 1))))
             for start in range(0, len(targets), step):
-                part = targets[start:start + step]
+                part = targets[start : start + step]
                 s = dense[part] @ dense.T if dense is not None else (topo[part] @ topo.T).toarray()
                 s[env_code[part][:, None] == env_code[None, :]] = -np.inf
                 idx, val = _topk_rows(s, cross_candidates)
@@ -127,7 +130,7 @@ def _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, k, progress=
     n_u = len(u)
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(n_u + 1))
-    members = [order[bounds[a]:bounds[a + 1]] for a in range(n_u)]
+    members = [order[bounds[a] : bounds[a + 1]] for a in range(n_u)]
     max_env = int(np.bincount(env_code).max()) if len(env_code) else 0
     rng = np.random.default_rng(0)
     by_topo: dict[int, list[int]] = {}
@@ -178,8 +181,14 @@ def _merge_topk(idx_a, sim_a, idx_b, sim_b, k):
     return np.where(bad, -1, idx), np.where(bad, 0.0, sim).astype(np.float32)
 
 
-def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], topo: sp.csr_matrix | None,
-              new_rows: np.ndarray, chunk: int = 1024) -> TaskGraph:
+def add_tasks(
+    graph: TaskGraph,
+    env_of: np.ndarray,
+    mats: list[sp.csr_matrix],
+    topo: sp.csr_matrix | None,
+    new_rows: np.ndarray,
+    chunk: int = 1024,
+) -> TaskGraph:
     """Incremental update for newly added tasks. ``graph`` is already over the full task order
     (``graph.reindex(all_ids)``: new tasks have no edges yet); ``mats``/``topo`` cover all tasks.
     Computes only similarities that involve a new task: the new rows in full, and for old rows
@@ -206,9 +215,9 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
     # one similarity block per touched environment: the new rows in full, and the old rows
     # against the new tasks (merged only where a new task enters their candidate list)
     for e in np.unique(env_code[new_rows]) if cat is not None else []:
-        rows = order[bounds[e]:bounds[e + 1]]
+        rows = order[bounds[e] : bounds[e + 1]]
         contiguous = rows[-1] - rows[0] + 1 == len(rows)
-        block = cat[rows[0]:rows[-1] + 1] if contiguous else cat[rows]
+        block = cat[rows[0] : rows[-1] + 1] if contiguous else cat[rows]
         sim = (block @ block.T).toarray().astype(np.float32)
         np.fill_diagonal(sim, -np.inf)
         new_l = np.flatnonzero(is_new[rows])
@@ -238,7 +247,7 @@ def add_tasks(graph: TaskGraph, env_of: np.ndarray, mats: list[sp.csr_matrix], t
         cutoff = np.where(xi[old_all, -1] >= 0, xs[old_all, -1], 0.0)
         cand = old_all[best_u[inv[old_all]] > cutoff]
         for start in range(0, len(cand), chunk):
-            part = cand[start:start + chunk]
+            part = cand[start : start + chunk]
             s = sims_u[inv[part]].copy()
             s[env_code[part][:, None] == env_code[new_rows][None, :]] = -np.inf
             idx, val = _topk_rows(s, min(cx, len(new_rows)))
@@ -264,8 +273,16 @@ def build_graph(
     if topologies is None:
         topologies = {t["task_id"]: topology_text(offline_topology(t)) for t in tasks}
     topo = topology_matrix([topologies.get(t["task_id"], "") for t in tasks])
-    g = topk_graph(task_ids, env_of, list(mats.values()), topo, within_candidates, cross_candidates,
-                   chunk, progress=progress)
+    g = topk_graph(
+        task_ids,
+        env_of,
+        list(mats.values()),
+        topo,
+        within_candidates,
+        cross_candidates,
+        chunk,
+        progress=progress,
+    )
     stats = {
         "tasks": len(tasks),
         "environments": len(set(env_of.tolist())),
@@ -291,8 +308,9 @@ def graph_to_edges(g: TaskGraph, pool: str) -> dict[str, np.ndarray]:
     return out
 
 
-def graph_from_edges(task_ids: np.ndarray, src, dst, kind, sim, rank,
-                     within_candidates: int = 24, cross_candidates: int = 48) -> TaskGraph:
+def graph_from_edges(
+    task_ids: np.ndarray, src, dst, kind, sim, rank, within_candidates: int = 24, cross_candidates: int = 48
+) -> TaskGraph:
     pos = {t: i for i, t in enumerate(np.asarray(task_ids).tolist())}
     n = len(task_ids)
     out = {}
@@ -308,4 +326,6 @@ def graph_from_edges(task_ids: np.ndarray, src, dst, kind, sim, rank,
         idx[s_i[ok], rk[ok]] = d_i[ok]
         val[s_i[ok], rk[ok]] = sv[ok]
         out[k] = (idx, val)
-    return TaskGraph(np.asarray(task_ids), out["within"][0], out["within"][1], out["cross"][0], out["cross"][1])
+    return TaskGraph(
+        np.asarray(task_ids), out["within"][0], out["within"][1], out["cross"][0], out["cross"][1]
+    )

@@ -17,7 +17,10 @@ SUBSCRIPT = re.compile(r"\[\s*\"([^\"]+)\"\s*\]")  # state keys read by check co
 # Tool-name verbs -> abstract operation categories (identifier-free).
 OP_VERBS = [
     ("eligibility_check", ("eligib", "can_", "validate", "verify", "check_")),
-    ("relation_replacement", ("assign", "release", "reassign", "swap", "replace", "link", "unlink", "transfer_owner")),
+    (
+        "relation_replacement",
+        ("assign", "release", "reassign", "swap", "replace", "link", "unlink", "transfer_owner"),
+    ),
     ("transfer", ("transfer", "move_", "shift")),
     ("notify", ("notify", "send", "message", "email", "alert")),
     ("create", ("create", "add_", "register", "book_", "new_", "insert")),
@@ -53,12 +56,18 @@ def op_category(tool_name: str) -> str | None:
 INSTRUCTION_OPS = [
     ("lookup", re.compile(r"\bnamed\b|\bfind\b|\blook up\b|\bsearch\b|\bwhich\b")),
     ("eligibility_check", re.compile(r"\beligib|\ballowed\b|\bpermitted\b|\bqualif|\bif\b.*\bcan\b")),
-    ("relation_replacement", re.compile(r"\bhand\b.*\bover\b|\bassign|\bgive\b|\bswap\b|\breplace\b|\bhand over\b")),
+    (
+        "relation_replacement",
+        re.compile(r"\bhand\b.*\bover\b|\bassign|\bgive\b|\bswap\b|\breplace\b|\bhand over\b"),
+    ),
     ("transfer", re.compile(r"\bshift\b|\bmove\b.*\bfrom\b.*\bto\b|\btransfer\b")),
     ("notify", re.compile(r"\bsend\b|\bnotify\b|\bnote\b|\bmessage\b|\bemail\b|\btell\b|\binform\b")),
     ("create", re.compile(r"\bregister\b|\bcreate\b|\bnew\b|\badd\b|\bopen a\b")),
     ("delete", re.compile(r"\bdelete\b|\bremove\b|\bretire\b|\bcancel\b|\bdrop\b|\bdiscard\b")),
-    ("dependent_state_validation", re.compile(r"\bfee\b|_fee\b|\bcharge\b|\bpay\b|\brefund\b|\bbalance\b|\bdeposit\b")),
+    (
+        "dependent_state_validation",
+        re.compile(r"\bfee\b|_fee\b|\bcharge\b|\bpay\b|\brefund\b|\bbalance\b|\bdeposit\b"),
+    ),
     ("update", re.compile(r"\bmove\b|\bchange\b|\bset\b|\bupdate\b|\brename\b|\bedit\b|\bmodify\b")),
 ]
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")

@@ -67,6 +67,8 @@ def view_matrices(tasks: list[dict], tool_names_by_env: dict[str, list[str]]) ->
         docs = [x[v] for x in views]
         if not any(d.strip() for d in docs):
             continue
-        vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=True, min_df=1, dtype=np.float32)
+        vec = TfidfVectorizer(
+            token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=True, min_df=1, dtype=np.float32
+        )
         mats[v] = vec.fit_transform(docs).tocsr()
     return mats

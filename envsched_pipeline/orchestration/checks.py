@@ -1,6 +1,7 @@
 """Asset checks next to the assets they guard. Blocking where a bad result must stop the loop:
 a downstream step never runs on a manifest or rollouts that fail these."""
 
+import json
 import math
 from collections import Counter
 
@@ -14,9 +15,10 @@ from envsched_pipeline.run import load_run, require_run
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS
 
 
-def manifest_problems(rows: list[dict], batch_size: int, config, relaxations: list[str],
-                      previous: list[list[dict]]) -> list[str]:
-    """Violations of the §6 constraints in a manifest (constraints relaxed and logged are allowed)."""
+def manifest_problems(
+    rows: list[dict], batch_size: int, config, relaxations: list[str], previous: list[list[dict]]
+) -> list[str]:
+    """Violations of the batch constraints (docs/algorithm.md §6) in a manifest (constraints relaxed and logged are allowed)."""
     problems = []
     ids = [r["task_id"] for r in rows]
     if len(ids) != len(set(ids)):
@@ -45,11 +47,13 @@ def manifest_problems(rows: list[dict], batch_size: int, config, relaxations: li
     return problems
 
 
-@dg.asset_check(asset="batch_manifest", blocking=True, partitions_def=training_steps,
-                description="B distinct tasks; per-step, 3-step and consecutive caps hold unless a relaxation is logged.")
+@dg.asset_check(
+    asset="batch_manifest",
+    blocking=True,
+    partitions_def=training_steps,
+    description="B distinct tasks; per-step, 3-step and consecutive caps hold unless a relaxation is logged.",
+)
 def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
-    import json
-
 
     lk = lake.lake()
     step = step_of(context)
@@ -57,12 +61,23 @@ def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource
     rows = lk.read("manifests", step=step).to_pylist()
     audit = lk.read("audits", step=step).to_pylist()
     relax = json.loads(audit[0]["relaxations"]) if audit and audit[0].get("relaxations") else []
-    prev = [lk.read("manifests", step=s).to_pylist() for s in (step - 2, step - 1) if s >= 0 and lk.has("manifests", step=s)]
-    problems = manifest_problems(rows, min(spec.batch_size, _pool_size(lk, spec.pool)), scheduler_config(spec), relax, prev)
-    return dg.AssetCheckResult(passed=not problems, metadata={
-        "tasks": len(rows), "environments": len({r["env_id"] for r in rows}), "relaxations": ", ".join(relax) or "none",
-        "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
-    })
+    prev = [
+        lk.read("manifests", step=s).to_pylist()
+        for s in (step - 2, step - 1)
+        if s >= 0 and lk.has("manifests", step=s)
+    ]
+    problems = manifest_problems(
+        rows, min(spec.batch_size, _pool_size(lk, spec.pool)), scheduler_config(spec), relax, prev
+    )
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={
+            "tasks": len(rows),
+            "environments": len({r["env_id"] for r in rows}),
+            "relaxations": ", ".join(relax) or "none",
+            "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
+        },
+    )
 
 
 def _pool_size(lake, pool: str) -> int:
@@ -71,10 +86,17 @@ def _pool_size(lake, pool: str) -> int:
 
 def rollout_problems(rollouts: list[dict], manifest: list[dict], group_size: int) -> tuple[list[str], dict]:
     problems = []
-    bad = [r for r in rollouts if not isinstance(r["reward"], (int, float)) or not math.isfinite(r["reward"])
-           or not 0.0 <= r["reward"] <= 1.0]
+    bad = [
+        r
+        for r in rollouts
+        if not isinstance(r["reward"], (int, float))
+        or not math.isfinite(r["reward"])
+        or not 0.0 <= r["reward"] <= 1.0
+    ]
     if bad:
-        problems.append(f"{len(bad)} rewards not finite or outside [0, 1], e.g. {bad[0]['task_id']}: {bad[0]['reward']}")
+        problems.append(
+            f"{len(bad)} rewards not finite or outside [0, 1], e.g. {bad[0]['task_id']}: {bad[0]['reward']}"
+        )
     per_task = Counter(r["task_id"] for r in rollouts)
     planned = {r["task_id"] for r in manifest}
     missing = sorted(planned - set(per_task))
@@ -83,7 +105,9 @@ def rollout_problems(rollouts: list[dict], manifest: list[dict], group_size: int
     if missing:
         problems.append(f"{len(missing)} selected tasks got no rollouts: {missing[:5]}")
     if partial:
-        problems.append(f"{len(partial)} groups with != G = {group_size} rollouts: {dict(list(partial.items())[:5])}")
+        problems.append(
+            f"{len(partial)} groups with != G = {group_size} rollouts: {dict(list(partial.items())[:5])}"
+        )
     if extra:
         problems.append(f"{len(extra)} tasks rolled out that were not selected: {extra[:5]}")
     keys = Counter((r["task_id"], r["rollout"]) for r in rollouts)
@@ -93,32 +117,54 @@ def rollout_problems(rollouts: list[dict], manifest: list[dict], group_size: int
     # plan vs realized environment mix
     plan_env = Counter(r["env_id"] for r in manifest)
     real_env = Counter(r["env_id"] for r in rollouts)
-    mix = [{"env_id": e, "planned_groups": plan_env[e], "rollouts": real_env.get(e, 0),
-            "expected_rollouts": plan_env[e] * group_size} for e in sorted(plan_env)]
+    mix = [
+        {
+            "env_id": e,
+            "planned_groups": plan_env[e],
+            "rollouts": real_env.get(e, 0),
+            "expected_rollouts": plan_env[e] * group_size,
+        }
+        for e in sorted(plan_env)
+    ]
     return problems, {"missing_groups": len(missing), "partial_groups": len(partial), "mix": mix}
 
 
-@dg.asset_check(asset="training_step", blocking=True, partitions_def=training_steps,
-                description="Rewards finite and in [0, 1]; every selected task got exactly G rollouts; no duplicates.")
+@dg.asset_check(
+    asset="training_step",
+    blocking=True,
+    partitions_def=training_steps,
+    description="Rewards finite and in [0, 1]; every selected task got exactly G rollouts; no duplicates.",
+)
 def rollouts_are_complete(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
 
     lk = lake.lake()
     step = step_of(context)
     spec = require_run(lk)
-    rollouts = lk.read("rollouts", step=step, columns=["task_id", "rollout", "reward", "env_id", "error_class"]).to_pylist()
+    rollouts = lk.read(
+        "rollouts", step=step, columns=["task_id", "rollout", "reward", "env_id", "error_class"]
+    ).to_pylist()
     manifest = lk.read("manifests", step=step).to_pylist()
     problems, info = rollout_problems(rollouts, manifest, spec.group_size)
     errors = Counter(r.get("error_class") or "none" for r in rollouts)
-    return dg.AssetCheckResult(passed=not problems, metadata={
-        "rollouts": len(rollouts), "missing_groups": info["missing_groups"], "partial_groups": info["partial_groups"],
-        "error_classes": dg.MetadataValue.json(dict(errors)),
-        "plan_vs_realized": dg.MetadataValue.md(md_table(info["mix"], limit=60)),
-        "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
-    })
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={
+            "rollouts": len(rollouts),
+            "missing_groups": info["missing_groups"],
+            "partial_groups": info["partial_groups"],
+            "error_classes": dg.MetadataValue.json(dict(errors)),
+            "plan_vs_realized": dg.MetadataValue.md(md_table(info["mix"], limit=60)),
+            "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
+        },
+    )
 
 
-@dg.asset_check(asset="training_step", blocking=False, partitions_def=training_steps,
-                description="Warns when an environment's infrastructure error rate spikes (it is quarantined).")
+@dg.asset_check(
+    asset="training_step",
+    blocking=False,
+    partitions_def=training_steps,
+    description="Warns when an environment's infrastructure error rate spikes (it is quarantined).",
+)
 def infra_errors_are_low(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     lk = lake.lake()
     step = step_of(context)
@@ -127,13 +173,22 @@ def infra_errors_are_low(context: dg.AssetCheckExecutionContext, lake: LakeResou
     for r in rows:
         per_env.setdefault(r["env_id"], [0, 0])
         per_env[r["env_id"]][0] += 1
-        per_env[r["env_id"]][1] += int((r.get("error_class") or "none") in ("timeout", "env_crash", "verifier_error", "infra"))
-    rates = [{"env_id": e, "rollouts": n, "infra_errors": k, "rate": k / n} for e, (n, k) in sorted(per_env.items())]
+        per_env[r["env_id"]][1] += int(
+            (r.get("error_class") or "none") in ("timeout", "env_crash", "verifier_error", "infra")
+        )
+    rates = [
+        {"env_id": e, "rollouts": n, "infra_errors": k, "rate": k / n}
+        for e, (n, k) in sorted(per_env.items())
+    ]
     high = [r for r in rates if r["rate"] > 0.5]
-    return dg.AssetCheckResult(passed=not high, severity=dg.AssetCheckSeverity.WARN, metadata={
-        "environments_over_50pct": len(high),
-        "rates": dg.MetadataValue.md(md_table(sorted(rates, key=lambda r: -r["rate"]), limit=20)),
-    })
+    return dg.AssetCheckResult(
+        passed=not high,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "environments_over_50pct": len(high),
+            "rates": dg.MetadataValue.md(md_table(sorted(rates, key=lambda r: -r["rate"]), limit=20)),
+        },
+    )
 
 
 @dg.asset_check(asset="topologies", blocking=True, description="Every task of the pool has a topology.")
@@ -145,8 +200,14 @@ def topologies_cover_pool(context: dg.AssetCheckExecutionContext, lake: LakeReso
     tasks = set(lk.read("tasks", pool=pool, columns=["task_id"]).column("task_id").to_pylist())
     topo = set(lk.read("topologies", pool=pool, columns=["task_id"]).column("task_id").to_pylist())
     missing = sorted(tasks - topo)
-    return dg.AssetCheckResult(passed=not missing and bool(tasks), metadata={
-        "tasks": len(tasks), "with_topology": len(tasks & topo), "missing": ", ".join(missing[:10]) or "none"})
+    return dg.AssetCheckResult(
+        passed=not missing and bool(tasks),
+        metadata={
+            "tasks": len(tasks),
+            "with_topology": len(tasks & topo),
+            "missing": ", ".join(missing[:10]) or "none",
+        },
+    )
 
 
 ALL_CHECKS = [manifest_is_valid, rollouts_are_complete, infra_errors_are_low, topologies_cover_pool]

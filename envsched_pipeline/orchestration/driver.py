@@ -24,8 +24,13 @@ def _run_config(lake: Lake, quiet: bool) -> dict:
     }
 
 
-def run_loop(lake: Lake, target_steps: int, instance: dg.DagsterInstance | None = None,
-             on_step: Callable[[int, float], None] | None = None, quiet: bool = True) -> None:
+def run_loop(
+    lake: Lake,
+    target_steps: int,
+    instance: dg.DagsterInstance | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+    quiet: bool = True,
+) -> None:
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
     ``on_step(step, seconds)`` is called after each completed training step."""
     instance = instance or dg.DagsterInstance.get()
@@ -44,8 +49,13 @@ def run_loop(lake: Lake, target_steps: int, instance: dg.DagsterInstance | None 
         step_t0.setdefault(step, time.perf_counter())
         job = jobs["select_job" if kind == "select" else "train_job"]
         kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if kind == "stats" else {}
-        result = job.execute_in_process(partition_key=key, instance=instance, run_config=_run_config(lake, quiet),
-                                        raise_on_error=False, **kw)
+        result = job.execute_in_process(
+            partition_key=key,
+            instance=instance,
+            run_config=_run_config(lake, quiet),
+            raise_on_error=False,
+            **kw,
+        )
         if not result.success:
             msgs = [e.message for e in result.all_events if e.is_failure]
             detail = msgs[-1] if msgs else "see the run in the Dagster UI"
@@ -59,7 +69,9 @@ def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None 
     job = defs.resolve_job_def("pool_job")
     cfg = _run_config(lake, quiet=True)
     cfg["ops"] = {name: {"config": {"pool": pool}} for name in POOL_OPS}
-    res = job.execute_in_process(instance=instance or dg.DagsterInstance.get(), run_config=cfg, raise_on_error=False)
+    res = job.execute_in_process(
+        instance=instance or dg.DagsterInstance.get(), run_config=cfg, raise_on_error=False
+    )
     if not res.success:
         msgs = [e.message for e in res.all_events if e.is_failure]
         raise StepError(f"importing pool {pool} failed: {msgs[-1] if msgs else res.run_id}")

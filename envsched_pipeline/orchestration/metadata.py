@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 
-def md_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = ".4g", limit: int = 30) -> str:
+def md_table(
+    rows: list[dict], columns: list[str] | None = None, floatfmt: str = ".4g", limit: int = 30
+) -> str:
     if not rows:
         return "_(no rows)_"
     columns = columns or list(rows[0])

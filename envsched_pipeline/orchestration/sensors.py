@@ -6,7 +6,6 @@ partition, and requests the run with a ``run_key`` unique to (run, action, step)
 never duplicated while a run is in flight, and re-running a step by hand is always safe.
 """
 
-
 import dagster as dg
 
 from envsched_pipeline.core.loop import next_action
@@ -20,7 +19,9 @@ def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
 
     run = load_run(lake)
     if run is None:
-        return dg.SkipReason(f"no run in {lake.root}: start one with `envsched train` or `envsched step select`")
+        return dg.SkipReason(
+            f"no run in {lake.root}: start one with `envsched train` or `envsched step select`"
+        )
     action = next_action(lake)
     if action is None:
         return dg.SkipReason(f"run {run.run_id} complete: {run.max_steps} steps")
@@ -30,12 +31,18 @@ def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
     key = str(step)
     add = [] if instance.has_dynamic_partition(training_steps.name, key) else [key]
     if kind == "select":
-        req = dg.RunRequest(run_key=f"{run.run_id}-select-{step}", partition_key=key, job_name=select_job.name)
+        req = dg.RunRequest(
+            run_key=f"{run.run_id}-select-{step}", partition_key=key, job_name=select_job.name
+        )
     elif kind == "train":
         req = dg.RunRequest(run_key=f"{run.run_id}-train-{step}", partition_key=key, job_name=train_job.name)
     else:  # statistics only (the training step finished but its statistics did not)
-        req = dg.RunRequest(run_key=f"{run.run_id}-stats-{step}", partition_key=key, job_name=train_job.name,
-                            asset_selection=[dg.AssetKey("reward_statistics")])
+        req = dg.RunRequest(
+            run_key=f"{run.run_id}-stats-{step}",
+            partition_key=key,
+            job_name=train_job.name,
+            asset_selection=[dg.AssetKey("reward_statistics")],
+        )
     return dg.SensorResult(
         run_requests=[req],
         dynamic_partitions_requests=[training_steps.build_add_request(add)] if add else [],
@@ -48,7 +55,7 @@ def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Sees a finished step and requests the next one: training_step[t] after manifest[t], "
-                "then statistics[t] + manifest[t+1], until the run's max steps.",
+    "then statistics[t] + manifest[t+1], until the run's max steps.",
 )
 def training_loop_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
     return loop_requests(lake.lake(), context.instance)

@@ -1,6 +1,5 @@
 """The lake as a Dagster resource (the Parquet/DuckDB code itself is :mod:`envsched_pipeline.lake`)."""
 
-
 import dagster as dg
 from pydantic import Field
 

@@ -13,8 +13,11 @@ from envsched_pipeline.graph.llm import LLMTopologyExtractor
 
 
 class LLMResource(dg.ConfigurableResource):
-    base_url: str = Field(default="", description="OpenAI-compatible base URL; empty: $ENVSCHED_LLM_BASE_URL, "
-                                                   "and when that is unset the offline extractor is used.")
+    base_url: str = Field(
+        default="",
+        description="OpenAI-compatible base URL; empty: $ENVSCHED_LLM_BASE_URL, "
+        "and when that is unset the offline extractor is used.",
+    )
     model: str = Field(default="", description="Model name; empty: $ENVSCHED_LLM_MODEL (default qwen3-8b).")
     api_key: str = Field(default="", description="API key; empty: $ENVSCHED_LLM_API_KEY.")
     concurrency: int = Field(default=4, description="Requests in flight at once.")
@@ -31,8 +34,11 @@ class LLMResource(dg.ConfigurableResource):
 
         model = self.model or os.environ.get("ENVSCHED_LLM_MODEL", "qwen3-8b")
         return LLMTopologyExtractor(
-            base_url=self._base_url(), model=model,
+            base_url=self._base_url(),
+            model=model,
             api_key=self.api_key or os.environ.get("ENVSCHED_LLM_API_KEY", "none"),
-            cache_dir=lake.root / "llm_cache", concurrency=self.concurrency,
-            max_attempts=self.max_attempts, timeout=self.timeout_s,
+            cache_dir=lake.root / "llm_cache",
+            concurrency=self.concurrency,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout_s,
         )

@@ -10,7 +10,6 @@ limits, or point a Dagster+ hybrid agent with GPUs at this code location: the co
 (``python -m trainer.step --lake ... --step ...``) stays the same.
 """
 
-
 import shlex
 import sys
 

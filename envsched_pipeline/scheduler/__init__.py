@@ -13,5 +13,16 @@ from envsched_pipeline.scheduler.graph import TaskGraph
 from envsched_pipeline.scheduler.registry import GRAPH_SCHEDULERS, SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 
-__all__ = ["GRAPH_SCHEDULERS", "SCHEDULERS", "Observations", "Pick", "Scheduler", "SchedulerConfig", "SchedulerState",
-           "Selection", "TaskGraph", "make_scheduler", "uses_graph"]
+__all__ = [
+    "GRAPH_SCHEDULERS",
+    "SCHEDULERS",
+    "Observations",
+    "Pick",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerState",
+    "Selection",
+    "TaskGraph",
+    "make_scheduler",
+    "uses_graph",
+]

@@ -56,13 +56,16 @@ class Scheduler(ABC):
         self.config = config
         self.graph = graph
 
-    def update(self, state: SchedulerState, obs: Observations,
-               predicted_u: np.ndarray | None = None) -> SchedulerState:
+    def update(
+        self, state: SchedulerState, obs: Observations, predicted_u: np.ndarray | None = None
+    ) -> SchedulerState:
         return update_state(state, obs, self.config, predicted_u)
 
     def predict(self, state: SchedulerState) -> dict[str, np.ndarray] | None:
         return None
 
     @abstractmethod
-    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> Selection:
+    def select(
+        self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int
+    ) -> Selection:
         """Choose ``min(batch_size, pool size)`` distinct tasks for ``step``."""

@@ -23,11 +23,17 @@ def _picks(state: SchedulerState, idx, half: str, scores, reasons=None, propensi
     out = []
     for j, i in enumerate(idx):
         i = int(i)
-        out.append(Pick(
-            task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half=half,
-            score=float(scores[i]), propensity=propensity,
-            reason={"half": half, **(reasons[j] if reasons else {})}, index=i,
-        ))
+        out.append(
+            Pick(
+                task_id=str(state.task_ids[i]),
+                env_id=state.env_ids[state.env[i]],
+                half=half,
+                score=float(scores[i]),
+                propensity=propensity,
+                reason={"half": half, **(reasons[j] if reasons else {})},
+                index=i,
+            )
+        )
     return out
 
 
@@ -42,17 +48,27 @@ class RandomScheduler(Scheduler):
 
     name = "random"
 
-    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> Selection:
+    def select(
+        self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int
+    ) -> Selection:
         n = state.n_tasks
         b = min(batch_size, n)
         idx = rng.choice(n, size=b, replace=False)
         prop = b / n
-        return Selection([
-            Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="random",
-                 score=0.0, propensity=prop, reason={"half": "random", "uniform_of": n}, index=int(i))
-            for i in idx
-        ])
-
+        return Selection(
+            [
+                Pick(
+                    task_id=str(state.task_ids[i]),
+                    env_id=state.env_ids[state.env[i]],
+                    half="random",
+                    score=0.0,
+                    propensity=prop,
+                    reason={"half": "random", "uniform_of": n},
+                    index=int(i),
+                )
+                for i in idx
+            ]
+        )
 
 
 class VarianceGreedy(Scheduler):
@@ -99,8 +115,18 @@ class GRESO(Scheduler):
         if len(ordered) < b:  # not enough survivors: fill with skipped ones
             ordered = np.concatenate([ordered, order[~kept[order]]])
         idx = ordered[:b]
-        return Selection(_picks(state, idx, "greso", keep_prob,
-                      [{"keep_prob": float(keep_prob[i]), "zero_var_streak": int(a["greso_streak"][i])} for i in idx]))
+        return Selection(
+            _picks(
+                state,
+                idx,
+                "greso",
+                keep_prob,
+                [
+                    {"keep_prob": float(keep_prob[i]), "zero_var_streak": int(a["greso_streak"][i])}
+                    for i in idx
+                ],
+            )
+        )
 
     def update(self, state, obs, predicted_u=None):
         self._init(state)
@@ -134,8 +160,15 @@ class MoPPS(Scheduler):
         theta = rng.beta(alpha, beta)
         closeness = -np.abs(theta - 0.5)
         idx = _top(closeness, min(batch_size, state.n_tasks), rng)
-        return Selection(_picks(state, idx, "mopps", closeness,
-                      [{"theta": float(theta[i]), "alpha": float(alpha[i]), "beta": float(beta[i])} for i in idx]))
+        return Selection(
+            _picks(
+                state,
+                idx,
+                "mopps",
+                closeness,
+                [{"theta": float(theta[i]), "alpha": float(alpha[i]), "beta": float(beta[i])} for i in idx],
+            )
+        )
 
     def update(self, state, obs, predicted_u=None):
         a = state.arrays
@@ -184,8 +217,11 @@ class DPS(Scheduler):
         belief[:] = belief @ T  # everyone moves one step
         has = obs.rollouts > 0
         i = obs.task_idx[has]
-        cls = np.where(obs.dispersion[has] > 0, self.PARTIAL,
-                       np.where(obs.mean[has] >= 0.999, self.SOLVED, self.UNSOLVED))
+        cls = np.where(
+            obs.dispersion[has] > 0,
+            self.PARTIAL,
+            np.where(obs.mean[has] >= 0.999, self.SOLVED, self.UNSOLVED),
+        )
         prev = a["dps_last"][i]
         known = prev >= 0
         np.add.at(counts, (prev[known].astype(int), cls[known]), 1.0)

@@ -12,7 +12,7 @@ from envsched_pipeline.scheduler.state import SchedulerState
 
 
 class BatchConstraints:
-    """Tracks the §6 constraints while a batch is built, with the relaxation order.
+    """Tracks the batch constraints (docs/algorithm.md §6) while a batch is built, with the relaxation order.
 
     Level 0: everything; 1: consecutive cap relaxed; 2: + C3 relaxed; 3: + C1 relaxed.
     """
@@ -43,8 +43,13 @@ class BatchConstraints:
         out = []
         for e in self.quarantined_envs:
             rate = a["env_infra_X"][e] / max(a["env_infra_W"][e], 1e-12)
-            out.append({"env_id": self.state.env_ids[e], "until_step": int(a["env_quarantine_until"][e]),
-                        "reason": f"infrastructure error rate {rate:.0%} over recent rollouts"})
+            out.append(
+                {
+                    "env_id": self.state.env_ids[e],
+                    "until_step": int(a["env_quarantine_until"][e]),
+                    "reason": f"infrastructure error rate {rate:.0%} over recent rollouts",
+                }
+            )
         return out
 
     def eligible(self, level: int | None = None) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""EnvSched (docs/algorithm.md): graph-propagated variance prediction and a coverage +
+"""EnvSched (docs/algorithm.md §2-§6): graph-propagated variance prediction and a coverage +
 exploitation batch under environment quotas.
 
     predict(state)          own history, neighbour/environment prior, shrinkage blend   (§2, §4)
@@ -93,15 +93,15 @@ class EnvSched(Scheduler):
     # ------------------------------------------------------------------ §5
     def informativeness(self, state: SchedulerState, pred: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         c, a = self.config, state.arrays
-        recent = float(np.mean(state.realized_var[-c.calib_window:])) if state.realized_var else c.cold_var
+        recent = float(np.mean(state.realized_var[-c.calib_window :])) if state.realized_var else c.cold_var
         u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
         cal = u.copy()
         calibrated = False
         if c.calibrate and len(state.calib_u) >= 2:
-            xu = np.concatenate(state.calib_u[-c.calib_window:])
-            ys = np.concatenate(state.calib_s2[-c.calib_window:])
+            xu = np.concatenate(state.calib_u[-c.calib_window :])
+            ys = np.concatenate(state.calib_s2[-c.calib_window :])
             if len(xu) >= 8 and np.ptp(xu) > 0:
-                from sklearn.isotonic import IsotonicRegression
+                from sklearn.isotonic import IsotonicRegression  # scikit-learn loads slowly; only from step 2
 
                 iso = IsotonicRegression(increasing=True, out_of_bounds="clip", y_min=0.0)
                 iso.fit(xu, ys)
@@ -122,9 +122,18 @@ class EnvSched(Scheduler):
             cost = self.predicted_cost(state)
             rel = cost / max(float(np.median(cost)), 1e-9)
             score = score * np.clip(1.0 / np.maximum(rel, 1e-9), c.cost_floor, 1.0 / c.cost_floor)
-        return {"u": u, "calibrated": cal, "norm": norm, "exposure": exposure, "decline": decline,
-                "hack": hack, "score": score, "cost": cost, "recent_var": np.full(1, recent),
-                "is_calibrated": np.full(1, calibrated)}
+        return {
+            "u": u,
+            "calibrated": cal,
+            "norm": norm,
+            "exposure": exposure,
+            "decline": decline,
+            "hack": hack,
+            "score": score,
+            "cost": cost,
+            "recent_var": np.full(1, recent),
+            "is_calibrated": np.full(1, calibrated),
+        }
 
     def predicted_cost(self, state: SchedulerState) -> np.ndarray:
         """Seconds per rollout: own decayed mean, else the environment's, else the global mean."""
@@ -142,7 +151,7 @@ class EnvSched(Scheduler):
         retired = a["retired"] > 0
         back = retired & (rng.random(state.n_tasks) < self.config.return_prob)
         if self.graph is not None and retired.any() and state.realized_var:
-            recent = float(np.mean(state.realized_var[-self.config.calib_window:]))
+            recent = float(np.mean(state.realized_var[-self.config.calib_window :]))
             hot = pred["hat_s2"] > recent
             r = np.flatnonzero(retired)
             nb = np.concatenate([self.graph.within_idx[r], self.graph.cross_idx[r]], axis=1)
@@ -151,7 +160,9 @@ class EnvSched(Scheduler):
         return back
 
     # ------------------------------------------------------------------ §6
-    def select(self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int) -> Selection:
+    def select(
+        self, state: SchedulerState, batch_size: int, rng: np.random.Generator, step: int
+    ) -> Selection:
         c = self.config
         b = min(batch_size, state.n_tasks)
         cons = BatchConstraints(state, c, step)
@@ -167,7 +178,9 @@ class EnvSched(Scheduler):
         picks: list[Pick] = []
         n_cov = int(round(c.rho * b))
         # -- coverage half: environments by (rollouts spent, last seen, random), round robin
-        env_key = np.lexsort((rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"]))
+        env_key = np.lexsort(
+            (rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"])
+        )
         exposure = state.arrays["exposure"]
 
         def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
@@ -220,9 +233,19 @@ class EnvSched(Scheduler):
         picks: list[Pick] = []
         for i, snap, prop in self._round_robin(state, cons, order, b, most_diverse):
             reason = {"half": "cold", "max_sim_to_batch": sim_at_pick[i], "constraints": snap}
-            picks.append(Pick(task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half="cold",
-                              score=0.0, pred_var=self.config.cold_var, p_nonzero=self.config.cold_dispersion,
-                              propensity=prop, reason=reason, index=i))
+            picks.append(
+                Pick(
+                    task_id=str(state.task_ids[i]),
+                    env_id=state.env_ids[state.env[i]],
+                    half="cold",
+                    score=0.0,
+                    pred_var=self.config.cold_var,
+                    p_nonzero=self.config.cold_dispersion,
+                    propensity=prop,
+                    reason=reason,
+                    index=i,
+                )
+            )
         return picks
 
     def _round_robin(self, state, cons: BatchConstraints, env_order, n: int, choose) -> list[tuple]:
@@ -282,7 +305,13 @@ class EnvSched(Scheduler):
             "constraints": snap,
         }
         return Pick(
-            task_id=str(state.task_ids[i]), env_id=state.env_ids[state.env[i]], half=half,
-            score=float(inf["score"][i]), pred_var=float(inf["u"][i]),
-            p_nonzero=float(np.clip(pred["hat_d"][i], 0.0, 1.0)), propensity=propensity, reason=reason, index=i,
+            task_id=str(state.task_ids[i]),
+            env_id=state.env_ids[state.env[i]],
+            half=half,
+            score=float(inf["score"][i]),
+            pred_var=float(inf["u"][i]),
+            p_nonzero=float(np.clip(pred["hat_d"][i], 0.0, 1.0)),
+            propensity=propensity,
+            reason=reason,
+            index=i,
         )

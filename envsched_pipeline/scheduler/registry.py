@@ -37,7 +37,9 @@ def uses_graph(name: str) -> bool:
     return name in GRAPH_SCHEDULERS
 
 
-def make_scheduler(name: str, config: SchedulerConfig | None = None, graph: TaskGraph | None = None) -> Scheduler:
+def make_scheduler(
+    name: str, config: SchedulerConfig | None = None, graph: TaskGraph | None = None
+) -> Scheduler:
     if name not in SCHEDULERS:
         raise KeyError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
     sched = SCHEDULERS[name](config or SchedulerConfig(), graph)

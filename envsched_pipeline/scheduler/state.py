@@ -4,7 +4,7 @@ Everything is a flat numpy array over the pool's tasks (index i) or environments
 an update is O(pool) vector arithmetic and a selection never replays history. The state is saved
 to the lake after every step (``state/step=t/scheduler.npz``) and loaded for step t+1.
 
-Decayed sums (ALGORITHM.md §2): with gamma = 2^(-1/h_long), after each step every sum is multiplied
+Decayed sums (docs/algorithm.md §2): with gamma = 2^(-1/h_long), after each step every sum is multiplied
 by gamma and the new observation is added, so W_i = sum_k gamma^(t - t_k) and X_i likewise.
 """
 
@@ -40,8 +40,9 @@ class Observations:
     cost: np.ndarray | None = None  # mean seconds per rollout of the group (cost-aware scheduling)
 
     @classmethod
-    def from_groups(cls, step: int, task_idx, rewards_per_task: list[np.ndarray],
-                    hack_flags=None) -> Observations:
+    def from_groups(
+        cls, step: int, task_idx, rewards_per_task: list[np.ndarray], hack_flags=None
+    ) -> Observations:
         means, vars_, disp, n, rew = [], [], [], [], []
         for r in rewards_per_task:
             r = np.asarray(r, dtype=float)
@@ -79,13 +80,27 @@ class SchedulerState:
     extra: dict = field(default_factory=dict)  # JSON-able extras (baselines' scalars)
 
     TASK_ARRAYS = (
-        "W", "Xm", "Xs2", "Xd",  # decayed sums (§2)
-        "ema_short", "ema_long",  # s2 EMAs for the recent-decline guard (§5.5)
-        "exposure", "last_seen", "n_groups",
-        "recent_mean_0", "recent_mean_1", "recent_mean_2",  # last 3 group means (retirement)
-        "recent_disp_0", "recent_disp_1", "recent_disp_2",  # last 3 group dispersions
-        "retired", "retired_at", "hack_W", "hack_X",
-        "cost_W", "cost_X",  # decayed seconds per rollout (cost-aware scheduling)
+        "W",
+        "Xm",
+        "Xs2",
+        "Xd",  # decayed sums (docs/algorithm.md §2)
+        "ema_short",
+        "ema_long",  # s2 EMAs for the recent-decline guard (docs/algorithm.md §5.5)
+        "exposure",
+        "last_seen",
+        "n_groups",
+        "recent_mean_0",
+        "recent_mean_1",
+        "recent_mean_2",  # last 3 group means (retirement)
+        "recent_disp_0",
+        "recent_disp_1",
+        "recent_disp_2",  # last 3 group dispersions
+        "retired",
+        "retired_at",
+        "hack_W",
+        "hack_X",
+        "cost_W",
+        "cost_X",  # decayed seconds per rollout (cost-aware scheduling)
     )
 
     @classmethod
@@ -103,7 +118,9 @@ class SchedulerState:
         for k in ("recent_mean", "recent_disp"):
             for j in range(3):
                 st.arrays[f"{k}_{j}"][:] = np.nan
-        st.arrays["content_hash"] = np.asarray(content_hashes if content_hashes is not None else task_ids).astype(str)
+        st.arrays["content_hash"] = np.asarray(
+            content_hashes if content_hashes is not None else task_ids
+        ).astype(str)
         st.arrays["env_rollouts"] = np.zeros(len(env_ids))
         st.arrays["env_last_seen"] = np.full(len(env_ids), -1.0)
         return st
@@ -177,7 +194,6 @@ class SchedulerState:
         return st
 
 
-
 def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tuple[SchedulerState, dict]:
     """Re-key a state onto an edited pool by task *content hash* (edit-tolerant resume).
 
@@ -197,8 +213,10 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
     archive_hash = state.arrays.get("archive_hash", np.array([], dtype=str))
     pos_arch = {h: i for i, h in enumerate(np.asarray(archive_hash).astype(str).tolist())}
     src = np.array([pos_old.get(h, -1) for h in hashes_for_match.tolist()], dtype=np.int64)
-    src_arch = np.array([pos_arch.get(h, -1) if s < 0 else -1 for h, s in zip(hashes_for_match.tolist(), src, strict=True)],
-                        dtype=np.int64)
+    src_arch = np.array(
+        [pos_arch.get(h, -1) if s < 0 else -1 for h, s in zip(hashes_for_match.tolist(), src, strict=True)],
+        dtype=np.int64,
+    )
     env_map = {e: i for i, e in enumerate(new.env_ids)}
     old_env_to_new = np.array([env_map.get(e, -1) for e in state.env_ids], dtype=np.int64)
     for name, arr in state.arrays.items():
@@ -216,8 +234,11 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
         k = len(arr) // n_old
         rows = arr.reshape(n_old, k)
         base = new.arrays.get(name)
-        out = (base.reshape(n_new, k).copy() if base is not None and len(base) == n_new * k
-               else np.zeros((n_new, k), dtype=arr.dtype))
+        out = (
+            base.reshape(n_new, k).copy()
+            if base is not None and len(base) == n_new * k
+            else np.zeros((n_new, k), dtype=arr.dtype)
+        )
         out[src >= 0] = rows[src[src >= 0]]
         arch = state.arrays.get(f"archive_{name}")
         if arch is not None and (src_arch >= 0).any():
@@ -226,11 +247,21 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
     # archive the rows of removed tasks (kept inactive; restored if the task returns)
     kept = set(src[src >= 0].tolist())
     removed = np.array([i for i in range(n_old) if i not in kept], dtype=np.int64)
-    restored = set(np.asarray(archive_hash).astype(str)[src_arch[src_arch >= 0]].tolist()) if len(archive_hash) else set()
-    keep_arch = np.array([h not in restored for h in np.asarray(archive_hash).astype(str).tolist()], dtype=bool)
-    new_arch_hash = np.concatenate([np.asarray(archive_hash).astype(str)[keep_arch],
-                                    np.asarray(old_hash).astype(str)[removed]]) if (len(archive_hash) or len(removed)) \
+    restored = (
+        set(np.asarray(archive_hash).astype(str)[src_arch[src_arch >= 0]].tolist())
+        if len(archive_hash)
+        else set()
+    )
+    keep_arch = np.array(
+        [h not in restored for h in np.asarray(archive_hash).astype(str).tolist()], dtype=bool
+    )
+    new_arch_hash = (
+        np.concatenate(
+            [np.asarray(archive_hash).astype(str)[keep_arch], np.asarray(old_hash).astype(str)[removed]]
+        )
+        if (len(archive_hash) or len(removed))
         else np.array([], dtype=str)
+    )
     if len(new_arch_hash):
         new.arrays["archive_hash"] = new_arch_hash
         for name in SchedulerState.TASK_ARRAYS:
@@ -244,12 +275,18 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
     new.realized_var, new.calib_u, new.calib_s2 = state.realized_var, state.calib_u, state.calib_s2
     new.extra = {k: v for k, v in state.extra.items() if not k.startswith("_")}
     new.step = state.step
-    report = {"kept": int((src >= 0).sum()), "restored": int((src_arch >= 0).sum()),
-              "new": int(((src < 0) & (src_arch < 0)).sum()), "archived": int(len(removed))}
+    report = {
+        "kept": int((src >= 0).sum()),
+        "restored": int((src_arch >= 0).sum()),
+        "new": int(((src < 0) & (src_arch < 0)).sum()),
+        "archived": int(len(removed)),
+    }
     return new, report
 
 
-def prior_from(previous: SchedulerState, task_ids, env_ids_per_task, hashes, discount: float) -> SchedulerState:
+def prior_from(
+    previous: SchedulerState, task_ids, env_ids_per_task, hashes, discount: float
+) -> SchedulerState:
     """A fresh state whose statistics start from a previous run's final state (matched by content
     hash), discounted: W and X sums are multiplied by ``discount``, so the old run counts as
     ``discount`` of an observation per group it saw. Exposure, retirement and constraints start

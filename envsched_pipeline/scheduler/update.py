@@ -20,8 +20,9 @@ from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import CALIB_WINDOW, Observations, SchedulerState
 
 
-def update_state(state: SchedulerState, obs: Observations, config: SchedulerConfig,
-                 predicted_u: np.ndarray | None = None) -> SchedulerState:
+def update_state(
+    state: SchedulerState, obs: Observations, config: SchedulerConfig, predicted_u: np.ndarray | None = None
+) -> SchedulerState:
     """Apply one step's observations in place; returns the state."""
     elapsed = max(1, obs.step - state.step) if state.step >= 0 else 1
     decay(state, config, elapsed)
@@ -45,7 +46,9 @@ def decay(state: SchedulerState, config: SchedulerConfig, elapsed: int) -> None:
         a[k] *= gamma**elapsed
 
 
-def add_observations(state: SchedulerState, obs: Observations, config: SchedulerConfig, has: np.ndarray) -> None:
+def add_observations(
+    state: SchedulerState, obs: Observations, config: SchedulerConfig, has: np.ndarray
+) -> None:
     a = state.arrays
     i, m, s2, d = obs.task_idx[has], obs.mean[has], obs.var[has], obs.dispersion[has]
     a["W"][i] += 1.0
@@ -121,8 +124,11 @@ def retire(state: SchedulerState, obs: Observations, config: SchedulerConfig, ha
     a["retired"][newly] = 1.0
     a["retired_at"][newly] = obs.step
     i = obs.task_idx[has]
-    back = (a["retired"] == 1) & np.isin(np.arange(state.n_tasks), i[obs.dispersion[has] > 0]) \
+    back = (
+        (a["retired"] == 1)
+        & np.isin(np.arange(state.n_tasks), i[obs.dispersion[has] > 0])
         & (rate <= config.hack_retire)
+    )
     a["retired"][back] = 0.0
 
 
@@ -143,10 +149,15 @@ def quarantine(state: SchedulerState, obs: Observations, config: SchedulerConfig
     a["env_quarantine_until"][hot] = obs.step + config.quarantine_steps
 
 
-def keep_history(state: SchedulerState, obs: Observations, config: SchedulerConfig, has: np.ndarray,
-                 predicted_u: np.ndarray | None) -> None:
+def keep_history(
+    state: SchedulerState,
+    obs: Observations,
+    config: SchedulerConfig,
+    has: np.ndarray,
+    predicted_u: np.ndarray | None,
+) -> None:
     s2 = obs.var[has]
-    state.realized_var = (state.realized_var + [float(s2.mean()) if len(s2) else 0.0])[-config.calib_window:]
+    state.realized_var = (state.realized_var + [float(s2.mean()) if len(s2) else 0.0])[-config.calib_window :]
     if predicted_u is not None:
         state.calib_u = (state.calib_u + [np.asarray(predicted_u, dtype=float)[has]])[-CALIB_WINDOW:]
         state.calib_s2 = (state.calib_s2 + [s2])[-CALIB_WINDOW:]

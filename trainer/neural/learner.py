@@ -65,7 +65,9 @@ class NeuralConfig:
         known = set(cls.__dataclass_fields__) - {"policy"}
         bad = sorted(set(d) - known)
         if bad:
-            raise ValueError(f"unknown neural learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"unknown neural learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(known))}"
+            )
         return cls(policy=pol, **d)
 
 
@@ -127,8 +129,14 @@ def _static(texts: list[EpisodeText]) -> dict[str, torch.Tensor]:
         a, p = cache[key]
         tw[b, : len(a)] = a
         pw[b, : len(p)] = p
-    return {"tokens": tokens, "shapes": shapes, "mask": mask, "tool_words": torch.from_numpy(tw),
-            "tool_mask": torch.from_numpy(tw[..., 0] > 0), "param_words": torch.from_numpy(pw)}
+    return {
+        "tokens": tokens,
+        "shapes": shapes,
+        "mask": mask,
+        "tool_words": torch.from_numpy(tw),
+        "tool_mask": torch.from_numpy(tw[..., 0] > 0),
+        "param_words": torch.from_numpy(pw),
+    }
 
 
 def _candidates(cands: list[list[Candidate]]) -> dict[str, torch.Tensor]:
@@ -138,8 +146,10 @@ def _candidates(cands: list[list[Candidate]]) -> dict[str, torch.Tensor]:
     exists = np.zeros((len(cands), n), dtype=bool)
     for b, cs in enumerate(cands):
         if cs:
-            arr[:, b, : len(cs)] = np.array([(c.word, c.shape, c.key, c.source, c.position if c.source == 0 else -1)
-                                             for c in cs], dtype=np.int64).T
+            arr[:, b, : len(cs)] = np.array(
+                [(c.word, c.shape, c.key, c.source, c.position if c.source == 0 else -1) for c in cs],
+                dtype=np.int64,
+            ).T
             exists[b, : len(cs)] = True
     out = {k: torch.from_numpy(arr[j]) for j, k in enumerate(("word", "shape", "key", "source", "instr_pos"))}
     out["exists"] = torch.from_numpy(exists)
@@ -157,7 +167,9 @@ def _age(source: torch.Tensor, k: int) -> torch.Tensor:
     return torch.where(source == 0, torch.zeros_like(source), k - source + 1)
 
 
-def decision_logprobs(model: PointerPolicy, traces: list[Trace]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decision_logprobs(
+    model: PointerPolicy, traces: list[Trace]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced log-probabilities of every decision of every trace.
 
     Returns (logp (B, D), mask (B, D), tool entropy per trace (B,)), D = actions x (1 + MAX_PARAMS),
@@ -206,7 +218,9 @@ def decision_logprobs(model: PointerPolicy, traces: list[Trace]) -> tuple[torch.
                 masks.append(has)
                 continue
             cv = model.mark_used(cv_k, used)
-            al = _safe_log_softmax(model.arg_logits(h, ctx, tvec, param_vecs[rows, j, p], prev, cv, visible), has)
+            al = _safe_log_softmax(
+                model.arg_logits(h, ctx, tvec, param_vecs[rows, j, p], prev, cv, visible), has
+            )
             lps.append(al[rows, choice.clamp_min(0)])
             masks.append(has)
             prev = prev + cv[rows, choice.clamp_min(0)] * has.unsqueeze(-1).float()
@@ -226,7 +240,9 @@ class NeuralLearner:
         self.config = config
         self.seed = seed
         self.model = PointerPolicy(config.policy)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
         self.version = 0
         self._pool = None
         self.last: dict | None = None
@@ -236,7 +252,6 @@ class NeuralLearner:
     @property
     def pool(self):
         if self._pool is None:
-
             self._pool = SandboxPool(workers=self.config.workers)
         return self._pool
 
@@ -298,14 +313,20 @@ class NeuralLearner:
             hk, Ck, mk = h[idx], C[idx], st["mask"][idx]
             ctx = model.context(hk, Ck, mk)
             tl = torch.log_softmax(model.tool_logits(hk, ctx, tool_vecs[idx], st["tool_mask"][idx]), -1)
-            tool = torch.zeros(len(active), dtype=torch.long) if k == c.max_actions else _sample(tl, gen, c.temperature, greedy)
+            tool = (
+                torch.zeros(len(active), dtype=torch.long)
+                if k == c.max_actions
+                else _sample(tl, gen, c.temperature, greedy)
+            )
             rows = torch.arange(len(active))
             lp = torch.zeros((len(active), 1 + MAX_PARAMS))
             lp[:, 0] = tl[rows, tool]
             cands = [sub[a].candidates_at(k) for a in active]
             ct = _candidates(cands)
-            cv_k = model.candidate_vectors(model.candidate_base(Ck, ct["instr_pos"], ct["word"], ct["shape"], ct["key"]),
-                                           _age(ct["source"], k))
+            cv_k = model.candidate_vectors(
+                model.candidate_base(Ck, ct["instr_pos"], ct["word"], ct["shape"], ct["key"]),
+                _age(ct["source"], k),
+            )
             used_t = torch.zeros_like(ct["exists"])
             for r, a in enumerate(active):
                 if used[a]:
@@ -315,8 +336,10 @@ class NeuralLearner:
             pvec = param_vecs[idx][rows, j]
             prev = torch.zeros_like(tvec)
             args: list[list[int]] = [[] for _ in active]
-            n_params = [len(sub[a].text.tools[int(j[r])].params[:MAX_PARAMS]) if int(tool[r]) > 0 else 0
-                        for r, a in enumerate(active)]
+            n_params = [
+                len(sub[a].text.tools[int(j[r])].params[:MAX_PARAMS]) if int(tool[r]) > 0 else 0
+                for r, a in enumerate(active)
+            ]
             for p in range(MAX_PARAMS):
                 need = torch.tensor([n > p for n in n_params])
                 if not need.any():
@@ -340,8 +363,13 @@ class NeuralLearner:
                     continue
                 spec = t.text.tools[int(tool[r]) - 1]
                 cl = cands[r]
-                call = {"name": spec.name, "arguments": {pn: convert(cl[ci].text, ptype)
-                                                         for (pn, _, ptype), ci in zip(spec.params, args[r], strict=False)}}
+                call = {
+                    "name": spec.name,
+                    "arguments": {
+                        pn: convert(cl[ci].text, ptype)
+                        for (pn, _, ptype), ci in zip(spec.params, args[r], strict=False)
+                    },
+                }
                 used[a].update(args[r])
                 calls[live[a]] = call
                 t.calls.append(call)
@@ -362,7 +390,9 @@ class NeuralLearner:
                 out_words[r, : len(w)] = w
                 still.append(a)
             h = h.clone()
-            h[idx] = torch.where((tool > 0).unsqueeze(-1), model.advance(hk, tvec + prev, torch.from_numpy(out_words)), hk)
+            h[idx] = torch.where(
+                (tool > 0).unsqueeze(-1), model.advance(hk, tvec + prev, torch.from_numpy(out_words)), hk
+            )
             active = still
 
     # ------------------------------------------------------------------ the GRPO step
@@ -377,16 +407,33 @@ class NeuralLearner:
         self.last = {"traces": traces, "rewards": rewards, "group_size": group_size}
         return {
             "reward": rewards,
-            "checks_passed": np.array([sum(bool(c.get("passed")) for c in t.result.get("checks", []))
-                                       for t in traces]).reshape(n, group_size),
+            "checks_passed": np.array(
+                [sum(bool(c.get("passed")) for c in t.result.get("checks", [])) for t in traces]
+            ).reshape(n, group_size),
             "n_checks": np.array([len(t.result.get("checks", [])) for t in traces]).reshape(n, group_size),
             "tool_calls": np.array([len(t.calls) for t in traces]).reshape(n, group_size),
-            "error_class": np.array([t.result.get("error_class") or "none" for t in traces]).reshape(n, group_size),
-            "error_message": np.array([str(t.result.get("error") or "")[:500] for t in traces]).reshape(n, group_size),
+            "error_class": np.array([t.result.get("error_class") or "none" for t in traces]).reshape(
+                n, group_size
+            ),
+            "error_message": np.array([str(t.result.get("error") or "")[:500] for t in traces]).reshape(
+                n, group_size
+            ),
             "seconds": np.full((n, group_size), seconds / max(len(rows), 1)),
-            "trajectory": np.array([json.dumps({"engine": "neural", "tool_calls": [
-                {**cl, "output": out[:500]} for cl, out in zip(t.calls, t.outputs, strict=False)]}, default=str)[:20000]
-                for t in traces]).reshape(n, group_size),
+            "trajectory": np.array(
+                [
+                    json.dumps(
+                        {
+                            "engine": "neural",
+                            "tool_calls": [
+                                {**cl, "output": out[:500]}
+                                for cl, out in zip(t.calls, t.outputs, strict=False)
+                            ],
+                        },
+                        default=str,
+                    )[:20000]
+                    for t in traces
+                ]
+            ).reshape(n, group_size),
             "rollout_seconds": seconds,
         }
 
@@ -398,9 +445,16 @@ class NeuralLearner:
         traces, rewards = self.last["traces"], self.last["rewards"]
         adv = group_advantages(rewards).reshape(-1)
         keep = [j for j in range(len(traces)) if abs(adv[j]) > 1e-8 and traces[j].tool_choice]
-        info = {"trained_groups": int((np.ptp(rewards, axis=1) > 1e-6).sum()), "trained_episodes": len(keep),
-                "loss": float("nan"), "grad_norm": float("nan"), "clip_fraction": float("nan"), "kl": float("nan"),
-                "entropy": float("nan"), "lr": self.config.lr}
+        info = {
+            "trained_groups": int((np.ptp(rewards, axis=1) > 1e-6).sum()),
+            "trained_episodes": len(keep),
+            "loss": float("nan"),
+            "grad_norm": float("nan"),
+            "clip_fraction": float("nan"),
+            "kl": float("nan"),
+            "entropy": float("nan"),
+            "lr": self.config.lr,
+        }
         if keep:
             info.update(self._update([traces[j] for j in keep], adv[keep]))
         self.version += 1
@@ -419,14 +473,19 @@ class NeuralLearner:
         old = torch.from_numpy(old_np)
         model.train()
         order = np.arange(len(traces))
-        parts = [order[j::c.minibatches] for j in range(c.minibatches) if len(order[j::c.minibatches])]
+        parts = [order[j :: c.minibatches] for j in range(c.minibatches) if len(order[j :: c.minibatches])]
         losses, norms, clips, kls, ents = [], [], [], [], []
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)
             idx = torch.as_tensor(part)
-            loss, stats = grpo_loss(lp, old[idx][:, : lp.shape[1]], torch.as_tensor(adv[part], dtype=torch.float32),
-                                    mask.float(), clip_eps=c.clip_eps)
+            loss, stats = grpo_loss(
+                lp,
+                old[idx][:, : lp.shape[1]],
+                torch.as_tensor(adv[part], dtype=torch.float32),
+                mask.float(),
+                clip_eps=c.clip_eps,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)))
@@ -438,8 +497,13 @@ class NeuralLearner:
                 kls.append(float(((torch.exp(-d) - 1 + d) * mask).sum() / mask.sum().clamp_min(1)))
             ents.append(float(ent.mean()))
         model.eval()
-        return {"loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms)),
-                "clip_fraction": float(np.mean(clips)), "kl": float(np.mean(kls)), "entropy": float(np.mean(ents))}
+        return {
+            "loss": float(np.mean(losses)),
+            "grad_norm": float(np.mean(norms)),
+            "clip_fraction": float(np.mean(clips)),
+            "kl": float(np.mean(kls)),
+            "entropy": float(np.mean(ents)),
+        }
 
     # ------------------------------------------------------------------ warm start
     def warm_start(self, tasks: list[dict], envs: dict[str, dict] | None = None, log=None) -> dict:
@@ -466,17 +530,25 @@ class NeuralLearner:
             if log and (step + 1) % max(1, c.warm_start_steps // 4) == 0:
                 log(f"warm start {step + 1}/{c.warm_start_steps}: loss {np.mean(losses[-10:]):.3f}")
         self.model.eval()
-        return {"warm_start_tasks": len(traces), "warm_start_steps": c.warm_start_steps,
-                "warm_start_loss": float(np.mean(losses[-10:])) if losses else float("nan")}
+        return {
+            "warm_start_tasks": len(traces),
+            "warm_start_steps": c.warm_start_steps,
+            "warm_start_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
+        }
 
     def gold_traces(self, tasks: list[dict]) -> list[Trace]:
         """Traces that follow each task's gold actions (with the real tool outputs)."""
         golds = [json.loads(t.get("gold") or "[]") or [] for t in tasks]
         with self.pool.batch(self.envs, [(t["env_id"], t) for t in tasks]) as batch:
             firsts = batch.reset()
-            traces = [Trace(text=episode_text((f or {}).get("observation") or "", (f or {}).get("tools") or []))
-                      for f in firsts]
-            ok = [f is not None and bool(g) and isinstance(g[0], dict) for f, g in zip(firsts, golds, strict=True)]
+            traces = [
+                Trace(text=episode_text((f or {}).get("observation") or "", (f or {}).get("tools") or []))
+                for f in firsts
+            ]
+            ok = [
+                f is not None and bool(g) and isinstance(g[0], dict)
+                for f, g in zip(firsts, golds, strict=True)
+            ]
             k = 0
             while True:
                 calls = {}
@@ -526,8 +598,15 @@ class NeuralLearner:
     # ------------------------------------------------------------------ checkpoint
     def state_bytes(self) -> bytes:
         buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "config": asdict(self.config)}, buf)
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "version": self.version,
+                "config": asdict(self.config),
+            },
+            buf,
+        )
         return buf.getvalue()
 
     def load_bytes(self, data: bytes) -> None:
@@ -566,8 +645,11 @@ def _map_gold(trace: Trace, call: dict, k: int) -> tuple[int, list[int]] | None:
             instr = [i for i in exact if cands[i].source == 0]
             chosen.append(instr[0] if instr else max(exact, key=lambda i: cands[i].source))
             continue
-        inside = [i for i, c in enumerate(cands) if c.text and c.shape != PAD and c.text.lower() in want.lower()
-                  and len(c.text) >= 3]
+        inside = [
+            i
+            for i, c in enumerate(cands)
+            if c.text and c.shape != PAD and c.text.lower() in want.lower() and len(c.text) >= 3
+        ]
         if not inside:
             return None
         chosen.append(max(inside, key=lambda i: len(cands[i].text)))

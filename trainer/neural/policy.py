@@ -48,7 +48,9 @@ class PointerPolicy(nn.Module):
         self.word = nn.Embedding(config.vocab, d, padding_idx=0)
         self.shape = nn.Embedding(len(SHAPES), d)
         self.position = nn.Embedding(MAX_INSTRUCTION + 1, d)
-        layer = nn.TransformerEncoderLayer(d, config.heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, config.heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
         self.init_h = nn.Linear(d, d)
         self.gru = nn.GRUCell(2 * d, d)

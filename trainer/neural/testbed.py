@@ -42,14 +42,33 @@ def _cache_dir() -> Path:
 
 
 class NeuralTestbed:
-    def __init__(self, environments: list[dict], heldout: list[dict], seed: int,
-                 config: TestbedConfig = TestbedConfig(), neural: NeuralConfig = NeuralConfig(), log=None):
+    def __init__(
+        self,
+        environments: list[dict],
+        heldout: list[dict],
+        seed: int,
+        config: TestbedConfig = TestbedConfig(),
+        neural: NeuralConfig = NeuralConfig(),
+        log=None,
+    ):
 
         self.config, self.seed = config, seed
-        self.warm = load_synthetic("warmstart", family="warmstart", n_envs=config.warmstart_envs,
-                                   tasks_per_env=config.warmstart_tasks_per_env, heldout_per_env=0, seed=seed + 1000)
-        self.unseen = load_synthetic("unseen", family="unseen", n_envs=config.unseen_envs,
-                                     tasks_per_env=config.unseen_tasks_per_env, heldout_per_env=0, seed=seed + 2000)
+        self.warm = load_synthetic(
+            "warmstart",
+            family="warmstart",
+            n_envs=config.warmstart_envs,
+            tasks_per_env=config.warmstart_tasks_per_env,
+            heldout_per_env=0,
+            seed=seed + 1000,
+        )
+        self.unseen = load_synthetic(
+            "unseen",
+            family="unseen",
+            n_envs=config.unseen_envs,
+            tasks_per_env=config.unseen_tasks_per_env,
+            heldout_per_env=0,
+            seed=seed + 2000,
+        )
         envs = {e["env_id"]: e for e in environments}
         for d in (self.warm, self.unseen):
             overlap = set(envs) & {e["env_id"] for e in d.environments}
@@ -62,8 +81,12 @@ class NeuralTestbed:
         self._warm_start(neural, log)
 
     def _warm_start(self, neural: NeuralConfig, log) -> None:
-        key = hashlib.sha256(json.dumps({"seed": self.seed, "testbed": asdict(self.config),
-                                         "neural": asdict(neural), "v": 1}, sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha256(
+            json.dumps(
+                {"seed": self.seed, "testbed": asdict(self.config), "neural": asdict(neural), "v": 1},
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:16]
         path = _cache_dir() / f"{key}.pt"
         if path.exists():
             self.learner.load_bytes(path.read_bytes())
@@ -83,8 +106,10 @@ class NeuralTestbed:
 
     def evaluate(self, seed: int) -> dict:
         n = self.config.eval_samples
-        return {"seen": self.learner.evaluate(self.heldout_seen, n, seed=seed),
-                "unseen": self.learner.evaluate(self.heldout_unseen, n, seed=seed + 1)}
+        return {
+            "seen": self.learner.evaluate(self.heldout_seen, n, seed=seed),
+            "unseen": self.learner.evaluate(self.heldout_unseen, n, seed=seed + 1),
+        }
 
     def close(self) -> None:
         self.learner.close()

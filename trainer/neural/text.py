@@ -113,7 +113,7 @@ def parse_tools(tools: list[dict]) -> list[Tool]:
     out = []
     for t in tools:
         fn = t.get("function", t)
-        props = ((fn.get("parameters") or {}).get("properties") or {})
+        props = (fn.get("parameters") or {}).get("properties") or {}
         required = (fn.get("parameters") or {}).get("required") or []
         params = [(p, name_words(p), str((props.get(p) or {}).get("type", "string"))) for p in required]
         out.append(Tool(name=fn.get("name", ""), words=name_words(fn.get("name", "")), params=params))
@@ -153,8 +153,11 @@ def read_output(text: str, action: int) -> tuple[list[Candidate], list[int]]:
         for key, value in _leaves(obj):
             s = str(value)
             shape = shape_of(s)
-            cands.append(Candidate(text=s, word=token_ids(s, shape), shape=SHAPE[shape], source=action,
-                                   key=word_id(key)))
+            cands.append(
+                Candidate(
+                    text=s, word=token_ids(s, shape), shape=SHAPE[shape], source=action, key=word_id(key)
+                )
+            )
     words = []
     lowered = (text or "").lower()
     if lowered.startswith("error"):

@@ -79,10 +79,14 @@ class ExternalRun:
             r["reason"] = json.loads(r["reason"]) if r.get("reason") else {}
         return rows
 
-    def observe(self, step: int, rollouts: Iterable[dict]) -> dict:
+    def observe(
+        self, step: int, rollouts: Iterable[dict], replace: bool = False, partial_groups: bool = False
+    ) -> dict:
         """Hand back step ``step``'s rollouts ({task_id, rollout, reward, ...optional}). Validated,
         written atomically, then folded into the scheduler's statistics."""
-        metrics = ingest_rollouts(self.lake, step, list(rollouts))
+        metrics = ingest_rollouts(
+            self.lake, step, list(rollouts), replace=replace, partial_groups=partial_groups
+        )
         statistics_step(self.lake, step)
         return metrics
 

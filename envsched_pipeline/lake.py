@@ -105,6 +105,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+_ERROR_MARK = "lake error: "
+_SAFE_VALUE = re.compile(r"-?[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
+
+
 class Lake:
     """Parquet tables + artifacts under one root, with DuckDB views for SQL."""
 
@@ -117,8 +121,24 @@ class Lake:
             raise LakeError(f"unknown lake table {table!r}; known: {', '.join(sorted(ALL_TABLES))}")
         d = self.root / table
         for k, v in partition.items():
+            if not _SAFE_VALUE.fullmatch(str(v)):
+                raise LakeError(
+                    f"{table}: partition {k}={v!r} is not a valid name (letters, digits, '_' and '-')"
+                )
             d = d / f"{k}={v}"
         return d
+
+    def require(self) -> Lake:
+        """This lake must exist (for commands that only read): a missing lake or a file in its
+        place is an error that says how to start a run, never an empty answer."""
+        if not self.root.exists():
+            raise LakeError(
+                f"no lake at {self.root}: start a run with `envsched train` (or `envsched --lake DIR ...` "
+                "to point at another lake)"
+            )
+        if not self.root.is_dir():
+            raise LakeError(f"{self.root} is not a lake (it is a file, not a folder)")
+        return self
 
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
         d = self.root / kind
@@ -231,9 +251,11 @@ class Lake:
         and the documented views of ``views.sql``."""
         con = duckdb.connect(":memory:")
         for table in ALL_TABLES:
-            files = (
-                sorted((self.root / table).rglob("part-0.parquet")) if (self.root / table).exists() else []
-            )
+            folder = self.root / table
+            if folder.exists() and not folder.is_dir():
+                _error_view(con, table, f"{folder} should be a folder of partitions, not a file")
+                continue
+            files = sorted(folder.rglob("part-0.parquet")) if folder.exists() else []
             if files:
                 paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
                 try:
@@ -241,8 +263,14 @@ class Lake:
                         f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{paths}], union_by_name=true, hive_partitioning=false)"
                     )
                 except duckdb.Error as exc:
+                    # only queries that touch this table fail, and they name the file
                     bad = self._find_corrupt(files)
-                    raise LakeError(f"{bad or table}: cannot read Parquet ({exc})") from exc
+                    _error_view(
+                        con,
+                        table,
+                        f"{bad or table}: cannot read Parquet ({str(exc).splitlines()[0]}); "
+                        "delete it and re-materialize that partition",
+                    )
             else:
                 con.register(f"_{table}_empty", self._empty(table))
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
@@ -254,8 +282,7 @@ class Lake:
                 # and a query that touches it fails with the reason; other queries are unaffected
                 name = _view_name(stmt)
                 if name:
-                    msg = f"view {name} is unavailable: {str(exc).splitlines()[0]}".replace("'", "''")
-                    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT error('{msg}') AS error")
+                    _error_view(con, name, f"view {name} is unavailable: {str(exc).splitlines()[0]}")
         return con
 
     def _find_corrupt(self, files: list[Path]) -> Path | None:
@@ -272,6 +299,8 @@ class Lake:
             return self._run(con, query)
         except duckdb.Error as exc:
             msg = str(exc)
+            if _ERROR_MARK in msg:
+                raise LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0]) from exc
             if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
                 bad = self._find_corrupt(sorted(self.root.rglob("part-0.parquet")))
                 if bad is not None:
@@ -290,6 +319,16 @@ class Lake:
             return pa.table({})
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
         return fetch()
+
+
+def _error_view(con: duckdb.DuckDBPyConnection, name: str, message: str) -> None:
+    """A view that raises ``message`` when a query reads it."""
+    text = f"{_ERROR_MARK}{message}".replace("'", "''")
+    # the filter makes even count(*) evaluate error()
+    con.execute(
+        f"CREATE OR REPLACE VIEW {name} AS SELECT error('{text}') AS error FROM range(1) "
+        f"WHERE error('{text}') IS NULL"
+    )
 
 
 def _view_name(stmt: str) -> str | None:

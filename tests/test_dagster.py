@@ -2,6 +2,8 @@
 
 import dagster as dg
 
+from envsched_pipeline.run import load_run
+
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
@@ -27,11 +29,12 @@ def test_step_assets_materialize_through_pipes(small_run):
             __import__("envsched_pipeline.assets.training", fromlist=["x"]),
         ]
     )
+    key = f"{load_run(lake).run_id}-0"
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(training_steps.name, ["0"])
+        instance.add_dynamic_partitions(training_steps.name, [key])
         res = dg.materialize(
             assets,
-            partition_key="0",
+            partition_key=key,
             instance=instance,
             resources=resources(lake),
             selection=["batch_manifest", "training_step", "reward_statistics"],
@@ -45,7 +48,7 @@ def test_step_assets_materialize_through_pipes(small_run):
         first = lake.read("rollouts", step=0).to_pylist()
         res2 = dg.materialize(
             assets,
-            partition_key="0",
+            partition_key=key,
             instance=instance,
             resources=resources(lake),
             selection=["batch_manifest", "training_step"],
@@ -66,8 +69,12 @@ def test_sensor_requests_select_then_train_then_next_select(small_run):
         ctx = dg.build_sensor_context(instance=instance, resources=resources(lake))
         r = training_loop_sensor(ctx)
         assert [q.job_name for q in r.run_requests] == ["select_job"]
-        assert r.run_requests[0].partition_key == "0"
-        assert r.dynamic_partitions_requests[0].partition_keys == ["0"]
+        rid = load_run(lake).run_id
+        assert r.run_requests[0].partition_key == f"{rid}-0"
+        assert r.dynamic_partitions_requests[0].partition_keys == [f"{rid}-0"]
+        tags = r.run_requests[0].tags
+        assert tags["envsched/run_id"] == rid and tags["envsched/lake"] == str(lake.root)
+        assert tags["envsched/pool"] == "synthetic" and tags["envsched/driver"] == "sensor"
         select_manifest(lake, 0)
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
         assert [q.job_name for q in r.run_requests] == ["train_job"]
@@ -76,8 +83,8 @@ def test_sensor_requests_select_then_train_then_next_select(small_run):
         assert r.run_requests[0].asset_selection == [dg.AssetKey("reward_statistics")]
         statistics_step(lake, 0)
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
-        assert r.run_requests[0].job_name == "select_job" and r.run_requests[0].partition_key == "1"
-        assert r.run_requests[0].run_key.endswith("select-1")
+        assert r.run_requests[0].job_name == "select_job" and r.run_requests[0].partition_key == f"{rid}-1"
+        assert r.run_requests[0].run_key.endswith("select-1-a0")
 
 
 def test_sensor_skips_without_a_run(lake):

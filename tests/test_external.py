@@ -191,11 +191,12 @@ def test_dagster_loop_with_external_trainer(two_lakes):
         ingest_rollouts(lake, 0, rollouts_for(0, lake.read("manifests", step=0).to_pylist()))
         r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
         req = r.run_requests[0]
-        assert req.job_name == "train_job" and req.partition_key == "0"
-        inst.add_dynamic_partitions("training_steps", ["0"])
+        key = f"{s.spec.run_id}-0"
+        assert req.job_name == "train_job" and req.partition_key == key
+        inst.add_dynamic_partitions("training_steps", [key])
         out = dg.materialize(
             [training.training_step, training.reward_statistics],
-            partition_key="0",
+            partition_key=key,
             instance=inst,
             resources=res,
         )
@@ -207,4 +208,7 @@ def test_dagster_loop_with_external_trainer(two_lakes):
         assert md["training_step"]["trainer"].value == "external"
         assert lake.has("statistics", step=0)
         r = training_loop_sensor(dg.build_sensor_context(instance=inst, resources=res))
-        assert r.run_requests[0].job_name == "select_job" and r.run_requests[0].partition_key == "1"
+        assert (
+            r.run_requests[0].job_name == "select_job"
+            and r.run_requests[0].partition_key == f"{s.spec.run_id}-1"
+        )

@@ -40,6 +40,7 @@ def reimport(lake, data, tasks, latents=None):
             tasks=tasks,
             latents=latents if latents is not None else data.latents,
         ),
+        allow_edit=True,
     )
 
 

@@ -4,6 +4,8 @@ import dagster as dg
 from pydantic import Field
 from tqdm import tqdm
 
+from envsched_pipeline.core.gates import halt_message, halted
+from envsched_pipeline.core.lease import current, describe
 from envsched_pipeline.run import load_run
 
 
@@ -11,6 +13,21 @@ class PoolSelection(dg.Config):
     pool: str = Field(
         default="", description="Pool name; empty: the pool of the lake's run (else synthetic)."
     )
+
+
+def guard(context, lake) -> None:
+    """Refuse a step run for a halted run, or one that the run's current driver did not request
+    (``envsched train`` holds the lease: only its own runs may write)."""
+    record = halted(lake)
+    if record is not None:
+        raise dg.Failure(halt_message(record))
+    lease = current(lake)
+    driver = (getattr(getattr(context, "run", None), "tags", None) or {}).get("envsched/driver", "")
+    if lease is not None and driver != f"cli:{lease['id']}":
+        raise dg.Failure(
+            f"the run is being driven by {describe(lease)}; this run was requested by "
+            f"{driver or 'someone else'}"
+        )
 
 
 def pool_name(config: PoolSelection, lake) -> str:

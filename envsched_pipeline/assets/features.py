@@ -19,7 +19,7 @@ def features(
     context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource
 ) -> dg.MaterializeResult:
 
-    lk = lake.lake()
+    lk = lake.lake_for(context)
     out = build_features(lk, pool_name(config, lk))
     return dg.MaterializeResult(
         metadata={

@@ -18,7 +18,7 @@ def task_graph(
     context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource
 ) -> dg.MaterializeResult:
 
-    lk = lake.lake()
+    lk = lake.lake_for(context)
     pool = pool_name(config, lk)
     out = build_task_graph(lk, pool, progress=progress_logger(context))
     report = graph_report(lk, pool, out["graph"])

@@ -9,6 +9,7 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import manifest_plot
+from envsched_pipeline.assets._common import guard
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.orchestration.metadata import md_table, scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
@@ -24,7 +25,9 @@ from envsched_pipeline.resources.lake import LakeResource
 )
 def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     step = step_of(context)
-    out = select_manifest(lake.lake(), step)
+    lk = lake.lake_for(context)
+    guard(context, lk)
+    out = select_manifest(lk, step)
     rows, audit = out["rows"], out["audit"]
 
     halves = Counter(r["half"] for r in rows)
@@ -35,7 +38,7 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
             "envs_touched": len(envs),
             **{f"half_{k}": v for k, v in halves.items()},
             **scalar_metadata(audit),
-            "plot": dg.MetadataValue.path(manifest_plot(lake.lake(), step, rows)),
+            "plot": dg.MetadataValue.path(manifest_plot(lk, step, rows)),
             "picks": dg.MetadataValue.md(
                 md_table(
                     [

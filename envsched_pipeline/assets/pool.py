@@ -35,7 +35,7 @@ class PoolConfig(dg.Config):
 )
 def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: LakeResource):
 
-    lk = lake.lake()
+    lk = lake.lake_for(context)
     run = load_run(lk)
     name = config.pool or (run.pool if run else "synthetic")
     if name not in POOLS and lk.has("tasks", pool=name):

@@ -21,7 +21,7 @@ def topologies(
     context: dg.AssetExecutionContext, config: PoolSelection, lake: LakeResource, llm: LLMResource
 ) -> dg.MaterializeResult:
 
-    lk = lake.lake()
+    lk = lake.lake_for(context)
     pool = pool_name(config, lk)
     extractor = llm.extractor(lk) if llm.enabled() else None
     out = build_topologies(lk, pool, extractor=extractor, progress=progress_logger(context))

@@ -3,6 +3,8 @@
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
+from envsched_pipeline.assets._common import guard
+from envsched_pipeline.core.gates import check_manifest, halt, halt_message
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.orchestration.metadata import scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
@@ -21,7 +23,11 @@ from envsched_pipeline.run import require_run
 def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer: TrainerLauncher):
 
     step = step_of(context)
-    lk = lake.lake()
+    lk = lake.lake_for(context)
+    guard(context, lk)
+    gate = check_manifest(lk, step)
+    if not gate["passed"]:  # never train on a manifest that fails its check, whoever asks
+        raise dg.Failure(halt_message(halt(lk, step, "manifest_is_valid", gate["problems"])))
     mode = trainer.mode if trainer.mode != "auto" else require_run(lk).trainer
     if mode == "external":
         if not lk.has("rollouts", step=step):
@@ -54,7 +60,8 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
 )
 def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
 
-    lk = lake.lake()
+    lk = lake.lake_for(context)
+    guard(context, lk)
     out = statistics_step(lk, step_of(context))
     return dg.MaterializeResult(
         metadata={

@@ -72,13 +72,13 @@ def add_parser(sub) -> None:
 
 
 def cmd_status(args) -> int:
-    print(dumps(status(lake_of(args)), indent=2))
+    print(dumps(status(lake_of(args).require()), indent=2))
     return 0
 
 
 def cmd_report(args) -> int:
     index = build_report(
-        lake_of(args),
+        lake_of(args).require(),
         Path(args.out),
         baselines=not args.no_baselines,
         log=lambda m: print(m, file=sys.stderr, flush=True),
@@ -146,7 +146,7 @@ def cmd_bench_scheduler(args) -> int:
 
 def cmd_bench_replay(args) -> int:
     out = replay(
-        lake_of(args),
+        lake_of(args).require(),
         names(args.schedulers),
         window=args.window,
         log=lambda m: print(m, file=sys.stderr, flush=True),

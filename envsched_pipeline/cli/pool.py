@@ -28,12 +28,18 @@ def add_parser(sub) -> None:
     pc.add_argument("--envs", type=int, default=51, help="environments")
     pc.add_argument("--tasks-per-env", type=int, default=50, help="tasks per environment")
     pc.add_argument("--seed", type=int, default=0, help="generator seed")
+    pc.add_argument(
+        "--allow-pool-edit", action="store_true", help="replace the pool of a live run (edit-tolerant)"
+    )
     pc.set_defaults(func=cmd_create)
     pi = psub.add_parser("import", help="import a pool from files", formatter_class=F)
     pi.add_argument("kind", choices=["envscaler"], help="file format")
     pi.add_argument("--scenarios", required=True, help="EnvScaler scenario list (JSON)")
     pi.add_argument("--env-metadata", required=True, help="EnvScaler environment metadata (JSON)")
     pi.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
+    pi.add_argument(
+        "--allow-pool-edit", action="store_true", help="replace the pool of a live run (edit-tolerant)"
+    )
     pi.set_defaults(func=cmd_import)
 
     env = sub.add_parser("env", help="environments")
@@ -65,7 +71,7 @@ def cmd_create(args) -> int:
     if args.envs < 1 or args.tasks_per_env < 1:
         raise UsageError("--envs and --tasks-per-env must be >= 1")
     data = load_synthetic(args.name, n_envs=args.envs, tasks_per_env=args.tasks_per_env, seed=args.seed)
-    print(dumps(import_pool(lake, data)))
+    print(dumps(import_pool(lake, data, allow_edit=args.allow_pool_edit)))
     return 0
 
 
@@ -83,7 +89,7 @@ def cmd_import(args) -> int:
         flush=True,
     )
     report = validate_buildable(data)
-    counts = import_pool(lake, data)
+    counts = import_pool(lake, data, allow_edit=args.allow_pool_edit)
     print(
         dumps(
             {

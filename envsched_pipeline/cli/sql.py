@@ -29,7 +29,7 @@ def _cell(v) -> str:
 
 
 def run(args) -> int:
-    lake = lake_of(args)
+    lake = lake_of(args).require()
     try:
         table = lake.sql(args.query)
     except duckdb.Error as exc:

@@ -38,6 +38,16 @@ def add_parser(sub) -> None:
     ing.add_argument("--pool", required=True, help="pool name")
     ing.add_argument("--step", type=int, required=True, help="step T")
     ing.add_argument("--rollouts", required=True, help="file with task_id, rollout, reward per row")
+    ing.add_argument(
+        "--replace",
+        action="store_true",
+        help="re-ingest a step that was already used: later steps are rolled back (archived)",
+    )
+    ing.add_argument(
+        "--partial-groups",
+        action="store_true",
+        help="accept groups with fewer than G rollouts (kept out of the variance statistics)",
+    )
     ing.set_defaults(func=cmd_ingest)
     sst = ssub.add_parser("status", help="last selected and last ingested step", formatter_class=F)
     sst.add_argument("--pool", required=True, help="pool name")
@@ -97,16 +107,22 @@ def cmd_select(args) -> int:
 
 
 def cmd_ingest(args) -> int:
-    lake = lake_of(args)
+    lake = lake_of(args).require()
     run = require_run(lake)
     if run.pool != args.pool:
         raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}")
-    print(dumps(ingest_rollouts(lake, args.step, args.rollouts)))
+    print(
+        dumps(
+            ingest_rollouts(
+                lake, args.step, args.rollouts, replace=args.replace, partial_groups=args.partial_groups
+            )
+        )
+    )
     return 0
 
 
 def cmd_status(args) -> int:
-    lake = lake_of(args)
+    lake = lake_of(args).require()
     st = status(lake)
     if st["run"] and st["run"]["pool"] != args.pool:
         raise UsageError(f"{lake.root} holds a run on pool {st['run']['pool']!r}, not {args.pool!r}")

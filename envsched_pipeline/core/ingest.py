@@ -1,157 +1,319 @@
 """Ingest: an external trainer's rollouts for one step, validated and written atomically.
 
-Every task must be in the step's manifest, rewards finite and in [0, 1], (task_id, rollout)
-unique. A bad input is refused with the file and line/row named, and nothing is written.
+What is refused (with the file and line or row named, and nothing written):
+
+* a run whose rollouts come from the internal trainer (``RunSpec.trainer != "external"``);
+* a step without a manifest; a step already *consumed* (its statistics exist, or the next
+  manifest was chosen from them), unless ``replace=True``, which first archives every later
+  step (manifests, rollouts, statistics, state) so nothing derived from the old data remains;
+* another ingest of the same step running at the same time (the second gets a clear error);
+* a file with more rows than the step can have (B x G), invalid JSON, a non-object line;
+* types that are not what they claim: ``rollout`` an integer, ``reward`` a finite number in
+  [0, 1] (not a bool, not a string), ``hack_flag`` a JSON boolean (``"false"`` is refused),
+  ``tokens`` a non-negative integer, ``seconds`` a non-negative number, ``error_class`` one of
+  the classes;
+* a task not in the manifest; a duplicate (task_id, rollout); groups that are not exactly G
+  rollouts with ids 0..G-1, and manifest tasks without rollouts, unless ``partial_groups=True``
+  (then such groups are recorded as partial and left out of the variance statistics).
+
+Group checks and metrics run as polars expressions over the validated rows.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import time
 from pathlib import Path
 
-import numpy as np
+import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from envsched_pipeline.core.lease import step_lock
+from envsched_pipeline.core.state_store import state_path
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.rollouts import ERROR_CLASSES
-from envsched_pipeline.run import require_run
+from envsched_pipeline.rollouts import ERROR_CLASSES, SPREAD_EPS
+from envsched_pipeline.run import RunSpec, require_run
 
 INGEST_REQUIRED = ("task_id", "rollout", "reward")
+OPTIONAL = ("error_class", "error_message", "hack_flag", "tokens", "seconds", "trajectory")
+STEP_TABLES_AFTER = ("manifests", "audits", "rollouts", "train_metrics", "evals", "statistics", "yields")
 
 
-def load_rollout_file(path) -> list[dict]:
+def _count_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def load_rollout_file(path, max_rows: int | None = None) -> list[dict]:
     """Rows of a .jsonl or .parquet rollout file; errors name the file and the line / row."""
     path = Path(path)
     if not path.exists():
         raise StepError(f"{path}: no such file")
+    if path.suffix not in (".parquet", ".jsonl", ".json", ".ndjson"):
+        raise StepError(f"{path}: expected a .jsonl or .parquet file")
+    try:
+        n = _count_rows(path)
+    except Exception as exc:
+        raise StepError(f"{path}: cannot read ({exc})") from exc
+    if max_rows is not None and n > max_rows:
+        raise StepError(f"{path}: {n} rows, but this step can have at most {max_rows} (B x G)")
     rows: list[dict] = []
     if path.suffix == ".parquet":
         try:
-            table = pq.read_table(path)
+            rows = pq.read_table(path).to_pylist()
         except Exception as exc:
             raise StepError(f"{path}: cannot read Parquet ({exc})") from exc
-        rows = table.to_pylist()
         for j, r in enumerate(rows):
             r["_where"] = f"{path} row {j}"
-    elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        with open(path) as fh:
-            for ln, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise StepError(f"{path} line {ln}: invalid JSON ({exc.msg})") from exc
-                if not isinstance(r, dict):
-                    raise StepError(f"{path} line {ln}: expected a JSON object")
-                r["_where"] = f"{path} line {ln}"
-                rows.append(r)
-    else:
-        raise StepError(f"{path}: expected a .jsonl or .parquet file")
+        return rows
+    with open(path) as fh:
+        for ln, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise StepError(f"{path} line {ln}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(r, dict):
+                raise StepError(f"{path} line {ln}: expected a JSON object")
+            r["_where"] = f"{path} line {ln}"
+            rows.append(r)
     return rows
 
 
-def ingest_rollouts(lake: Lake, step: int, rows_or_path) -> dict:
-    """Validate an external trainer's rollouts for ``step`` and write them atomically.
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
-    Every task must be in manifest ``step``, rewards finite and in [0, 1], (task_id, rollout)
-    unique. A bad input is refused with the line/row named, and nothing is written.
-    """
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate_row(r: dict, where: str, env_of: dict[str, str], step: int = 0) -> dict:
+    """One rollout row, strictly typed; raises StepError naming ``where`` and the field."""
+    missing = [k for k in INGEST_REQUIRED if k not in r or r[k] is None]
+    if missing:
+        raise StepError(f"{where}: missing field(s) {', '.join(missing)}")
+    tid = r["task_id"]
+    if not isinstance(tid, str):
+        raise StepError(f"{where}: task_id must be a string, got {type(tid).__name__}")
+    if tid not in env_of:
+        raise StepError(f"{where}: task {tid!r} is not in manifest {step}")
+    if not _is_int(r["rollout"]) or r["rollout"] < 0:
+        raise StepError(f"{where}: rollout must be a non-negative integer, got {r['rollout']!r}")
+    if not _is_number(r["reward"]) or not 0.0 <= float(r["reward"]) <= 1.0:
+        raise StepError(f"{where}: reward {r['reward']!r} is not a finite number in [0, 1]")
+    err = r.get("error_class", "none")
+    err = "none" if err is None else err
+    if not isinstance(err, str) or err not in ERROR_CLASSES:
+        raise StepError(f"{where}: error_class {err!r} is not one of {', '.join(ERROR_CLASSES)}")
+    hack = r.get("hack_flag", False)
+    if not isinstance(hack, bool):
+        raise StepError(f"{where}: hack_flag must be true or false (a JSON boolean), got {hack!r}")
+    tokens = r.get("tokens", 0)
+    if tokens is not None and (not _is_int(tokens) or tokens < 0):
+        raise StepError(f"{where}: tokens must be a non-negative integer, got {tokens!r}")
+    seconds = r.get("seconds", 0.0)
+    if seconds is not None and (not _is_number(seconds) or seconds < 0):
+        raise StepError(f"{where}: seconds must be a non-negative number, got {seconds!r}")
+    msg = r.get("error_message", "")
+    if msg is not None and not isinstance(msg, str):
+        raise StepError(f"{where}: error_message must be a string, got {type(msg).__name__}")
+    traj = r.get("trajectory")
+    if traj is not None and not isinstance(traj, (dict, list, str)):
+        raise StepError(f"{where}: trajectory must be an object, a list or a string")
+    extra = {k: v for k, v in r.items() if k not in (*INGEST_REQUIRED, *OPTIONAL, "step", "env_id")}
+    return {
+        "step": 0,
+        "task_id": tid,
+        "rollout": int(r["rollout"]),
+        "env_id": env_of[tid],
+        "reward": float(r["reward"]),
+        "error_class": err,
+        "error_message": msg or "",
+        "hack_flag": hack,
+        "tokens": int(tokens or 0),
+        "seconds": float(seconds or 0.0),
+        "trajectory": json.dumps(traj) if isinstance(traj, (dict, list)) else (traj or ""),
+        "extra": json.dumps(extra, default=str),
+    }
+
+
+def group_problems(
+    df: pl.DataFrame, manifest_tasks: set[str], group_size: int
+) -> tuple[list[str], pl.DataFrame]:
+    """Duplicates, group sizes and rollout ids (polars). Returns (problems, per-task groups)."""
+    problems = []
+    dup = df.group_by("task_id", "rollout").len().filter(pl.col("len") > 1)
+    if dup.height:
+        r = dup.row(0, named=True)
+        problems.append(f"duplicate rollout ({r['task_id']!r}, {r['rollout']}) appears {r['len']} times")
+    groups = (
+        df.group_by("task_id")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("rollout").min().alias("lo"),
+            pl.col("rollout").max().alias("hi"),
+            pl.col("reward").mean().alias("mean"),
+            pl.col("reward").var(ddof=0).alias("var"),
+            ((pl.col("reward").max() - pl.col("reward").min()) > SPREAD_EPS).alias("informative"),
+        )
+        .sort("task_id")
+    )
+    bad = groups.filter((pl.col("n") != group_size) | (pl.col("lo") != 0) | (pl.col("hi") != group_size - 1))
+    if bad.height:
+        r = bad.row(0, named=True)
+        problems.append(
+            f"{bad.height} group(s) are not G = {group_size} rollouts with ids 0..{group_size - 1}, e.g. "
+            f"{r['task_id']!r}: {r['n']} rollouts, ids {r['lo']}..{r['hi']} (pass partial_groups / "
+            "--partial-groups to ingest incomplete groups)"
+        )
+    missing = sorted(manifest_tasks - set(groups["task_id"].to_list()))
+    if missing:
+        problems.append(
+            f"{len(missing)} manifest task(s) have no rollouts, e.g. {missing[:3]} (pass partial_groups / "
+            "--partial-groups to ingest a step with missing groups)"
+        )
+    return problems, groups
+
+
+def consumed(lake: Lake, step: int) -> bool:
+    """Step ``step``'s rollouts were already used: its statistics exist, or the next manifest."""
+    return (
+        lake.has("statistics", step=step)
+        or state_path(lake, step).exists()
+        or lake.has("manifests", step=step + 1)
+    )
+
+
+def roll_back(lake: Lake, step: int) -> dict:
+    """Archive everything derived from step ``step``'s rollouts (its statistics and state, and every
+    later step) into ``archive/<time>/``; return what moved."""
+    dest = lake.root / "archive" / f"rollback-step{step}-{int(time.time() * 1000)}"
+    moved: dict[str, list[int]] = {}
+    for table in STEP_TABLES_AFTER + ("state",):
+        for s in sorted({*lake.steps(table), *_artifact_steps(lake, table)}):
+            if s > step or (s == step and table in ("statistics", "yields", "state")):
+                src = lake.root / table / f"step={s}"
+                if src.exists():
+                    (dest / table).mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(src), str(dest / table / f"step={s}"))
+                    moved.setdefault(table, []).append(s)
+    return {"archive": str(dest), "moved": moved}
+
+
+def _artifact_steps(lake: Lake, kind: str) -> list[int]:
+    d = lake.root / kind
+    return (
+        sorted(int(p.name.split("=", 1)[1]) for p in d.glob("step=*") if p.name.split("=", 1)[1].isdigit())
+        if d.exists()
+        else []
+    )
+
+
+def ingest_rollouts(
+    lake: Lake, step: int, rows_or_path, replace: bool = False, partial_groups: bool = False
+) -> dict:
+    """Validate an external trainer's rollouts for ``step`` and write them atomically."""
     spec = require_run(lake)
+    if spec.trainer != "external":
+        raise StepError(
+            f"{lake.root} holds a run whose rollouts come from the internal trainer ({spec.trainer}); "
+            "`step ingest` is for runs started with `envsched step select` or the Python API"
+        )
     if not lake.has("manifests", step=step):
         raise StepError(
             f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)"
         )
-    rows = (
-        load_rollout_file(rows_or_path)
-        if isinstance(rows_or_path, (str, bytes)) or hasattr(rows_or_path, "__fspath__")
-        else [dict(r, _where=f"record {j}") for j, r in enumerate(rows_or_path)]
-    )
-    if not rows:
-        raise StepError(f"step {step}: no rollouts given")
+    with step_lock(lake, f"ingest-step={step}"):
+        if consumed(lake, step) and not replace:
+            raise StepError(
+                f"step {step} was already used (its statistics or the next manifest exist); re-ingesting "
+                "would leave them derived from the old rollouts. Pass --replace to roll the later steps "
+                "back (they are archived) and ingest again"
+            )
+        return _ingest(lake, spec, step, rows_or_path, replace, partial_groups)
+
+
+def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, partial_groups: bool) -> dict:
     manifest = lake.read("manifests", step=step)
     env_of = dict(
         zip(manifest.column("task_id").to_pylist(), manifest.column("env_id").to_pylist(), strict=True)
     )
-    seen: set[tuple[str, int]] = set()
-    out = []
+    max_rows = len(env_of) * spec.group_size
+    source = f"step {step}"
+    if isinstance(rows_or_path, (str, bytes)) or hasattr(rows_or_path, "__fspath__"):
+        rows = load_rollout_file(rows_or_path, max_rows=max_rows)
+        source = f"{rows_or_path} (step {step})"
+    else:
+        rows = [dict(r, _where=f"record {j}") for j, r in enumerate(rows_or_path)]
+        if len(rows) > max_rows:
+            raise StepError(
+                f"step {step}: {len(rows)} rollouts, but this step can have at most {max_rows} (B x G)"
+            )
+    if not rows:
+        raise StepError(f"step {step}: no rollouts given")
+    out, seen = [], set()
     for r in rows:
         where = r.pop("_where")
-        missing = [k for k in INGEST_REQUIRED if k not in r or r[k] is None]
-        if missing:
-            raise StepError(f"{where}: missing field(s) {', '.join(missing)}")
-        tid = r["task_id"]
-        if not isinstance(tid, str):
-            raise StepError(f"{where}: task_id must be a string")
-        if tid not in env_of:
-            raise StepError(f"{where}: task {tid!r} is not in manifest {step}")
-        try:
-            rollout = int(r["rollout"])
-            reward = float(r["reward"])
-        except (TypeError, ValueError) as exc:
-            raise StepError(f"{where}: rollout must be an integer and reward a number ({exc})") from exc
-        if isinstance(r["reward"], bool) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-            raise StepError(f"{where}: reward {r['reward']!r} is not a finite number in [0, 1]")
-        if (tid, rollout) in seen:
-            raise StepError(f"{where}: duplicate rollout ({tid!r}, {rollout})")
-        seen.add((tid, rollout))
-        err = r.get("error_class") or "none"
-        if err not in ERROR_CLASSES:
-            raise StepError(f"{where}: error_class {err!r} is not one of {', '.join(ERROR_CLASSES)}")
-        extra = {k: v for k, v in r.items() if k not in INGEST_REQUIRED and k not in ("step", "env_id")}
-        out.append(
-            {
-                "step": int(step),
-                "task_id": tid,
-                "rollout": rollout,
-                "env_id": env_of[tid],
-                "reward": reward,
-                "error_class": err,
-                "error_message": str(r.get("error_message") or ""),
-                "hack_flag": bool(r.get("hack_flag", False)),
-                "tokens": int(r.get("tokens") or 0),
-                "seconds": float(r.get("seconds") or 0.0),
-                "trajectory": json.dumps(r["trajectory"])
-                if isinstance(r.get("trajectory"), (dict, list))
-                else str(r.get("trajectory") or ""),
-                "extra": json.dumps(
-                    {
-                        k: v
-                        for k, v in extra.items()
-                        if k
-                        not in (
-                            "error_class",
-                            "error_message",
-                            "hack_flag",
-                            "tokens",
-                            "seconds",
-                            "trajectory",
-                        )
-                    },
-                    default=str,
-                ),
-            }
+        row = validate_row(r, where, env_of, step)
+        key = (row["task_id"], row["rollout"])
+        if key in seen:
+            raise StepError(f"{where}: duplicate rollout {key}")
+        seen.add(key)
+        row["step"] = int(step)
+        out.append(row)
+    df = pl.DataFrame(
+        {
+            "task_id": [r["task_id"] for r in out],
+            "rollout": [r["rollout"] for r in out],
+            "reward": [r["reward"] for r in out],
+        }
+    )
+    problems, groups = group_problems(df, set(env_of), spec.group_size)
+    if partial_groups:
+        problems = [p for p in problems if p.startswith("duplicate")]
+    if problems:
+        raise StepError(
+            f"{source}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         )
-    rewards = np.array([r["reward"] for r in out])
-    by_task: dict[str, list[float]] = {}
-    for r in out:
-        by_task.setdefault(r["task_id"], []).append(r["reward"])
-    spread = [np.ptp(v) > 1e-6 for v in by_task.values()]
-    lake.write("rollouts", out, step=step)
+    rolled = roll_back(lake, step) if replace and consumed(lake, step) else None
+    partial = groups.filter(pl.col("n") != spec.group_size)["task_id"].to_list()
+    lake.write_json(
+        f"ingest/step={step}.json",
+        {
+            "partial_groups": partial_groups,
+            "partial_tasks": partial,
+            "rows": len(out),
+            "at": time.time(),
+            "rolled_back": rolled,
+        },
+    )
+    lake.write("rollouts", pa.Table.from_pylist(out), step=step)
+    full = groups.filter(pl.col("n") == spec.group_size) if partial_groups else groups
     metrics = {
         "step": int(step),
         "policy": f"external ({spec.policy})",
         "seconds": float("nan"),
-        "reward_mean": float(rewards.mean()),
-        "reward_median": float(np.median([np.mean(v) for v in by_task.values()])),
-        "batch_variance": float(np.mean([np.var(v) for v in by_task.values()])),
-        "zero_variance_fraction": float(1 - np.mean(spread)),
-        "envs_touched": len({env_of[t] for t in by_task}),
+        "reward_mean": float(df["reward"].mean()),
+        "reward_median": float(groups["mean"].median()),
+        "batch_variance": float(full["var"].mean()) if full.height else float("nan"),
+        "zero_variance_fraction": float(1.0 - full["informative"].cast(pl.Float64).mean())
+        if full.height
+        else float("nan"),
+        "envs_touched": len({env_of[t] for t in groups["task_id"].to_list()}),
         "rollouts": len(out),
-        "groups": len(by_task),
-        "missing_groups": len(set(env_of) - set(by_task)),
+        "groups": groups.height,
+        "missing_groups": len(set(env_of) - set(groups["task_id"])),
+        "partial_groups": len(partial),
     }
     lake.write("train_metrics", [metrics], step=step)
+    if rolled:
+        metrics["rolled_back"] = rolled["moved"]
     return metrics

@@ -3,50 +3,101 @@
 
 from __future__ import annotations
 
+from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.state_store import state_path
 from envsched_pipeline.errors import LakeError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import load_run
 
 
+def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
+    sel = set(lake.steps("manifests"))
+    roll = set(lake.steps("rollouts"))
+    if not external:
+        roll &= set(lake.steps("train_metrics"))
+    stats = {s for s in lake.steps("statistics") if state_path(lake, s).exists()}
+    return sel, roll, stats
+
+
+def consistency_problems(lake: Lake) -> list[str]:
+    """Partitions missing below the run's frontier: a step that has later steps but lacks its own
+    manifest, rollouts, metrics, statistics or state (e.g. a deleted partition)."""
+    spec = load_run(lake)
+    if spec is None:
+        return []
+    sel, roll, stats = _done(lake, spec.trainer == "external")
+    every = set(lake.steps("manifests")) | set(lake.steps("rollouts")) | set(lake.steps("statistics"))
+    frontier = max(every) if every else -1
+    problems = []
+    for t in range(frontier):
+        missing = [
+            name
+            for name, have in (("manifest", sel), ("rollouts", roll), ("statistics/state", stats))
+            if t not in have
+        ]
+        if missing:
+            problems.append(f"step {t}: {', '.join(missing)} missing although step {frontier} exists")
+    return problems
+
+
 def status(lake: Lake) -> dict:
     spec = load_run(lake)
     sel, roll, stats = lake.steps("manifests"), lake.steps("rollouts"), lake.steps("statistics")
+    problems = consistency_problems(lake)
     return {
         "lake": str(lake.root),
         "run": spec.to_dict() if spec else None,
         "last_selected": sel[-1] if sel else None,
         "last_ingested": roll[-1] if roll else None,
         "last_statistics": stats[-1] if stats else None,
+        "next": next_action(lake) if spec else None,
+        "halted": halted(lake),
+        "consistent": not problems,
+        "problems": problems,
     }
 
 
 def next_action(lake: Lake) -> tuple[str, int] | None:
     """What the loop should do next: ("select", t), ("train", t), ("stats", t), ("wait", t)
-    (an external trainer has not ingested step t yet) or None when the run is complete.
+    (an external trainer has not ingested step t yet), ("halted", t) (a gate failed: see
+    ``halt.json``), ("broken", t) (a partition below the frontier is missing), or None when the
+    run is complete.
 
     The lake is the single source of truth, so the sensor, the CLI and a resumed run agree.
     """
     spec = load_run(lake)
     if spec is None:
         return None
-    sel = set(lake.steps("manifests"))
-    roll = (
-        set(lake.steps("rollouts")) & set(lake.steps("train_metrics"))
-        if spec.trainer != "external"
-        else set(lake.steps("rollouts"))
-    )
-    stats = set(lake.steps("statistics"))
+    record = halted(lake)
+    if record is not None:
+        return ("halted", int(record["step"]))
+    problems = consistency_problems(lake)
+    if problems:
+        return ("broken", int(problems[0].split(":")[0].split()[1]))
+    sel, roll, stats = _done(lake, spec.trainer == "external")
     t = 0
     while t < spec.max_steps:
         if t not in sel:
             return ("select", t)
         if t not in roll:
             return ("wait", t) if spec.trainer == "external" else ("train", t)
-        if t not in stats or not state_path(lake, t).exists():
+        if t not in stats:
             return ("train", t) if spec.trainer == "external" else ("stats", t)
         t += 1
     return None
+
+
+def explain(lake: Lake, action: tuple[str, int]) -> str:
+    """Why the loop cannot go on, in words (for "halted" and "broken")."""
+    kind, step = action
+    if kind == "halted":
+        return halt_message(halted(lake))
+    if kind == "broken":
+        return (
+            f"the lake is inconsistent ({'; '.join(consistency_problems(lake)[:3])}); restore the partitions "
+            "or start a new run in another lake"
+        )
+    return f"{kind} step {step}"
 
 
 def step_summary(lake: Lake) -> list[dict]:

@@ -11,7 +11,7 @@ from envs.registry import PoolData, load_pool
 from envsched_pipeline.errors import PoolError, StepError
 from envsched_pipeline.graph.topology import op_category
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import valid_name
+from envsched_pipeline.run import load_run, valid_name
 
 # abstract operation categories the simulated learner's latent patterns are made of
 LATENT_CATEGORIES = (
@@ -28,11 +28,35 @@ LATENT_CATEGORIES = (
 )
 
 
-def import_pool(lake: Lake, data: PoolData) -> dict:
-    """Write a pool's tables (replacing that pool's partitions). Returns counts."""
+def import_pool(lake: Lake, data: PoolData, allow_edit: bool = False) -> dict:
+    """Write a pool's tables (replacing that pool's partitions). Returns counts.
+
+    Replacing the pool of the lake's run once it has steps would change the tasks under the run;
+    that is refused unless ``allow_edit`` (then the run continues on the edited pool: unchanged
+    tasks keep their history by content hash, and the change is recorded in ``pool_edits.json``)."""
     valid_name(data.name)
     if not data.tasks:
         raise PoolError(f"pool {data.name!r} has no tasks")
+    run = load_run(lake)
+    if (
+        run is not None
+        and run.pool == data.name
+        and lake.steps("manifests")
+        and lake.has("tasks", pool=data.name)
+    ):
+        if not allow_edit:
+            raise PoolError(
+                f"pool {data.name!r} is used by run {run.run_id} in {lake.root} "
+                f"({len(lake.steps('manifests'))} steps); re-importing it would change the tasks under "
+                "the run. Use another --name or another lake, or allow the edit explicitly "
+                "(--allow-pool-edit)"
+            )
+        edits = lake.read_json("pool_edits.json") or []
+        lake.write_json(
+            "pool_edits.json",
+            edits
+            + [{"pool": data.name, "from_step": len(lake.steps("manifests")), "tasks": len(data.tasks)}],
+        )
     if not data.latents:
         data.latents = derive_latents(data)
     lake.write("environments", data.environments, pool=data.name)

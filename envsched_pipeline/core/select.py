@@ -12,6 +12,7 @@ import json
 import time
 
 from envsched_pipeline.core.build import build_scheduler, scheduler_config
+from envsched_pipeline.core.gates import require_not_halted
 from envsched_pipeline.core.state_store import load_state, state_path
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.core.yields import oversampling_factor, predicted_yield
@@ -24,6 +25,7 @@ from envsched_pipeline.scheduler import Pick
 def select_manifest(lake: Lake, step: int) -> dict:
     """Materialize manifest ``step``. Returns its picks, rows and audit."""
     spec = require_run(lake)
+    require_not_halted(lake)
     if step < 0:
         raise StepError(f"step must be >= 0, got {step}")
     if step > 0 and not lake.has("rollouts", step=step - 1):

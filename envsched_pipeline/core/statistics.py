@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from envsched_pipeline.core.build import build_scheduler
+from envsched_pipeline.core.gates import check_rollouts, halt, halt_message
 from envsched_pipeline.core.state_store import load_state, save_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
@@ -18,8 +19,11 @@ from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler import Observations, SchedulerState
 
 
-def observations_from_rollouts(state: SchedulerState, step: int, rollouts: pa.Table) -> Observations:
-    """Group rollouts by task; infrastructure failures are excluded from the task's outcomes."""
+def observations_from_rollouts(
+    state: SchedulerState, step: int, rollouts: pa.Table, partial_tasks: set[str] = frozenset()
+) -> Observations:
+    """Group rollouts by task; infrastructure failures are excluded from the task's outcomes, and
+    so are the rollouts of groups ingested as partial (their variance says nothing comparable)."""
     cols = rollouts.column_names
     task_ids = rollouts.column("task_id").to_pylist()
     rewards = np.asarray(rollouts.column("reward").to_pylist(), dtype=float)
@@ -43,7 +47,7 @@ def observations_from_rollouts(state: SchedulerState, step: int, rollouts: pa.Ta
     groups, flags, spent, cost = [], [], [], []
     for t in tids:
         js = np.array(order[t])
-        ok = js[outcome[js]]
+        ok = js[outcome[js]] if t not in partial_tasks else js[:0]
         groups.append(rewards[ok])
         flags.append(float(hack[ok][rewards[ok] > 0].sum()))
         spent.append(len(js))
@@ -60,13 +64,17 @@ def statistics_step(lake: Lake, step: int) -> dict:
         raise StepError(f"cannot compute statistics for step {step}: its rollouts are missing")
     if not lake.has("manifests", step=step):
         raise StepError(f"cannot compute statistics for step {step}: its manifest is missing")
+    gate = check_rollouts(lake, step, spec)
+    if not gate["passed"]:  # rollouts that fail their check are never folded into the statistics
+        raise StepError(halt_message(halt(lake, step, "rollouts_are_complete", gate["problems"])))
     state = load_state(lake, spec, step - 1)
     if state.step >= step:
         raise StepError(f"state after step {step - 1} already includes step {state.step}")
     sched = build_scheduler(lake, spec, state)
     rollouts = lake.read("rollouts", step=step)
     manifest = lake.read("manifests", step=step)
-    obs = observations_from_rollouts(state, step, rollouts)
+    partial = set((lake.read_json(f"ingest/step={step}.json") or {}).get("partial_tasks") or [])
+    obs = observations_from_rollouts(state, step, rollouts, partial)
     pred = dict(
         zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True)
     )

@@ -1,5 +1,9 @@
 """Driving the Dagster jobs in-process (what ``envsched train`` does): the same jobs the loop
-sensor requests, on the same instance, so every run shows in the UI afterwards."""
+sensor requests, on the same instance and with the same tags, so every run shows in the UI.
+
+The driver holds the run's lease for as long as it drives (one driver per run), retries a failed
+step's job up to ``MAX_ATTEMPTS`` times, and stops with the reason when the run halts.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,13 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from envsched_pipeline.core.loop import next_action
+from envsched_pipeline.core.lease import Lease
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.orchestration.partitions import training_steps
+from envsched_pipeline.orchestration.plan import IN_FLIGHT, next_request, runs_of
+from envsched_pipeline.run import require_run
 
 POOL_OPS = ("pool_tables", "topologies", "features", "task_graph")
 
@@ -34,34 +40,40 @@ def run_loop(
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
     ``on_step(step, seconds)`` is called after each completed training step."""
     instance = instance or dg.DagsterInstance.get()
+    spec = require_run(lake)
+    flying = runs_of(instance, spec.run_id, IN_FLIGHT)
+    if flying:
+        raise StepError(
+            f"run {spec.run_id} is being driven by the loop sensor (Dagster run {flying[0].run_id[:8]} "
+            f"is {flying[0].status.value.lower()}); stop the sensor or wait for it"
+        )
     jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
     step_t0: dict[int, float] = {}
-    while True:
-        action = next_action(lake)
-        if action is None or action[1] >= target_steps:
-            return
-        kind, step = action
-        if kind == "wait":
-            raise StepError(f"step {step} waits for an external trainer's rollouts (`envsched step ingest`)")
-        key = str(step)
-        if not instance.has_dynamic_partition(training_steps.name, key):
-            instance.add_dynamic_partitions(training_steps.name, [key])
-        step_t0.setdefault(step, time.perf_counter())
-        job = jobs["select_job" if kind == "select" else "train_job"]
-        kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if kind == "stats" else {}
-        result = job.execute_in_process(
-            partition_key=key,
-            instance=instance,
-            run_config=_run_config(lake, quiet),
-            raise_on_error=False,
-            **kw,
-        )
-        if not result.success:
-            msgs = [e.message for e in result.all_events if e.is_failure]
-            detail = msgs[-1] if msgs else "see the run in the Dagster UI"
-            raise StepError(f"step {step} ({kind}) failed: {detail} (run {result.run_id})")
-        if kind in ("train", "stats") and on_step is not None:
-            on_step(step, time.perf_counter() - step_t0[step])
+    with Lease(lake) as lease:
+        while True:
+            req = next_request(lake, instance, driver=f"cli:{lease.id}")
+            if req is None:
+                return
+            if isinstance(req, str):
+                raise StepError(req)
+            if req.step >= target_steps:
+                return
+            if not instance.has_dynamic_partition(training_steps.name, req.partition):
+                instance.add_dynamic_partitions(training_steps.name, [req.partition])
+            step_t0.setdefault(req.step, time.perf_counter())
+            kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if req.kind == "stats" else {}
+            result = jobs[req.job].execute_in_process(
+                partition_key=req.partition,
+                instance=instance,
+                run_config=_run_config(lake, quiet),
+                tags=req.tags,
+                raise_on_error=False,
+                **kw,
+            )
+            if not result.success:
+                continue  # the next request is the retry, or the halt after MAX_ATTEMPTS failures
+            if req.kind in ("train", "stats") and on_step is not None:
+                on_step(req.step, time.perf_counter() - step_t0[req.step])
 
 
 def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None = None) -> None:
@@ -70,7 +82,10 @@ def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None 
     cfg = _run_config(lake, quiet=True)
     cfg["ops"] = {name: {"config": {"pool": pool}} for name in POOL_OPS}
     res = job.execute_in_process(
-        instance=instance or dg.DagsterInstance.get(), run_config=cfg, raise_on_error=False
+        instance=instance or dg.DagsterInstance.get(),
+        run_config=cfg,
+        tags={"envsched/lake": str(lake.root), "envsched/pool": pool},
+        raise_on_error=False,
     )
     if not res.success:
         msgs = [e.message for e in res.all_events if e.is_failure]

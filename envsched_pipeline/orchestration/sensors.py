@@ -1,52 +1,43 @@
 """The loop sensor: drives select -> train -> statistics -> select ... from the lake's state.
 
-It asks :func:`envsched_pipeline.service.next_action` what the run needs next (the lake is the
-single source of truth, so the CLI, the sensor and a resumed run agree), adds the step's dynamic
-partition, and requests the run with a ``run_key`` unique to (run, action, step): a request is
-never duplicated while a run is in flight, and re-running a step by hand is always safe.
+It asks :func:`envsched_pipeline.orchestration.plan.next_request` what the run needs next (the lake
+is the single source of truth, so the CLI, the sensor and a resumed run agree; the instance says
+what is in flight). It never requests while a run of the same envsched run is queued or in
+progress, never while ``envsched train`` holds the run's lease, retries a failed step at most
+``MAX_ATTEMPTS`` times (a new run key per attempt) and then halts the run with the reason, which
+its skip message shows.
 """
 
 import dagster as dg
 
-from envsched_pipeline.core.loop import next_action
 from envsched_pipeline.orchestration.jobs import select_job, train_job
 from envsched_pipeline.orchestration.partitions import training_steps
+from envsched_pipeline.orchestration.plan import Request, next_request
 from envsched_pipeline.resources.lake import LakeResource
-from envsched_pipeline.run import load_run
 
 
 def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
-
-    run = load_run(lake)
-    if run is None:
-        return dg.SkipReason(
-            f"no run in {lake.root}: start one with `envsched train` or `envsched step select`"
-        )
-    action = next_action(lake)
-    if action is None:
-        return dg.SkipReason(f"run {run.run_id} complete: {run.max_steps} steps")
-    kind, step = action
-    if kind == "wait":
-        return dg.SkipReason(f"waiting for the external trainer to ingest rollouts of step {step}")
-    key = str(step)
-    add = [] if instance.has_dynamic_partition(training_steps.name, key) else [key]
-    if kind == "select":
-        req = dg.RunRequest(
-            run_key=f"{run.run_id}-select-{step}", partition_key=key, job_name=select_job.name
-        )
-    elif kind == "train":
-        req = dg.RunRequest(run_key=f"{run.run_id}-train-{step}", partition_key=key, job_name=train_job.name)
-    else:  # statistics only (the training step finished but its statistics did not)
-        req = dg.RunRequest(
-            run_key=f"{run.run_id}-stats-{step}",
-            partition_key=key,
-            job_name=train_job.name,
-            asset_selection=[dg.AssetKey("reward_statistics")],
-        )
+    req = next_request(lake, instance, driver="sensor")
+    if req is None:
+        return dg.SkipReason(f"the run in {lake.root} is complete")
+    if isinstance(req, str):
+        return dg.SkipReason(req)
     return dg.SensorResult(
-        run_requests=[req],
-        dynamic_partitions_requests=[training_steps.build_add_request(add)] if add else [],
-        cursor=f"{kind}:{step}",
+        run_requests=[to_run_request(req)],
+        dynamic_partitions_requests=[]
+        if instance.has_dynamic_partition(training_steps.name, req.partition)
+        else [training_steps.build_add_request([req.partition])],
+        cursor=f"{req.kind}:{req.step}:{req.attempt}",
+    )
+
+
+def to_run_request(req: Request) -> dg.RunRequest:
+    return dg.RunRequest(
+        run_key=req.run_key,
+        partition_key=req.partition,
+        job_name=req.job,
+        tags=req.tags,
+        asset_selection=[dg.AssetKey("reward_statistics")] if req.kind == "stats" else None,
     )
 
 
@@ -55,7 +46,8 @@ def loop_requests(lake, instance) -> dg.SensorResult | dg.SkipReason:
     minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Sees a finished step and requests the next one: training_step[t] after manifest[t], "
-    "then statistics[t] + manifest[t+1], until the run's max steps.",
+    "then statistics[t] + manifest[t+1], until the run's max steps. Waits while a step runs or while "
+    "`envsched train` drives the run; retries a failed step up to 3 times, then halts the run.",
 )
 def training_loop_sensor(context: dg.SensorEvaluationContext, lake: LakeResource):
     return loop_requests(lake.lake(), context.instance)

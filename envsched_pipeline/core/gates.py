@@ -1,0 +1,236 @@
+"""Gates: what must hold before the loop goes on, and the run's halt record when it does not.
+
+The blocking asset checks (Dagster) and the non-Dagster paths (the step protocol, the Python API,
+a statistics-only run) evaluate the same gates. A failed gate writes ``halt.json`` in the lake:
+the loop then does nothing for that run (the sensor skips with the reason, ``envsched train``
+refuses with it, ``envsched status`` shows it) until ``envsched resume`` finds the gate passing
+again (after a fix, or with ``--redo`` after dropping the failed partition so the step is redone).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+
+from envsched_pipeline.core.build import scheduler_config
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.rollouts import ERROR_CLASSES
+from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.scheduler import make_scheduler
+
+HALT_FILE = "halt.json"
+
+
+# ---------------------------------------------------------------------------- manifests
+def manifest_problems(
+    rows: list[dict],
+    batch_size: int,
+    config,
+    relaxations: list[str],
+    previous: list[list[dict]],
+    applies_quotas: bool,
+) -> list[str]:
+    """Violations of the batch constraints (docs/algorithm.md §6) in a manifest; constraints the
+    scheduler relaxed (and recorded) are allowed. Messages say what each cap means and by how much
+    it was exceeded."""
+    problems = []
+    ids = [r["task_id"] for r in rows]
+    if len(ids) != len(set(ids)):
+        dup = [t for t, n in Counter(ids).items() if n > 1]
+        problems.append(
+            f"{len(ids) - len(set(ids))} duplicate pick(s) of the same task (a task may appear once per "
+            f"batch): {dup[:5]}"
+        )
+    if len(ids) != batch_size:
+        problems.append(f"{len(ids)} tasks, but the batch size is B = {batch_size}")
+    if not applies_quotas:
+        return problems  # the baselines run without quotas, as in the paper
+    per_env = Counter(r["env_id"] for r in rows)
+    if "C1 per-step cap" not in relaxations:
+        for e, n in per_env.items():
+            if n > config.cap_env_step:
+                problems.append(
+                    f"environment {e} got {n} picks this step; the per-step cap (C1) allows "
+                    f"{config.cap_env_step} ({n - config.cap_env_step} too many)"
+                )
+    if "C3 window cap" not in relaxations and "C1 per-step cap" not in relaxations:
+        window = Counter(per_env)
+        for prev in previous[-2:]:
+            window.update(r["env_id"] for r in prev)
+        for e, n in window.items():
+            if n > config.cap_env_window:
+                problems.append(
+                    f"environment {e} got {n} picks over the last 3 steps; the window cap (C3) allows "
+                    f"{config.cap_env_window} ({n - config.cap_env_window} too many)"
+                )
+    if "consecutive cap" not in relaxations and len(previous) >= 2:
+        streak = set(ids) & {r["task_id"] for r in previous[-1]} & {r["task_id"] for r in previous[-2]}
+        if streak:
+            problems.append(
+                f"{len(streak)} task(s) picked three steps in a row (the consecutive cap allows two): "
+                f"{sorted(streak)[:5]}"
+            )
+    return problems
+
+
+def check_manifest(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
+    """The manifest gate of ``step``: {"passed", "problems", "tasks", "environments", "relaxations"}."""
+    spec = spec or require_run(lake)
+    if not lake.has("manifests", step=step):
+        return {
+            "passed": False,
+            "problems": [f"manifest {step} is missing"],
+            "tasks": 0,
+            "environments": 0,
+            "relaxations": [],
+        }
+    rows = lake.read("manifests", step=step).to_pylist()
+    audit = lake.read("audits", step=step).to_pylist()
+    relax = json.loads(audit[0]["relaxations"]) if audit and audit[0].get("relaxations") else []
+    prev = [
+        lake.read("manifests", step=s).to_pylist()
+        for s in (step - 2, step - 1)
+        if s >= 0 and lake.has("manifests", step=s)
+    ]
+    pool_size = lake.read("tasks", pool=spec.pool, columns=["task_id"]).num_rows
+    config = scheduler_config(spec)
+    quotas = make_scheduler(spec.scheduler, config).applies_quotas
+    problems = manifest_problems(rows, min(spec.batch_size, pool_size), config, relax, prev, quotas)
+    return {
+        "passed": not problems,
+        "problems": problems,
+        "tasks": len(rows),
+        "environments": len({r["env_id"] for r in rows}),
+        "relaxations": relax,
+    }
+
+
+# ---------------------------------------------------------------------------- rollouts
+def rollout_problems(
+    rollouts: list[dict], manifest: list[dict], group_size: int, partial_groups: bool = False
+) -> tuple[list[str], dict]:
+    """What is wrong with a step's rollouts given its manifest; and the plan-vs-realized mix."""
+    problems = []
+    bad = [
+        r
+        for r in rollouts
+        if isinstance(r["reward"], bool)
+        or not isinstance(r["reward"], (int, float))
+        or not math.isfinite(r["reward"])
+        or not 0.0 <= r["reward"] <= 1.0
+    ]
+    if bad:
+        problems.append(
+            f"{len(bad)} rewards not finite or outside [0, 1], e.g. {bad[0]['task_id']}: {bad[0]['reward']}"
+        )
+    per_task = Counter(r["task_id"] for r in rollouts)
+    planned = {r["task_id"] for r in manifest}
+    missing = sorted(planned - set(per_task))
+    partial = {t: n for t, n in per_task.items() if t in planned and n != group_size}
+    extra = sorted(set(per_task) - planned)
+    if missing and not partial_groups:
+        problems.append(f"{len(missing)} selected tasks got no rollouts: {missing[:5]}")
+    if partial and not partial_groups:
+        problems.append(
+            f"{len(partial)} groups with != G = {group_size} rollouts: {dict(list(partial.items())[:5])}"
+        )
+    if extra:
+        problems.append(f"{len(extra)} tasks rolled out that were not selected: {extra[:5]}")
+    keys = Counter((r["task_id"], r["rollout"]) for r in rollouts)
+    dup = [k for k, n in keys.items() if n > 1]
+    if dup:
+        problems.append(f"{len(dup)} duplicate (task_id, rollout) rows, e.g. {dup[0]}")
+    odd = [r for r in rollouts if not isinstance(r["rollout"], int) or not 0 <= r["rollout"] < group_size]
+    if odd and not partial_groups:
+        problems.append(
+            f"{len(odd)} rollout ids outside 0..{group_size - 1}, e.g. {odd[0]['task_id']}: {odd[0]['rollout']}"
+        )
+    classes = {r.get("error_class") or "none" for r in rollouts} - set(ERROR_CLASSES)
+    if classes:
+        problems.append(f"unknown error classes {sorted(classes)}")
+    plan_env = Counter(r["env_id"] for r in manifest)
+    real_env = Counter(r["env_id"] for r in rollouts)
+    mix = [
+        {
+            "env_id": e,
+            "planned_groups": plan_env[e],
+            "rollouts": real_env.get(e, 0),
+            "expected_rollouts": plan_env[e] * group_size,
+        }
+        for e in sorted(plan_env)
+    ]
+    return problems, {"missing_groups": len(missing), "partial_groups": len(partial), "mix": mix}
+
+
+def check_rollouts(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
+    """The rollouts gate of ``step``: {"passed", "problems", "rollouts", "missing_groups", ...}."""
+    spec = spec or require_run(lake)
+    if not lake.has("rollouts", step=step):
+        return {
+            "passed": False,
+            "problems": [f"rollouts of step {step} are missing"],
+            "rollouts": 0,
+            "missing_groups": 0,
+            "partial_groups": 0,
+            "mix": [],
+        }
+    cols = ["task_id", "rollout", "reward", "env_id", "error_class"]
+    rollouts = lake.read("rollouts", step=step, columns=cols).to_pylist()
+    manifest = lake.read("manifests", step=step).to_pylist()
+    partial = bool((lake.read_json(f"ingest/step={step}.json") or {}).get("partial_groups"))
+    problems, info = rollout_problems(rollouts, manifest, spec.group_size, partial_groups=partial)
+    return {"passed": not problems, "problems": problems, "rollouts": len(rollouts), **info}
+
+
+# ---------------------------------------------------------------------------- halt
+def halt(lake: Lake, step: int, gate: str, problems: list[str]) -> dict:
+    """Record that the run stopped at ``step`` because ``gate`` failed."""
+    record = {"step": int(step), "gate": gate, "problems": list(problems), "at": time.time()}
+    lake.write_json(HALT_FILE, record)
+    return record
+
+
+def halted(lake: Lake) -> dict | None:
+    return lake.read_json(HALT_FILE)
+
+
+def halt_message(record: dict) -> str:
+    return (
+        f"the run is halted at step {record['step']}: {record['gate']} failed ("
+        f"{'; '.join(record['problems'][:3])}). Fix it, then `envsched resume` (or `envsched resume --redo` "
+        "to redo that step)"
+    )
+
+
+def require_not_halted(lake: Lake) -> None:
+    record = halted(lake)
+    if record is not None:
+        raise StepError(halt_message(record))
+
+
+GATES = {"manifest_is_valid": check_manifest, "rollouts_are_complete": check_rollouts}
+
+
+def resume(lake: Lake, redo: bool = False) -> dict:
+    """Clear the halt if its gate passes now. ``redo`` first drops the failed partition (the
+    manifest, or the step's rollouts and metrics) so the loop redoes that step."""
+    record = halted(lake)
+    if record is None:
+        return {"resumed": False, "reason": "the run is not halted"}
+    step, gate = record["step"], record["gate"]
+    if redo:
+        tables = (
+            ("manifests", "audits") if gate == "manifest_is_valid" else ("rollouts", "train_metrics", "evals")
+        )
+        for table in tables:
+            lake.delete_partition(table, step=step)
+        (lake.root / HALT_FILE).unlink(missing_ok=True)
+        return {"resumed": True, "step": step, "redo": list(tables)}
+    result = GATES[gate](lake, step)
+    if not result["passed"]:
+        raise StepError(f"{gate} still fails at step {step}: {'; '.join(result['problems'][:3])}")
+    (lake.root / HALT_FILE).unlink(missing_ok=True)
+    return {"resumed": True, "step": step, "redo": []}

@@ -1,0 +1,120 @@
+"""What to request next for a run: shared by the loop sensor and the in-process driver.
+
+The lake says what the run needs (``core.loop.next_action``); the Dagster instance says what is
+already in flight and how often a step's job has failed. Every run carries the tags
+``envsched/run_id``, ``envsched/pool``, ``envsched/lake``, ``envsched/step``, ``envsched/action`` and
+``envsched/driver``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dagster as dg
+
+from envsched_pipeline.core.gates import halt
+from envsched_pipeline.core.lease import current, describe
+from envsched_pipeline.core.loop import explain, next_action
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.orchestration.partitions import partition_key
+from envsched_pipeline.run import RunSpec, load_run
+
+MAX_ATTEMPTS = 3  # a step's job runs at most this often before the run halts
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+JOB_OF = {"select": "select_job", "train": "train_job", "stats": "train_job"}
+
+
+@dataclass
+class Request:
+    kind: str
+    step: int
+    job: str
+    partition: str
+    attempt: int
+    tags: dict
+
+    @property
+    def run_key(self) -> str:
+        return f"{self.tags['envsched/run_id']}-{self.kind}-{self.step}-a{self.attempt}"
+
+
+def run_tags(lake: Lake, spec: RunSpec, step: int, kind: str, driver: str) -> dict:
+    return {
+        "envsched/run_id": spec.run_id,
+        "envsched/pool": spec.pool,
+        "envsched/lake": str(lake.root),
+        "envsched/step": str(step),
+        "envsched/action": kind,
+        "envsched/driver": driver,
+    }
+
+
+def runs_of(
+    instance: dg.DagsterInstance, run_id: str, statuses=None, step: int | None = None, kind: str | None = None
+) -> list:
+    tags = {"envsched/run_id": run_id}
+    if step is not None:
+        tags["envsched/step"] = str(step)
+    if kind is not None:
+        tags["envsched/action"] = kind
+    return list(instance.get_runs(filters=dg.RunsFilter(tags=tags, statuses=statuses or [])))
+
+
+def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Request | str | None:
+    """The next run to request, a reason to wait (str), or None when the run is complete."""
+    spec = load_run(lake)
+    if spec is None:
+        return f"no run in {lake.root}: start one with `envsched train` or `envsched step select`"
+    lease = current(lake)
+    if lease is not None and driver == "sensor":
+        return f"run {spec.run_id} is being driven by {describe(lease)}"
+    flying = runs_of(instance, spec.run_id, IN_FLIGHT)
+    if flying:
+        r = flying[0]
+        return (
+            f"run {spec.run_id}: {r.job_name} for step {r.tags.get('envsched/step')} is "
+            f"{r.status.value.lower()} (Dagster run {r.run_id[:8]})"
+        )
+    action = next_action(lake)
+    if action is None:
+        return None
+    kind, step = action
+    if kind in ("halted", "broken"):
+        return explain(lake, action)
+    if kind == "wait":
+        return f"waiting for the external trainer to ingest rollouts of step {step}"
+    failed = runs_of(instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=step, kind=kind)
+    if len(failed) >= MAX_ATTEMPTS:
+        reason = failure_message(instance, failed[0].run_id)
+        record = halt(
+            lake,
+            step,
+            f"{JOB_OF[kind]} ({kind})",
+            [f"failed {len(failed)} times; last Dagster run {failed[0].run_id[:8]}: {reason}"],
+        )
+        return explain(lake, ("halted", record["step"]))
+    return Request(
+        kind=kind,
+        step=step,
+        job=JOB_OF[kind],
+        partition=partition_key(spec.run_id, step),
+        attempt=len(failed),
+        tags=run_tags(lake, spec, step, kind, driver),
+    )
+
+
+def failure_message(instance: dg.DagsterInstance, dagster_run_id: str) -> str:
+    """The first line of a failed run's error (or where to look)."""
+    for record in instance.all_logs(dagster_run_id):
+        event = record.dagster_event
+        if event is not None and event.event_type == dg.DagsterEventType.STEP_FAILURE:
+            err = event.step_failure_data.error
+            if err is not None:
+                return err.message.strip().splitlines()[0][:300]
+    return "see the run's logs in the Dagster UI"

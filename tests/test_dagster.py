@@ -2,13 +2,12 @@
 
 import dagster as dg
 
-from envsched_pipeline.run import load_run
-
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher
+from envsched_pipeline.run import load_run
 
 
 def test_definitions_load():

@@ -16,19 +16,29 @@ that rollout, never the step or the process.
 from __future__ import annotations
 
 import json
-import os
 import queue
-import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection
 
+from envs.isolation import (
+    ProtocolError,
+    dumps,
+    kill_quietly,
+    loads,
+    read_frame,
+    scrubbed_env,
+    supervise,
+    worker_setup,
+    write_frame,
+)
 from envs.runtime import make_runtime, run_actions
 
 
@@ -46,16 +56,11 @@ def _failure(kind: str, message: str) -> dict:
     return {"reward": 0.0, "checks": [], "error": message, "error_class": kind, "tool_calls": []}
 
 
-def _worker_main(conn, limits: Limits) -> None:
-    """Worker loop: a fresh interpreter (``python -m envs.sandbox``), talking pickled frames over
-    its own stdin/stdout; stdout is re-pointed at stderr first, so what untrusted code prints
-    can never corrupt the protocol."""
-    try:
-        mem = limits.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-    except (ValueError, OSError):
-        pass
+def _worker_main(limits: Limits) -> None:
+    """Worker loop (``python -m envs.sandbox work LIMITS``, started by the supervisor): JSON frames
+    on its protocol fds; untrusted environment and verifier code runs here and only here."""
+    rfd, wfd = worker_setup(limits.memory_mb, limits.cpu_seconds)
+    conn = _FrameConn(rfd, wfd)
 
     rt = None
     many: dict[int, object] = {}  # vector mode: episode id -> runtime
@@ -162,69 +167,85 @@ def _short(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
-class _Conn:
-    """Both directions of a worker's stdio as multiprocessing connections."""
+class _FrameConn:
+    """One side of a framed JSON pipe (see :mod:`envs.isolation`)."""
 
     def __init__(self, read_fd: int, write_fd: int):
-        self.r = Connection(read_fd, writable=False)
-        self.w = Connection(write_fd, readable=False)
+        self.r, self.w = read_fd, write_fd
 
     def send(self, obj) -> None:
-        self.w.send(obj)
+        write_frame(self.w, dumps(obj))
 
     def recv(self):
-        return self.r.recv()
+        try:
+            return loads(read_frame(self.r))
+        except ProtocolError as exc:
+            raise EOFError(str(exc)) from exc
 
-    def poll(self, timeout: float) -> bool:
-        return self.r.poll(timeout)
 
-    def close(self) -> None:
-        for c in (self.r, self.w):
-            try:
-                c.close()
-            except OSError:
-                pass
+END_OPS = ("episode", "finish", "vfinish")  # after these the supervisor kills stray descendants
 
 
 class _Worker:
+    """The trainer's handle on one sandbox: a supervisor process and, behind it, a worker."""
+
     def __init__(self, limits: Limits):
-        env = dict(
-            os.environ,
-            OPENBLAS_NUM_THREADS="1",
-            OMP_NUM_THREADS="1",
-            MKL_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
-        )
+        home = tempfile.mkdtemp(prefix="envsched-supervisor-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "envs.sandbox", json.dumps(asdict(limits))],
+            [sys.executable, "-m", "envs.sandbox", "supervise", json.dumps(asdict(limits))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env,
+            cwd=home,
+            env=scrubbed_env(home),
             start_new_session=True,
+            close_fds=True,
         )
-        self.conn = _Conn(os.dup(self.proc.stdout.fileno()), os.dup(self.proc.stdin.fileno()))
-        self.proc.stdout.close()
-        self.proc.stdin.close()
+        self.home = home
+        self.w, self.r = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self.worker_pid: int | None = None
         self.episodes = 0
 
     def call(self, msg, timeout: float):
-        """(status, payload) or raises TimeoutError / EOFError."""
-        self.conn.send(msg)
-        if not self.conn.poll(timeout):
+        """(status, payload...) of the worker's reply; raises TimeoutError (the worker hung: the
+        supervisor already replaced it) or EOFError (it crashed or broke the protocol)."""
+        deadline = time.monotonic() + timeout + 5.0  # the supervisor enforces ``timeout`` on the worker
+        try:
+            write_frame(self.w, dumps({"deadline": timeout, "ends_episode": msg[0] in END_OPS}), deadline)
+            write_frame(self.w, dumps(msg), deadline)
+            ctrl = loads(read_frame(self.r, deadline))
+        except ProtocolError as exc:
+            raise EOFError(str(exc)) from exc
+        except (BrokenPipeError, OSError) as exc:
+            raise EOFError(str(exc)) from exc
+        self.worker_pid = ctrl.get("worker_pid")
+        if ctrl.get("status") == "timeout":
             raise TimeoutError
-        return self.conn.recv()
+        if ctrl.get("status") != "ok":
+            raise EOFError(ctrl.get("detail") or "the environment worker crashed")
+        try:
+            return loads(read_frame(self.r, deadline))
+        except ProtocolError as exc:
+            raise EOFError(str(exc)) from exc
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        if self.worker_pid:
+            kill_quietly(self.worker_pid, group=True)
+        kill_quietly(self.proc.pid, group=True)
         try:
             self.proc.kill()
             self.proc.wait(2)
         except Exception:
             pass
-        self.conn.close()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 class SandboxPool:
@@ -323,10 +344,6 @@ class SandboxPool:
             workers = list(self._all)
             self._all.clear()
         for w in workers:
-            try:
-                w.conn.send(("quit",))
-            except Exception:
-                pass
             w.kill()
 
     def __enter__(self):
@@ -569,11 +586,12 @@ class VectorBatch:
 
 
 def _serve() -> None:
-    limits = Limits(**json.loads(sys.argv[1])) if len(sys.argv) > 1 else Limits()
-    proto_out = os.dup(1)
-    os.dup2(2, 1)  # anything printed by untrusted code goes to stderr
-    sys.stdout = sys.stderr
-    _worker_main(_Conn(0, proto_out), limits)
+    mode = sys.argv[1] if len(sys.argv) > 1 else "work"
+    limits_json = sys.argv[2] if len(sys.argv) > 2 else json.dumps(asdict(Limits()))
+    if mode == "supervise":
+        supervise(limits_json)
+    else:
+        _worker_main(Limits(**json.loads(limits_json)))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,11 @@ class PoolData:
     environments: list[dict]
     tasks: list[dict]
     latents: list[dict] = field(default_factory=list)
-    heldout: list[dict] = field(default_factory=list)  # task rows kept out of the pool (evaluation only)
+    heldout: list[dict] = field(
+        default_factory=list
+    )  # task rows kept out of the pool (evaluation only), with a
+    # "split": "seen" (unseen tasks of the pool's environments) or "unseen" (environments the pool lacks)
+    eval_environments: list[dict] = field(default_factory=list)  # the environments of the "unseen" split
 
 
 def _sha(text: str) -> str:
@@ -64,13 +68,45 @@ def envscaler_rows(
     return env_rows, task_rows
 
 
-def load_synthetic(name: str = "synthetic", **kw) -> PoolData:
+UNSEEN_SEED_OFFSET = 2000  # the unseen-environment split of a pool generated with seed s uses seed s + 2000
+
+
+def load_synthetic(
+    name: str = "synthetic", unseen_envs: int = 12, unseen_tasks_per_env: int = 10, **kw
+) -> PoolData:
+    """The generated pool, its held-out split (unseen tasks of its environments) and, for the
+    default family, ``unseen_envs`` environments of the ``unseen`` family it does not contain."""
     cfg = synthetic.SyntheticConfig(**kw)
     gen = synthetic.generate(cfg)
     env_rows, task_rows = envscaler_rows(name, gen.environments, gen.tasks)
     _, heldout_rows = envscaler_rows(name, gen.environments, gen.heldout)
+    heldout_rows = [dict(r, split="seen") for r in heldout_rows]
     latents = [{**r, "pool": name, "z": json.dumps(r["z"]), "source": "synthetic"} for r in gen.latents]
-    return PoolData(name=name, environments=env_rows, tasks=task_rows, latents=latents, heldout=heldout_rows)
+    eval_envs: list[dict] = []
+    if cfg.family == "train" and unseen_envs > 0:
+        unseen = synthetic.generate(
+            synthetic.SyntheticConfig(
+                family="unseen",
+                n_envs=unseen_envs,
+                tasks_per_env=unseen_tasks_per_env,
+                heldout_per_env=0,
+                seed=cfg.seed + UNSEEN_SEED_OFFSET,
+            )
+        )
+        eval_envs, unseen_rows = envscaler_rows(name, unseen.environments, unseen.tasks)
+        heldout_rows += [dict(r, split="unseen") for r in unseen_rows]
+        latents += [
+            {**r, "pool": name, "split": "unseen", "z": json.dumps(r["z"]), "source": "synthetic"}
+            for r in unseen.latents
+        ]
+    return PoolData(
+        name=name,
+        environments=env_rows,
+        tasks=task_rows,
+        latents=latents,
+        heldout=heldout_rows,
+        eval_environments=eval_envs,
+    )
 
 
 def _package_pool(module: str, kind: str):

@@ -45,6 +45,8 @@ POOL_TABLES: dict[str, dict[str, str]] = {
     "environments": {"pool": "str", "env_id": "str", "summary": "str", "tools": "str", "class_name": "str"},
     "tasks": {"pool": "str", "task_id": "str", "env_id": "str", "content_hash": "str", "instruction": "str"},
     "task_latents": {"pool": "str", "task_id": "str", "split": "str"},
+    "eval_tasks": {"pool": "str", "task_id": "str", "env_id": "str", "split": "str", "instruction": "str"},
+    "eval_environments": {"pool": "str", "env_id": "str", "tools": "str", "class_name": "str"},
     "topologies": {"pool": "str", "task_id": "str", "topology": "str"},
     "features": {"pool": "str", "task_id": "str", "view": "str"},
     "edges": {"pool": "str", "src": "str", "dst": "str", "kind": "str", "similarity": "float"},

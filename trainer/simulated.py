@@ -66,6 +66,7 @@ class SimulatedLearner:
         self.n_checks = np.array([int(r["n_checks"]) for r in latents])
         self.easy = np.array([int(r["easy_checks"]) for r in latents])
         self.heldout = np.array([r["split"] == "heldout" for r in latents])
+        self.unseen = np.array([r["split"] == "unseen" for r in latents])
         # simulated rollout cost (seconds): longer for multi-pattern tasks, per-environment speed
         rng = np.random.default_rng(1234)
         env_speed = np.exp(rng.normal(0.0, 0.6, len(envs)))
@@ -156,6 +157,11 @@ class SimulatedLearner:
         solved = (1 - c.near_miss) + c.near_miss * (k - 1) / k
         failed = c.partial_stick * easy / k + (1 - c.partial_stick) * 0.5 * (k - 1) / k
         return p * solved + (1 - p) * failed
+
+    def unseen_score(self) -> float:
+        """Expected reward on tasks of environments never trained on (nan if the pool has none)."""
+        idx = np.flatnonzero(self.unseen)
+        return float(self.expected_reward(idx).mean()) if len(idx) else float("nan")
 
     def heldout_score(self) -> float:
         """Expected reward over held-out tasks of every environment (mean of env means)."""

@@ -130,8 +130,17 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     metrics["sim_mode"] = mode
     metrics["errors"] = int((rollouts["error_class"] != "none").sum())
     evals = [
-        {"step": step, "benchmark": "heldout_expected_reward (simulated)", "score": learner.heldout_score()}
+        {"step": step, "benchmark": "heldout_seen (simulated)", "score": learner.heldout_score(), "se": 0.0}
     ]
+    if learner.unseen.any():
+        evals.append(
+            {
+                "step": step,
+                "benchmark": "heldout_unseen (simulated)",
+                "score": learner.unseen_score(),
+                "se": 0.0,
+            }
+        )
     return {"rollouts": pa.table(rollouts), "metrics": metrics, "evals": evals}
 
 
@@ -208,7 +217,14 @@ def _policy_engine(lake, spec, step, manifest, log=print):
     return run_policy(lake, spec, step, manifest, log=log)
 
 
+def _neural(lake, spec, step, manifest, log=print):
+    from trainer.neural.runner import run_neural  # torch: only the neural learner loads it
+
+    return run_neural(lake, spec, step, manifest, log=log)
+
+
 ENGINES = {
+    "neural": _neural,
     "simulated": run_simulated,
     "hf-tiny": _policy_engine,
     "hf": _policy_engine,

@@ -85,6 +85,7 @@ def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | 
         "graph_stats": stats,
         "latents": latents,
         "environments": data.environments,
+        "eval_environments": data.eval_environments,
         "heldout": data.heldout,
         "seed": seed,
         "shape": {"envs": envs, "tasks_per_env": tasks_per_env},
@@ -105,15 +106,6 @@ class SimulatedBench:
             else [dict(r, difficulty=r["difficulty"] + difficulty_shift) for r in pool["latents"]]
         )
         self.learner = SimulatedLearner(lat)
-        unseen = load_synthetic(
-            "unseen",
-            family="unseen",
-            n_envs=UNSEEN_ENVS,
-            tasks_per_env=UNSEEN_TASKS_PER_ENV,
-            heldout_per_env=0,
-            seed=seed + 2000,
-        )
-        self.unseen = [dict(r, z=json.loads(r["z"])) for r in unseen.latents]
         self.true_variance = lambda ids: self.learner.true_variance(
             np.array([self.learner.index[t] for t in ids])
         )
@@ -125,10 +117,9 @@ class SimulatedBench:
         return self.learner.learn(task_ids, rewards)
 
     def evaluate(self, seed: int) -> dict:
-        unseen = self.learner.score_tasks(self.unseen)
         return {
             "seen": {"mean": self.learner.heldout_score(), "se": 0.0},
-            "unseen": {"mean": float(unseen.mean()), "se": 0.0},
+            "unseen": {"mean": self.learner.unseen_score(), "se": 0.0},
         }
 
     def close(self) -> None:
@@ -143,7 +134,7 @@ class NeuralBench:
     def __init__(self, pool: dict, seed: int, **_):
         from trainer.neural.testbed import NeuralTestbed  # torch: loaded only for the neural learner
 
-        self.testbed = NeuralTestbed(pool["environments"], pool["heldout"], seed)
+        self.testbed = NeuralTestbed(pool["environments"] + pool["eval_environments"], pool["heldout"], seed)
         self.rows = {t["task_id"]: t for t in pool["tasks"]}
         self.true_variance = None
 

@@ -62,6 +62,10 @@ def import_pool(lake: Lake, data: PoolData, allow_edit: bool = False) -> dict:
     lake.write("environments", data.environments, pool=data.name)
     lake.write("tasks", data.tasks, pool=data.name)
     lake.write("task_latents", data.latents, pool=data.name)
+    if data.heldout:  # evaluation only: never in the pool the scheduler chooses from
+        lake.write("eval_tasks", data.heldout, pool=data.name)
+    if data.eval_environments:
+        lake.write("eval_environments", data.eval_environments, pool=data.name)
     return {"pool": data.name, "environments": len(data.environments), "tasks": len(data.tasks)}
 
 

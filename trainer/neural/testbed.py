@@ -30,9 +30,19 @@ from trainer.neural.learner import NeuralConfig, NeuralLearner
 class TestbedConfig:
     warmstart_envs: int = 12
     warmstart_tasks_per_env: int = 40
-    unseen_envs: int = 12
-    unseen_tasks_per_env: int = 10
     eval_samples: int = 16  # sampled episodes per held-out task (standard error ~0.005 at 16)
+
+
+def warmstart_pool(seed: int, config: TestbedConfig = TestbedConfig()):
+    """The disjoint pool of the behaviour-cloning warm start (the generator's ``warmstart`` family)."""
+    return load_synthetic(
+        "warmstart",
+        family="warmstart",
+        n_envs=config.warmstart_envs,
+        tasks_per_env=config.warmstart_tasks_per_env,
+        heldout_per_env=0,
+        seed=seed + 1000,
+    )
 
 
 def _cache_dir() -> Path:
@@ -51,32 +61,17 @@ class NeuralTestbed:
         neural: NeuralConfig = NeuralConfig(),
         log=None,
     ):
-
+        """``environments``: the pool's and the unseen split's environment rows; ``heldout``: task
+        rows with ``split`` "seen" or "unseen" (the pool's evaluation rows)."""
         self.config, self.seed = config, seed
-        self.warm = load_synthetic(
-            "warmstart",
-            family="warmstart",
-            n_envs=config.warmstart_envs,
-            tasks_per_env=config.warmstart_tasks_per_env,
-            heldout_per_env=0,
-            seed=seed + 1000,
-        )
-        self.unseen = load_synthetic(
-            "unseen",
-            family="unseen",
-            n_envs=config.unseen_envs,
-            tasks_per_env=config.unseen_tasks_per_env,
-            heldout_per_env=0,
-            seed=seed + 2000,
-        )
+        self.warm = warmstart_pool(seed, config)
         envs = {e["env_id"]: e for e in environments}
-        for d in (self.warm, self.unseen):
-            overlap = set(envs) & {e["env_id"] for e in d.environments}
-            if overlap:
-                raise ValueError(f"{d.name} environments overlap the training pool: {sorted(overlap)[:3]}")
-            envs.update({e["env_id"]: e for e in d.environments})
-        self.heldout_seen = heldout
-        self.heldout_unseen = self.unseen.tasks
+        overlap = set(envs) & {e["env_id"] for e in self.warm.environments}
+        if overlap:
+            raise ValueError(f"warm-start environments overlap the training pool: {sorted(overlap)[:3]}")
+        envs.update({e["env_id"]: e for e in self.warm.environments})
+        self.heldout_seen = [t for t in heldout if t.get("split", "seen") == "seen"]
+        self.heldout_unseen = [t for t in heldout if t.get("split") == "unseen"]
         self.learner = NeuralLearner(envs, neural, seed=seed)
         self._warm_start(neural, log)
 

@@ -1,0 +1,169 @@
+"""``--policy neural``: one training step of the neural learner inside the loop (``trainer.step``).
+
+Each step runs as its own process (like the simulated learner): it loads the policy and optimizer
+from the previous step's checkpoint (or, at step 0, behaviour-clones the warm start on the
+``warmstart`` family, which no pool contains), rolls out the manifest's tasks G times in the
+sandboxed environments, applies one GRPO update, and measures held-out reward on the pool's
+evaluation split (seen and unseen environments) every ``eval_every`` steps and at the last step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from envs.hack import flag_trajectory
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.rollouts import batch_metrics, table
+from envsched_pipeline.run import RunSpec
+from trainer.grpo import group_advantages
+from trainer.neural.learner import NeuralConfig, NeuralLearner
+from trainer.neural.testbed import TestbedConfig, warmstart_pool
+
+EVAL_EVERY = 10
+EVAL_SAMPLES = 8
+KEEP_EVERY = 20
+
+
+def _config(spec: RunSpec) -> NeuralConfig:
+    pc = spec.policy_settings()
+    known = {k: v for k, v in pc.set_values().items() if k in NeuralConfig.__dataclass_fields__}
+    return NeuralConfig.from_dict(known)
+
+
+def _checkpoint(lake: Lake, step: int):
+    return lake.artifact_path("checkpoints", step, "neural.pt")
+
+
+def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
+    envs = {e["env_id"]: e for e in lake.read("environments", pool=spec.pool).to_pylist()}
+    envs.update({e["env_id"]: e for e in lake.read("eval_environments", pool=spec.pool).to_pylist()})
+    kinds = {e.get("kind") or "envscaler" for e in envs.values()}
+    if kinds != {"envscaler"}:
+        raise StepError(
+            f"the neural learner acts in EnvScaler-style environments (tool calls on a stateful class); "
+            f"pool {spec.pool!r} has {sorted(kinds)}: use --policy simulated or an LM policy"
+        )
+    learner = NeuralLearner(envs, _config(spec), seed=spec.seed)
+    if step > 0:
+        prev = _checkpoint(lake, step - 1)
+        if not prev.exists():
+            raise StepError(f"neural checkpoint of step {step - 1} is missing ({prev}); re-run that step")
+        learner.load_bytes(prev.read_bytes())
+        return learner
+    warm = warmstart_pool(spec.seed, TestbedConfig())
+    overlap = set(envs) & {e["env_id"] for e in warm.environments}
+    if overlap:
+        raise StepError(f"the warm-start environments overlap pool {spec.pool!r}: {sorted(overlap)[:3]}")
+    learner.add_envs({e["env_id"]: e for e in warm.environments})
+    info = learner.warm_start(warm.tasks, log=log)
+    log(
+        f"warm start: {info['warm_start_steps']} behaviour-cloning steps on {info['warm_start_tasks']} tasks "
+        f"of {len(warm.environments)} environments the pool does not contain (loss {info['warm_start_loss']:.3f})"
+    )
+    return learner
+
+
+def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
+    learner = _learner(lake, spec, step, log)
+    try:
+        task_ids = manifest.column("task_id").to_pylist()
+        env_ids = manifest.column("env_id").to_pylist()
+        rows = {
+            r["task_id"]: r
+            for r in lake.read("tasks", pool=spec.pool).to_pylist()
+            if r["task_id"] in set(task_ids)
+        }
+        g = spec.group_size
+        out = learner.rollout(
+            [rows[t] for t in task_ids],
+            g,
+            seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
+        )
+        traces = learner.last["traces"]
+        rewards = out["reward"]
+        version = learner.version
+        info = learner.learn()
+        atomic_write_bytes(_checkpoint(lake, step), learner.state_bytes())
+        old = step - 2  # keep the two newest (a retried step needs its predecessor) and every KEEP_EVERY-th
+        if old >= 0 and old % KEEP_EVERY and _checkpoint(lake, old).exists():
+            _checkpoint(lake, old).unlink()
+        n = len(task_ids)
+        flags = [
+            bool(
+                t.result.get("reward", 0) > 0
+                and flag_trajectory(
+                    [{**c, "output": o} for c, o in zip(t.calls, t.outputs, strict=False)],
+                    json.loads(rows[task_ids[j // g]].get("init_state") or "{}"),
+                    rows[task_ids[j // g]].get("instruction", ""),
+                )
+            )
+            for j, t in enumerate(traces)
+        ]
+        rollouts = table(
+            {
+                "step": np.full(n * g, step),
+                "task_id": np.repeat(task_ids, g),
+                "rollout": np.tile(np.arange(g), n),
+                "env_id": np.repeat(env_ids, g),
+                "reward": rewards.reshape(-1),
+                "advantage": group_advantages(rewards).reshape(-1),
+                "checks_passed": out["checks_passed"].reshape(-1),
+                "checks_total": out["n_checks"].reshape(-1),
+                "turns": np.ones(n * g, dtype=np.int64),
+                "tool_calls": out["tool_calls"].reshape(-1),
+                "truncated": np.array([len(t.tool_choice) > learner.config.max_actions for t in traces]),
+                "error_class": out["error_class"].reshape(-1),
+                "error_message": out["error_message"].reshape(-1),
+                "hack_flag": np.array(flags),
+                "seconds": out["seconds"].reshape(-1),
+                "policy_version": np.full(n * g, version),
+                "trajectory": out["trajectory"].reshape(-1),
+            },
+            n * g,
+        )
+        metrics = {
+            "step": step,
+            "policy": "neural",
+            **batch_metrics(rewards),
+            "envs_touched": len(set(env_ids)),
+            "rollouts": n * g,
+            "tokens": 0,
+            "seconds": out["rollout_seconds"] + info["update_seconds"],
+            "rollout_seconds": out["rollout_seconds"],
+            "errors": int((out["error_class"] != "none").sum()),
+            "parameters": learner.parameters,
+            **{
+                k: info[k]
+                for k in (
+                    "loss",
+                    "grad_norm",
+                    "clip_fraction",
+                    "kl",
+                    "entropy",
+                    "lr",
+                    "update_seconds",
+                    "trained_groups",
+                )
+            },
+        }
+        evals = []
+        last = step + 1 >= spec.max_steps
+        if step % EVAL_EVERY == 0 or last:
+            ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
+            for split in ("seen", "unseen"):
+                rows_ = [r for r in ev if r.get("split") == split]
+                if rows_:
+                    res = learner.evaluate(rows_, EVAL_SAMPLES, seed=spec.seed * 1000 + step)
+                    evals.append(
+                        {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
+                    )
+                    log(
+                        f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
+                    )
+        return {"rollouts": rollouts, "metrics": metrics, "evals": evals}
+    finally:
+        learner.close()

@@ -10,7 +10,8 @@ from envsched_pipeline.analysis.bench import run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.cli.common import UsageError, dumps, lake_of, names
-from envsched_pipeline.core.loop import status
+from envsched_pipeline.core.gates import resume
+from envsched_pipeline.core.loop import next_action, status
 
 F = argparse.ArgumentDefaultsHelpFormatter
 ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
@@ -19,6 +20,16 @@ ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dp
 def add_parser(sub) -> None:
     st = sub.add_parser("status", help="the lake's run and its last steps", formatter_class=F)
     st.set_defaults(func=cmd_status)
+
+    rs = sub.add_parser(
+        "resume", help="continue a halted run once its failed check passes", formatter_class=F
+    )
+    rs.add_argument(
+        "--redo",
+        action="store_true",
+        help="drop the failed step's manifest (or rollouts) so the loop redoes that step",
+    )
+    rs.set_defaults(func=cmd_resume)
 
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
     rp.add_argument("--out", required=True, help="output folder")
@@ -73,6 +84,17 @@ def add_parser(sub) -> None:
 
 def cmd_status(args) -> int:
     print(dumps(status(lake_of(args).require()), indent=2))
+    return 0
+
+
+def cmd_resume(args) -> int:
+    lake = lake_of(args).require()
+    out = resume(lake, redo=args.redo)
+    if not out["resumed"]:
+        print(out["reason"])
+        return 0
+    redo = f"; dropped {', '.join(out['redo'])} of step {out['step']}" if out["redo"] else ""
+    print(f"resumed at step {out['step']}{redo}; next: {next_action(lake)}")
     return 0
 
 

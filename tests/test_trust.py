@@ -1,0 +1,542 @@
+"""A loop you can trust: hostile inputs and races, one test (or more) per class of failure.
+
+1 checks stop the loop · 2 no stalls or doubles · 3 one driver · 4 the protocol refuses unsafe
+changes · 5 invalid settings write nothing · 6 pool names stay in their folder · 8 reads fail
+loudly · 9 the hack guard · 10 runs never mix. (Class 7, environment code reaching out, is
+tests/test_sandbox_reach.py.)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from envs.hack import flag_trajectory
+from envs.registry import load_synthetic
+from envsched_pipeline.api import ExternalRun
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.gates import check_manifest, halted
+from envsched_pipeline.core.ingest import ingest_rollouts
+from envsched_pipeline.core.lease import Lease, step_lock
+from envsched_pipeline.core.loop import next_action, status
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.errors import EnvschedError, LakeError, StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.orchestration.plan import run_tags
+from envsched_pipeline.orchestration.sensors import training_loop_sensor
+from envsched_pipeline.resources.lake import LakeResource
+from envsched_pipeline.resources.trainer import TrainerLauncher
+from envsched_pipeline.run import RunSpec, load_run, start_run
+from envsched_pipeline.scheduler import Observations, SchedulerConfig, SchedulerState
+from envsched_pipeline.scheduler.update import update_state
+from trainer.step import run_step
+
+G = 4
+
+
+def cli(lake, *args, capsys):
+    capsys.readouterr()  # drop what earlier code printed
+    code = main(["--lake", str(lake), *args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def external(tmp_path, **kw) -> ExternalRun:
+    lake = Lake(tmp_path / "ext")
+    import_pool(lake, load_synthetic("mini", n_envs=5, tasks_per_env=8, seed=2))
+    return ExternalRun(pool="mini", lake=lake, batch_size=6, group_size=G, **kw)
+
+
+def good_rollouts(run: ExternalRun, step: int) -> list[dict]:
+    return [
+        {"task_id": p["task_id"], "rollout": r, "reward": float((r + step) % 2)}
+        for p in run.manifest(step)
+        for r in range(G)
+    ]
+
+
+def sensor(lake, instance, trainer="auto"):
+    res = {"lake": LakeResource(root=str(lake.root)), "trainer": TrainerLauncher(mode=trainer)}
+    return training_loop_sensor(dg.build_sensor_context(instance=instance, resources=res))
+
+
+# ---------------------------------------------------------------------------- 1 checks stop the loop
+def test_a_manifest_that_fails_its_check_halts_the_loop_until_resumed(small_run, capsys):
+    lake = small_run
+    select_manifest(lake, 0)
+    rows = lake.read("manifests", step=0).to_pylist()
+    rows[1] = dict(rows[1], task_id=rows[0]["task_id"], slot=1)  # a duplicated task
+    lake.write("manifests", rows, step=0)
+    assert not check_manifest(lake, 0)["passed"]
+    with dg.instance_for_test() as instance:  # the Dagster path: the training step refuses and halts
+        from envsched_pipeline.assets import manifest, training
+
+        key = f"{load_run(lake).run_id}-0"
+        instance.add_dynamic_partitions("training_steps", [key])
+        res = dg.materialize(
+            [manifest.batch_manifest, training.training_step],
+            partition_key=key,
+            instance=instance,
+            resources={"lake": LakeResource(root=str(lake.root)), "trainer": TrainerLauncher()},
+            selection=["training_step"],
+            raise_on_error=False,
+        )
+        assert not res.success and not lake.has("rollouts", step=0)  # nothing trained on it
+        skip = sensor(lake, instance)
+        assert isinstance(skip, dg.SkipReason) and "halted at step 0" in skip.skip_message
+    assert next_action(lake) == ("halted", 0) and status(lake)["halted"]["gate"] == "manifest_is_valid"
+    code, _, err = cli(lake.root, "resume", capsys=capsys)
+    assert code == 2 and "still fails" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = cli(lake.root, "resume", "--redo", capsys=capsys)
+    assert code == 0 and next_action(lake) == ("select", 0) and halted(lake) is None
+
+
+def test_the_manifest_check_halts_when_dagster_runs_it(small_run, monkeypatch):
+    """select_job: the asset writes a manifest one task short of B (a scheduler bug, simulated), the
+    blocking check fails in the same run and records the halt."""
+    lake = small_run
+    from envsched_pipeline.assets import manifest
+    from envsched_pipeline.definitions import defs
+
+    real = manifest.select_manifest
+
+    def buggy(lk, step):
+        out = real(lk, step)
+        lk.write("manifests", out["rows"][:-1], step=step)
+        return out
+
+    monkeypatch.setattr(manifest, "select_manifest", buggy)
+    with dg.instance_for_test() as instance:
+        key = f"{load_run(lake).run_id}-0"
+        instance.add_dynamic_partitions("training_steps", [key])
+        res = defs.resolve_job_def("select_job").execute_in_process(
+            partition_key=key,
+            instance=instance,
+            raise_on_error=False,
+            run_config={"resources": {"lake": {"config": {"root": str(lake.root)}}}},
+        )
+        evals = [e for e in res.get_asset_check_evaluations() if e.check_name == "manifest_is_valid"]
+        assert evals and not evals[0].passed
+    assert halted(lake)["gate"] == "manifest_is_valid" and "batch size" in halted(lake)["problems"][0]
+
+
+def test_rollouts_that_fail_their_check_are_never_folded_in(small_run):
+    lake = small_run
+    select_manifest(lake, 0)
+    run_step(lake, 0, log=lambda *_: None)
+    rows = lake.read("rollouts", step=0).to_pylist()
+    lake.write("rollouts", rows[:-1], step=0)  # one group short of G: a statistics-only run must refuse
+    with pytest.raises(StepError, match="halted at step 0"):
+        statistics_step(lake, 0)
+    assert not lake.has("statistics", step=0) and halted(lake)["gate"] == "rollouts_are_complete"
+
+
+# ---------------------------------------------------------------------------- 2 stalls and doubles
+def test_sensor_retries_a_failed_step_with_new_keys_then_halts(small_run):
+    lake = small_run
+    spec = load_run(lake)
+    select_manifest(lake, 0)
+    statistics_path = lake.root / "state"
+    with dg.instance_for_test() as instance:
+        keys = []
+        for attempt in range(3):
+            req = sensor(lake, instance).run_requests[0]
+            assert req.job_name == "train_job" and req.tags["envsched/step"] == "0"
+            keys.append(req.run_key)
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name="train_job",
+                    run_id=f"failed{attempt:024d}",
+                    tags=req.tags,
+                    status=dg.DagsterRunStatus.FAILURE,
+                )
+            )
+        assert len(set(keys)) == 3 and keys[-1].endswith("train-0-a2")
+        skip = sensor(lake, instance)
+        assert isinstance(skip, dg.SkipReason) and "failed 3 times" in skip.skip_message
+        assert halted(lake)["step"] == 0 and not statistics_path.exists()
+        del spec
+
+
+def test_no_request_while_a_run_of_the_same_run_is_in_flight(small_run):
+    lake = small_run
+    spec = load_run(lake)
+    with dg.instance_for_test() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="train_job",
+                run_id="a" * 32,
+                status=dg.DagsterRunStatus.STARTED,
+                tags=run_tags(lake, spec, 0, "train", "sensor"),
+            )
+        )
+        skip = sensor(lake, instance)
+        assert isinstance(skip, dg.SkipReason) and "is started" in skip.skip_message
+
+
+# ---------------------------------------------------------------------------- 3 one driver
+def test_one_driver_per_run_and_stale_leases_are_recovered(small_run):
+    lake = small_run
+    with Lease(lake):
+        with pytest.raises(StepError, match="being driven by"):
+            Lease(lake).acquire()
+        with dg.instance_for_test() as instance:
+            skip = sensor(lake, instance)
+            assert isinstance(skip, dg.SkipReason) and "being driven by" in skip.skip_message
+    record = {
+        "id": "old",
+        "kind": "envsched train",
+        "pid": 999999,
+        "host": "elsewhere",
+        "heartbeat": time.time() - 600,
+    }
+    (lake.root / "lease.json").write_text(json.dumps(record))
+    lease = Lease(lake).acquire()  # stale (no heartbeat for 10 minutes): taken over
+    assert lease.took_over["id"] == "old"
+    lease.release()
+
+
+def test_two_train_processes_on_one_lake(tmp_path):
+    """The second `envsched train` is refused while the first drives the run; neither mixes settings."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "ENVSCHED_LAKE": str(tmp_path / "lake")}
+    (tmp_path / "dh").mkdir()
+    base = [
+        sys.executable,
+        "-m",
+        "envsched_pipeline.cli",
+        "pool",
+        "create",
+        "synthetic",
+        "--name",
+        "mini",
+        "--envs",
+        "4",
+        "--tasks-per-env",
+        "6",
+    ]
+    assert subprocess.run(base, env=env, capture_output=True).returncode == 0
+    train = [
+        sys.executable,
+        "-m",
+        "envsched_pipeline.cli",
+        "train",
+        "--pool",
+        "mini",
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--group-size",
+        "2",
+    ]
+    first = subprocess.Popen(train, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "lake" / "lease.json").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    second = subprocess.run(
+        train[:-4] + ["--batch-size", "8", "--group-size", "2"], env=env, capture_output=True, text=True
+    )
+    assert second.returncode == 2 and (
+        "being driven by" in second.stderr or "other settings" in second.stderr
+    )
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    spec = load_run(Lake(tmp_path / "lake"))
+    assert spec.batch_size == 4 and Lake(tmp_path / "lake").read("manifests").num_rows == 6 * 4
+
+
+def test_concurrent_ingests_of_one_step_one_wins(tmp_path):
+    run = external(tmp_path)
+    rows = good_rollouts(run, 0)
+    with step_lock(run.lake, "ingest-step=0"):  # another ingest of step 0 in progress
+        with pytest.raises(StepError, match="already running"):
+            ingest_rollouts(run.lake, 0, rows)
+    assert not run.lake.has("rollouts", step=0)
+    assert ingest_rollouts(run.lake, 0, rows)["rollouts"] == 24
+
+
+# ---------------------------------------------------------------------------- 4 the protocol refuses
+def test_reingest_of_a_consumed_step_is_refused_unless_replaced(tmp_path):
+    run = external(tmp_path)
+    for t in (0, 1):
+        run.observe(t, good_rollouts(run, t))
+    run.manifest(2)
+    with pytest.raises(StepError, match="already used"):
+        run.observe(0, good_rollouts(run, 0))
+    flipped = [dict(r, reward=1.0 - r["reward"]) for r in good_rollouts(run, 0)]
+    out = run.observe(0, flipped, replace=True)
+    assert out["rolled_back"]["manifests"] == [1, 2]  # later steps archived, not mixed
+    assert run.lake.steps("manifests") == [0] and run.lake.steps("statistics") == [0]
+    archived = list((run.lake.root / "archive").glob("rollback-step0-*/rollouts/step=1"))
+    assert archived and next_action(run.lake) == ("select", 1)
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda rows: rows[:-1], "not G = 4 rollouts"),
+        (lambda rows: [r for r in rows if r["task_id"] != rows[0]["task_id"]], "have no rollouts"),
+        (
+            lambda rows: [dict(r, rollout=r["rollout"] + 10) if i == 0 else r for i, r in enumerate(rows)],
+            "ids 0..3",
+        ),
+        (lambda rows: [dict(rows[0], hack_flag="false")] + rows[1:], "hack_flag must be true or false"),
+        (lambda rows: [dict(rows[0], reward="0.5")] + rows[1:], "is not a finite number"),
+        (lambda rows: [dict(rows[0], reward=True)] + rows[1:], "is not a finite number"),
+        (lambda rows: [dict(rows[0], rollout=1.5)] + rows[1:], "rollout must be a non-negative integer"),
+        (lambda rows: [dict(rows[0], tokens=-3)] + rows[1:], "tokens must be a non-negative integer"),
+        (lambda rows: rows + rows[:1] * 3000, "at most 24"),
+    ],
+)
+def test_ingest_refuses_unsafe_rows_and_writes_nothing(tmp_path, mutate, match):
+    run = external(tmp_path)
+    with pytest.raises(StepError, match=match):
+        run.observe(0, mutate(good_rollouts(run, 0)))
+    assert not run.lake.has("rollouts", step=0) and not run.lake.has("statistics", step=0)
+
+
+def test_partial_groups_are_explicit_marked_and_left_out_of_the_statistics(tmp_path):
+    run = external(tmp_path)
+    rows = good_rollouts(run, 0)
+    short = rows[0]["task_id"]
+    rows = [r for r in rows if not (r["task_id"] == short and r["rollout"] > 1)]
+    out = run.observe(0, rows, partial_groups=True)
+    assert out["partial_groups"] == 1
+    stats = {r["task_id"]: r for r in run.lake.read("statistics", step=0).to_pylist()}
+    assert stats[short]["observations"] == 0 and stats[short]["exposure"] == 2  # spent, not evidence
+
+
+def test_ingest_into_an_internal_run_is_refused(small_run):
+    select_manifest(small_run, 0)
+    with pytest.raises(StepError, match="internal trainer"):
+        ingest_rollouts(small_run, 0, [{"task_id": "x", "rollout": 0, "reward": 1.0}])
+
+
+def test_pool_reimport_over_a_live_run_is_refused(tmp_path, capsys):
+    run = external(tmp_path)
+    run.observe(0, good_rollouts(run, 0))
+    code, _, err = cli(
+        run.lake.root,
+        "pool",
+        "create",
+        "synthetic",
+        "--name",
+        "mini",
+        "--envs",
+        "2",
+        "--tasks-per-env",
+        "3",
+        capsys=capsys,
+    )
+    assert code == 2 and "used by run" in err
+    assert run.lake.read("tasks", pool="mini").num_rows == 40
+    assert run.manifest(1)  # the run goes on
+
+
+def test_resume_with_a_changed_config_is_refused_unless_allowed(small_run):
+    lake = small_run
+    spec = load_run(lake)
+    select_manifest(lake, 0)
+    changed = RunSpec(**{**spec.to_dict(), "scheduler_config": {"rho": 0.25}})
+    with pytest.raises(StepError, match="started with scheduler_config"):
+        start_run(lake, changed)
+    start_run(lake, changed, allow_config_change=True)
+    record = json.loads((lake.root / "run.json").read_text())
+    assert record["scheduler_config"] == {"rho": 0.25} and record["config_changes"][0]["from_step"] == 1
+
+
+def test_oversampling_factor_is_never_below_one(tmp_path):
+    run = external(tmp_path)
+    for t in range(3):
+        run.observe(t, [dict(r, reward=float(r["rollout"] % 2)) for r in good_rollouts(run, t)])
+    assert run.oversampling_factor(3) >= 1.0
+
+
+# ---------------------------------------------------------------------------- 5 invalid settings
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["train", "--batch-size", "0"], "batch size must be >= 1"),
+        (["train", "--group-size", "1"], "group size must be >= 2"),
+        (["train", "--group-size", "0"], "group size must be >= 2"),
+        (["train", "--pool", "../x"], "not a valid name"),
+        (
+            ["step", "select", "--pool", "synthetic", "--step", "0", "--batch-size", "0"],
+            "batch size must be >= 1",
+        ),
+    ],
+)
+def test_invalid_settings_write_nothing(tmp_path, capsys, args, match):
+    lake = tmp_path / "lake"
+    code, _, err = cli(lake, *args, capsys=capsys)
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert not (lake / "run.json").exists()
+
+
+def test_an_unknown_policy_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--lake", str(tmp_path / "lake"), "train", "--policy", "bogus"])
+    assert exc.value.code == 2 and not (tmp_path / "lake").exists()
+
+
+# ---------------------------------------------------------------------------- 6 pool names
+@pytest.mark.parametrize("name", ["x/../../rollouts/step=0", "../outside", "a b", "", ".hidden", "x" * 80])
+def test_pool_names_cannot_escape_their_folder(tmp_path, capsys, name):
+    lake = tmp_path / "lake"
+    code, _, err = cli(
+        lake,
+        "pool",
+        "create",
+        "synthetic",
+        "--name",
+        name,
+        "--envs",
+        "2",
+        "--tasks-per-env",
+        "2",
+        capsys=capsys,
+    )
+    assert code == 2 and "not a valid name" in err
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+# ---------------------------------------------------------------------------- 8 reads fail loudly
+def test_missing_or_wrong_lakes_are_errors(tmp_path, capsys):
+    code, out, err = cli(tmp_path / "nope", "sql", "select count(*) from rollouts", capsys=capsys)
+    assert code == 2 and "no lake at" in err and not out
+    (tmp_path / "file").write_text("x")
+    code, _, err = cli(tmp_path / "file", "status", capsys=capsys)
+    assert code == 2 and "not a lake" in err
+
+
+def test_a_corrupt_file_fails_only_queries_of_its_table(small_run):
+    lake = small_run
+    select_manifest(lake, 0)
+    run_step(lake, 0, log=lambda *_: None)
+    f = lake.root / "rollouts" / "step=0" / "part-0.parquet"
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(LakeError, match="step=0/part-0.parquet"):
+        lake.sql("select count(*) from rollouts")
+    assert lake.sql("select count(*) as n from manifests").to_pylist()[0]["n"] == 8
+
+
+def test_a_table_folder_replaced_by_a_file_is_named(small_run):
+    lake = small_run
+    select_manifest(lake, 0)
+    import shutil
+
+    shutil.rmtree(lake.root / "audits")
+    (lake.root / "audits").write_text("oops")
+    with pytest.raises(LakeError, match="should be a folder"):
+        lake.sql("select * from audits")
+
+
+def test_a_deleted_partition_is_reported_not_papered_over(small_run):
+    lake = small_run
+    for t in range(3):
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    lake.delete_partition("rollouts", step=1)
+    st = status(lake)
+    assert not st["consistent"] and "step 1: rollouts" in st["problems"][0]
+    assert next_action(lake)[0] == "broken"
+
+
+# ---------------------------------------------------------------------------- 9 the hack guard
+def test_honest_failures_are_not_hacks_and_invented_references_are():
+    init = {"books": {"BO-100": {"member": None}}, "members": {"ME-100": {}}}
+    instruction = "Give book BO-100 to member ME-100."
+    errored = [
+        {
+            "name": "assign_book",
+            "arguments": {"book_id": "001-OBx", "member_id": "ME-100"},
+            "output": "Error: KeyError: 'unknown book: 001-OBx'",
+        }
+    ]
+    wrong_value = [
+        {
+            "name": "update_book_shelf",
+            "arguments": {"book_id": "BO-100", "value": "2Bx"},
+            "output": '{"ok": true}',
+        }
+    ]
+    invented = [
+        {"name": "create_book", "arguments": {"book_id": "BO-999", "name": "x"}, "output": '{"ok": true}'}
+    ]
+    assert not flag_trajectory(errored, init, instruction)
+    assert not flag_trajectory(wrong_value, init, instruction)
+    assert flag_trajectory(invented, init, instruction)
+
+
+def test_an_injected_hack_is_retired_within_five_steps():
+    state = SchedulerState.new(["honest", "hacker"], ["e", "e"])
+    config = SchedulerConfig()
+    for t in range(5):
+        rewards = [np.array([1.0, 0.0, 1.0, 0.0]), np.array([1.0, 1.0, 0.0, 1.0])]
+        update_state(state, Observations.from_groups(t, [0, 1], rewards, hack_flags=[0.0, 3.0]), config)
+        if state.arrays["retired"][1]:
+            break
+    assert state.arrays["retired"][1] == 1 and t < 5 and state.arrays["retired"][0] == 0
+
+
+def test_no_hack_retirement_in_honest_real_environment_steps(small_pool):
+    lake = small_pool
+    start_run(
+        lake,
+        RunSpec(
+            pool="synthetic",
+            scheduler="envsched",
+            seed=3,
+            batch_size=8,
+            group_size=4,
+            max_steps=12,
+            policy_config={"mode": "real"},
+        ),
+    )
+    for t in range(12):
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    flags = lake.sql(
+        "select sum(hack_flag::int) as f, count(*) as n from rollouts where reward > 0"
+    ).to_pylist()[0]
+    retired = lake.sql("select count(*) as n from statistics where hack_rate > 0.5").to_pylist()[0]["n"]
+    assert retired == 0 and flags["f"] / flags["n"] < 0.05
+
+
+# ---------------------------------------------------------------------------- 10 runs never mix
+def test_two_experiments_on_one_instance_keep_their_partitions(tmp_path):
+    from envsched_pipeline.orchestration.driver import run_loop
+
+    lakes = []
+    with dg.instance_for_test() as instance:
+        for name in ("a", "b"):
+            lake = Lake(tmp_path / name)
+            import_pool(lake, load_synthetic("synthetic", n_envs=4, tasks_per_env=5, seed=1))
+            start_run(
+                lake, RunSpec(pool="synthetic", scheduler="random", batch_size=4, group_size=2, max_steps=2)
+            )
+            run_loop(lake, 2, instance=instance)
+            lakes.append(lake)
+        keys = instance.get_dynamic_partitions("training_steps")
+        ids = [load_run(lk).run_id for lk in lakes]
+        assert sorted(keys) == sorted(f"{i}-{s}" for i in ids for s in (0, 1))
+        for lk, rid in zip(lakes, ids, strict=True):
+            runs = instance.get_runs(filters=dg.RunsFilter(tags={"envsched/run_id": rid}))
+            assert runs and all(
+                r.tags["envsched/lake"] == str(lk.root) and r.tags["envsched/pool"] == "synthetic"
+                for r in runs
+            )
+            assert all(r.tags["envsched/step"] in ("0", "1") for r in runs)
+
+
+def test_envsched_errors_are_one_line(tmp_path, capsys):
+    assert issubclass(StepError, EnvschedError) and issubclass(LakeError, EnvschedError)

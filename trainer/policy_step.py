@@ -13,6 +13,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
+from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import Lake
@@ -134,7 +135,19 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "truncated": np.array([e.truncated for e in eps]),
         "error_class": np.array(err),
         "error_message": np.array([str(e.result.get("error") or "")[:500] for e in eps]),
-        "hack_flag": np.zeros(n * g, dtype=bool),
+        "hack_flag": np.array(
+            [
+                bool(
+                    r > 0
+                    and flag_trajectory(
+                        e.tool_log,
+                        json.loads(tasks[e.task_id].get("init_state") or "{}"),
+                        tasks[e.task_id].get("instruction", ""),
+                    )
+                )
+                for e, r in zip(eps, rewards, strict=True)
+            ]
+        ),
         "tokens": tokens.astype(np.int64),
         "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
         "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),

@@ -41,6 +41,13 @@ from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
+# Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
+VARIANTS: dict[str, dict] = {
+    "envsched@adaptive": {"adaptive_rho": True},
+    "envsched@cost": {"cost_aware": True},
+    "envsched@no-graph": {"use_graph": False},
+    "envsched@rho0.25": {"rho": 0.25},
+}
 METRICS = (
     "batch_variance",
     "zero_variance_fraction",
@@ -248,6 +255,7 @@ def run_one(
             lrn.learn(ids, r)
             obs = Observations.from_groups(t, idx, list(r))
             obs.cost = np.asarray(out["seconds"]).mean(axis=1)
+            obs.halves = np.array([p.half for p in picks])
             t1 = time.perf_counter()
             sched.update(state, obs, predicted_u=np.array([p.pred_var for p in picks]))
             t_upd = time.perf_counter() - t1
@@ -394,7 +402,7 @@ def run_benchmark(
                 "steps": steps,
                 "batch_size": batch_size,
                 "group_size": group_size,
-                "overrides": (overrides or {}).get(n),
+                "overrides": (overrides or {}).get(n, VARIANTS.get(n)),
                 "learner": learner,
                 "eval_every": eval_every,
             }

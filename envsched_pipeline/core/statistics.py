@@ -75,6 +75,10 @@ def statistics_step(lake: Lake, step: int) -> dict:
     manifest = lake.read("manifests", step=step)
     partial = set((lake.read_json(f"ingest/step={step}.json") or {}).get("partial_tasks") or [])
     obs = observations_from_rollouts(state, step, rollouts, partial)
+    half_of = dict(
+        zip(manifest.column("task_id").to_pylist(), manifest.column("half").to_pylist(), strict=True)
+    )
+    obs.halves = np.array([half_of.get(t, "") for t in state.task_ids[obs.task_idx]])
     pred = dict(
         zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True)
     )

@@ -49,6 +49,10 @@ class SchedulerConfig:
     infra_half_life: float = 2.0  # half-life (steps) of the environment infra-error rate
     cost_aware: bool = False  # opt-in: score per unit of predicted rollout cost (seconds)
     cost_floor: float = 0.25  # a slow task keeps at least this share of its score (no starvation)
+    adaptive_rho: bool = (
+        False  # shrink the coverage share when the coverage half yields less than the exploit half
+    )
+    rho_min: float = 0.125  # ... never below this share
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
 

@@ -176,7 +176,7 @@ class EnvSched(Scheduler):
         cons.retired = cons.retired & ~back
         score = inf["score"]
         picks: list[Pick] = []
-        n_cov = int(round(c.rho * b))
+        n_cov = int(round(self.coverage_share(state) * b))
         # -- coverage half: environments by (rollouts spent, last seen, random), round robin
         env_key = np.lexsort(
             (rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"])
@@ -207,6 +207,20 @@ class EnvSched(Scheduler):
             if sym is not None:
                 self._add_penalty(sym, i, penalty)
         return Selection(picks, cons.relaxations, quarantined)
+
+    def coverage_share(self, state: SchedulerState) -> float:
+        """rho, or with ``adaptive_rho`` rho x (coverage half's recent yield / exploit half's),
+        clipped to [rho_min, rho]: coverage is worth its slots while it finds informative groups
+        about as often as exploitation does; late in a run, when most coverage picks are solved
+        or hopeless, the slots go to exploitation."""
+        c = self.config
+        ys = state.extra.get("half_yield") or {}
+        if not c.adaptive_rho or c.rho <= 0 or "coverage" not in ys or "exploit" not in ys:
+            return c.rho
+        (wc, xc), (we, xe) = ys["coverage"], ys["exploit"]
+        if wc < 4 or we < 4 or xe <= 0:
+            return c.rho
+        return float(np.clip(c.rho * (xc / wc) / (xe / we), min(c.rho_min, c.rho), c.rho))
 
     @staticmethod
     def _add_penalty(sym, i: int, penalty: np.ndarray) -> None:

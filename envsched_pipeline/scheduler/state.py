@@ -38,6 +38,7 @@ class Observations:
     rewarded: np.ndarray  # rollouts with reward > 0
     spent: np.ndarray | None = None  # all rollouts spent per task (incl. infra failures); exposure
     cost: np.ndarray | None = None  # mean seconds per rollout of the group (cost-aware scheduling)
+    halves: np.ndarray | None = None  # the half each task was picked in (cold / coverage / exploit / ...)
 
     @classmethod
     def from_groups(

@@ -34,6 +34,7 @@ def update_state(
     retire(state, obs, config, has)
     quarantine(state, obs, config, elapsed)
     keep_history(state, obs, config, has, predicted_u)
+    track_half_yields(state, obs, config, has, elapsed)
     state.step = obs.step
     return state
 
@@ -147,6 +148,24 @@ def quarantine(state: SchedulerState, obs: Observations, config: SchedulerConfig
     hot = (rate > config.quarantine_rate) & (a["env_infra_W"] >= config.quarantine_min_rollouts)
     hot &= a["env_quarantine_until"] < obs.step  # not already in quarantine
     a["env_quarantine_until"][hot] = obs.step + config.quarantine_steps
+
+
+def track_half_yields(
+    state: SchedulerState, obs: Observations, config: SchedulerConfig, has: np.ndarray, elapsed: int
+) -> None:
+    """Decayed share of informative groups per half (coverage / exploit), for the adaptive coverage
+    share: {half: [weight, informative]} in ``state.extra["half_yield"]``."""
+    if obs.halves is None:
+        return
+    gamma = 2.0 ** (-1.0 / config.h_long)
+    ys = state.extra.setdefault("half_yield", {})
+    for half in ("coverage", "exploit"):
+        w, x = ys.get(half, [0.0, 0.0])
+        sel = (np.asarray(obs.halves) == half) & has
+        ys[half] = [
+            w * gamma**elapsed + float(sel.sum()),
+            x * gamma**elapsed + float(obs.dispersion[sel].sum()),
+        ]
 
 
 def keep_history(

@@ -74,6 +74,9 @@ class PolicyConfig:
     mode: str | None = None  # latent | real (gold actions corrupted, run by the real runtime)
     skill_lr: float | None = None
     familiarity_lr: float | None = None
+    env_skill_share: float | None = None
+    memorization: float | None = None
+    learning_signal: str | None = None
     # neural learner (trainer/neural)
     warm_start_steps: int | None = None
     temperature: float | None = None
@@ -88,7 +91,15 @@ class PolicyConfig:
     api_key_env: str | None = None  # openai: name of the environment variable holding the key
 
     USED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
-        "simulated": ("workers", "mode", "skill_lr", "familiarity_lr"),
+        "simulated": (
+            "workers",
+            "mode",
+            "skill_lr",
+            "familiarity_lr",
+            "env_skill_share",
+            "memorization",
+            "learning_signal",
+        ),
         "neural": ("workers", "lr", "warm_start_steps", "temperature", "max_actions"),
         "hf-tiny": ("workers", "lr", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
         "hf": (

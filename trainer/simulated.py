@@ -38,6 +38,14 @@ class SimLearnerConfig:
     near_miss: float = 0.03  # a solved rollout still fails one check
     partial_stick: float = 0.97  # a failed rollout earns exactly the task's easy-check credit
     saturation: float = 6.0  # skills and familiarity stay in [-s, s]
+    # Phenomena the default model lacks (off by default; docs/algorithm.md §8, bench "simulated learner sweep"):
+    env_skill_share: float = (
+        0.0  # share of pattern skill that is environment-specific (learned only in that env)
+    )
+    memorization: float = 0.0  # share of each group's learning that goes to that very task (memorised, never
+    # reaching held-out tasks) instead of the shared pattern skills
+    learning_signal: str = "std"  # std: a group teaches in proportion to its reward std | normalized: every
+    # informative group teaches the same (GRPO's std-normalised advantages), scaled to a typical std of 0.25
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -74,11 +82,22 @@ class SimulatedLearner:
         self.cost = (1.0 + 0.8 * n_pat) * env_speed[self.env] * np.exp(rng.normal(0.0, 0.3, len(latents)))
         self.skill = np.zeros(self.z.shape[1])
         self.familiarity = np.zeros(len(envs))
+        self.env_skill = np.zeros((len(envs), self.z.shape[1]))
+        self.memo = np.zeros(len(latents))
         self.version = 0
 
     # ------------------------------------------------------------ the policy
     def solve_prob(self, idx: np.ndarray) -> np.ndarray:
-        logit = self.z[idx] @ self.skill + self.familiarity[self.env[idx]] - self.difficulty[idx]
+        s = self.config.env_skill_share
+        shared = self.z[idx] @ self.skill
+        own = (self.z[idx] * self.env_skill[self.env[idx]]).sum(axis=1) if s else 0.0
+        logit = (
+            (1 - s) * shared
+            + s * own
+            + self.familiarity[self.env[idx]]
+            + self.memo[idx]
+            - self.difficulty[idx]
+        )
         return _sigmoid(logit)
 
     def expected_reward(self, idx: np.ndarray) -> np.ndarray:
@@ -130,33 +149,27 @@ class SimulatedLearner:
         c = self.config
         idx = np.array([self.index[t] for t in task_ids], dtype=np.int64)
         std = rewards.std(axis=1)
-        self.skill *= 1 - c.forget
-        self.familiarity *= 1 - c.forget
-        self.skill += c.skill_lr * (std[:, None] * self.z[idx]).sum(axis=0) / max(len(idx), 1) * 8
-        np.add.at(self.familiarity, self.env[idx], c.familiarity_lr * std)
-        np.clip(self.skill, -c.saturation, c.saturation, out=self.skill)
-        np.clip(self.familiarity, -c.saturation, c.saturation, out=self.familiarity)
+        if c.learning_signal == "normalized":
+            w = np.where(np.ptp(rewards, axis=1) > 1e-6, 0.25, 0.0)
+        elif c.learning_signal == "std":
+            w = std
+        else:
+            raise ValueError(f"learning_signal must be std or normalized, got {c.learning_signal!r}")
+        for arr in (self.skill, self.familiarity, self.env_skill, self.memo):
+            arr *= 1 - c.forget
+        general = 1.0 - c.memorization
+        self.skill += general * c.skill_lr * (w[:, None] * self.z[idx]).sum(axis=0) / max(len(idx), 1) * 8
+        if c.env_skill_share:
+            np.add.at(
+                self.env_skill, self.env[idx], c.skill_lr * 8 / max(len(idx), 1) * w[:, None] * self.z[idx]
+            )
+        if c.memorization:  # the same step size a task's own patterns would get, kept by the task alone
+            np.add.at(self.memo, idx, c.memorization * c.skill_lr * 8 * w)
+        np.add.at(self.familiarity, self.env[idx], c.familiarity_lr * w)
+        for arr in (self.skill, self.familiarity, self.env_skill, self.memo):
+            np.clip(arr, -c.saturation, c.saturation, out=arr)
         self.version += 1
         return {"trained_groups": int((std > 1e-9).sum()), "signal": float(std.sum())}
-
-    def score_tasks(self, latents: list[dict]) -> np.ndarray:
-        """Expected reward of tasks outside the pool (e.g. of environments never trained on, whose
-        familiarity is 0): the same model with only the shared pattern skills."""
-        c = self.config
-        z = np.array([np.asarray(r["z"], dtype=float) for r in latents])
-        z = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-9)
-        fam = np.array(
-            [
-                self.familiarity[self.env_ids.index(r["env_id"])] if r["env_id"] in self.env_ids else 0.0
-                for r in latents
-            ]
-        )
-        p = _sigmoid(z @ self.skill + fam - np.array([float(r["difficulty"]) for r in latents]))
-        k = np.array([int(r["n_checks"]) for r in latents])
-        easy = np.array([int(r["easy_checks"]) for r in latents])
-        solved = (1 - c.near_miss) + c.near_miss * (k - 1) / k
-        failed = c.partial_stick * easy / k + (1 - c.partial_stick) * 0.5 * (k - 1) / k
-        return p * solved + (1 - p) * failed
 
     def unseen_score(self) -> float:
         """Expected reward on tasks of environments never trained on (nan if the pool has none)."""
@@ -180,6 +193,8 @@ class SimulatedLearner:
         blob = {
             "skill": self.skill.tolist(),
             "familiarity": self.familiarity.tolist(),
+            "env_skill": self.env_skill.tolist(),
+            "memo": self.memo.tolist(),
             "version": self.version,
             "config": asdict(self.config),
         }
@@ -189,4 +204,7 @@ class SimulatedLearner:
         blob = json.loads(Path(path).read_text())
         self.skill = np.asarray(blob["skill"], dtype=float)
         self.familiarity = np.asarray(blob["familiarity"], dtype=float)
+        if "env_skill" in blob:
+            self.env_skill = np.asarray(blob["env_skill"], dtype=float).reshape(self.env_skill.shape)
+            self.memo = np.asarray(blob["memo"], dtype=float)
         self.version = int(blob["version"])

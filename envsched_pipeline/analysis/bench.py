@@ -38,7 +38,7 @@ from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
-from trainer.simulated import SimulatedLearner
+from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
@@ -106,13 +106,15 @@ class SimulatedBench:
 
     name = "simulated"
 
-    def __init__(self, pool: dict, seed: int, difficulty_shift: float = 0.0):
+    def __init__(
+        self, pool: dict, seed: int, difficulty_shift: float = 0.0, learner_config: dict | None = None
+    ):
         lat = (
             pool["latents"]
             if not difficulty_shift
             else [dict(r, difficulty=r["difficulty"] + difficulty_shift) for r in pool["latents"]]
         )
-        self.learner = SimulatedLearner(lat)
+        self.learner = SimulatedLearner(lat, SimLearnerConfig(**(learner_config or {})))
         self.true_variance = lambda ids: self.learner.true_variance(
             np.array([self.learner.index[t] for t in ids])
         )
@@ -189,11 +191,17 @@ def run_one(
     learner: str = "simulated",
     eval_every: int | None = None,
     log: Callable[[str], None] | None = None,
+    learner_config: dict | None = None,
 ) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
     simulates a weaker model (simulated learner only)."""
     tasks = pool["tasks"]
-    lrn = make_learner(learner, pool, seed, difficulty_shift=difficulty_shift)
+    kw = (
+        {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
+        if learner == "simulated"
+        else {}
+    )
+    lrn = make_learner(learner, pool, seed, **kw)
     try:
         state = init_state or SchedulerState.new(
             [t["task_id"] for t in tasks], [t["env_id"] for t in tasks], [t["content_hash"] for t in tasks]
@@ -374,8 +382,10 @@ def run_benchmark(
     jobs: int = 1,
     cache_dir: str | Path | None = None,
     eval_every: int | None = None,
+    learner_config: dict | None = None,
 ) -> dict:
-    """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``."""
+    """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
+    ``learner_config``: settings of the simulated learner (e.g. the sweep's phenomena)."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -403,6 +413,7 @@ def run_benchmark(
                 "batch_size": batch_size,
                 "group_size": group_size,
                 "overrides": (overrides or {}).get(n, VARIANTS.get(n)),
+                **({"learner_config": learner_config} if learner_config else {}),
                 "learner": learner,
                 "eval_every": eval_every,
             }

@@ -113,6 +113,65 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
     return paths
 
 
+SCHEDULER_COLORS = {
+    "random": "#7f7f7f",
+    "envsched": "#d62728",
+    "exploit-only": "#ff7f0e",
+    "coverage-only": "#2ca02c",
+    "variance-greedy": "#9467bd",
+    "greso": "#8c564b",
+    "mopps": "#e377c2",
+    "dps": "#17becf",
+    "oracle": "#000000",
+}
+
+
+def scheduler_color(name: str) -> str:
+    """One colour per scheduler, the same in every plot and report (variants share their base's hue)."""
+    base = name.split("@")[0]
+    return SCHEDULER_COLORS.get(base if "@" not in name else name, SCHEDULER_COLORS.get(base, "#bcbd22"))
+
+
+def heldout_plots(result: dict, out_path: Path) -> str:
+    """Held-out curves per scheduler (seen and unseen environments, mean over seeds, with the
+    standard error band of the evaluation) and per-step batch variance (neural learner)."""
+    plt = _plt()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    for name, s in result["series"].items():
+        ev = s["evals"]
+        x = [e["step"] for e in ev]
+        style = {
+            "color": scheduler_color(name),
+            "lw": 2.4 if name.startswith("envsched") else 1.3,
+            "ls": "--" if "@" in name else "-",
+        }
+        for ax, split in zip(axes[:2], ("seen", "unseen"), strict=True):
+            y = np.array([e[f"{split}_mean"] for e in ev])
+            se = np.array([e[f"{split}_se"] for e in ev])
+            ax.plot(x, y, marker="o", ms=3, label=name, **style)
+            ax.fill_between(x, y - 2 * se, y + 2 * se, color=style["color"], alpha=0.08)
+        v = np.asarray(s["batch_variance"], dtype=float)
+        if len(v) > 10:
+            v = np.convolve(v, np.ones(10) / 10, mode="valid")
+        axes[2].plot(v, label=name, **style)
+    axes[0].set_title("held-out reward: unseen tasks, training environments")
+    axes[1].set_title("held-out reward: environments never trained on")
+    axes[2].set_title("batch reward variance (10-step mean)")
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    setup = result["setup"]
+    fig.suptitle(
+        f"{setup.get('learner', 'simulated')} learner: {setup['envs']} x {setup['tasks_per_env']} pool, "
+        f"B={setup['batch_size']} G={setup['group_size']}, {setup['steps']} steps, mean of {setup['seeds']} seeds"
+    )
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=90)
+    plt.close(fig)
+    return str(out_path)
+
+
 def _save(fig, lake, name: str) -> str:
     """Write a figure under the lake's plots/ folder and close it; returns the path."""
     plt = _plt()

@@ -44,6 +44,13 @@ LEARNERS = ("simulated", "neural")
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
 VARIANTS: dict[str, dict] = {
     "envsched@adaptive": {"adaptive_rho": True},
+    "envsched@retire2": {"retire_on": "dispersion", "retire_window": 2, "return_rule": "neighbour-mean"},
+    "envsched@adaptive+retire2": {
+        "adaptive_rho": True,
+        "retire_on": "dispersion",
+        "retire_window": 2,
+        "return_rule": "neighbour-mean",
+    },
     "envsched@cost": {"cost_aware": True},
     "envsched@no-graph": {"use_graph": False},
     "envsched@rho0.25": {"rho": 0.25},

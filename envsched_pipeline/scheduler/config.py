@@ -38,6 +38,8 @@ class SchedulerConfig:
     retire_solved: float = 0.999
     retire_failed: float = 0.001
     return_prob: float = 0.1  # chance per step that a retired task becomes eligible again
+    return_rule: str = "any-neighbour"  # a retired task returns when any observed neighbour's predicted
+    # variance exceeds the recent mean | "neighbour-mean": when its neighbours' weighted mean variance does
     hack_retire: float = 0.5  # retire a task whose decayed hack rate exceeds this
     cold_mean: float = 0.5
     cold_var: float = 0.03

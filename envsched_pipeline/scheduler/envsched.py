@@ -84,6 +84,7 @@ class EnvSched(Scheduler):
                 cnt = has_w.astype(float) + has_x.astype(float)
                 x_nb = (np.where(has_w, x_w, 0.0) + np.where(has_x, x_x, 0.0)) / np.maximum(cnt, 1.0)
                 prior = (n_nb * x_nb + c.lambda_g * x_env) / (n_nb + c.lambda_g)
+                out[f"nb_{x}"] = np.where(cnt > 0, x_nb, np.nan)
             else:
                 prior = x_env
             hat = (X + c.lambda_s * prior) / (W + c.lambda_s)
@@ -152,6 +153,11 @@ class EnvSched(Scheduler):
         back = retired & (rng.random(state.n_tasks) < self.config.return_prob)
         if self.graph is not None and retired.any() and state.realized_var:
             recent = float(np.mean(state.realized_var[-self.config.calib_window :]))
+            if self.config.return_rule == "neighbour-mean":  # the neighbourhood as a whole heats up
+                back |= retired & (
+                    np.nan_to_num(pred.get("nb_s2", np.full(state.n_tasks, np.nan)), nan=0.0) > recent
+                )
+                return back
             hot = pred["hat_s2"] > recent
             r = np.flatnonzero(retired)
             nb = np.concatenate([self.graph.within_idx[r], self.graph.cross_idx[r]], axis=1)

@@ -7,9 +7,9 @@ not modelled). Each pick's within-group variance is estimated doubly robustly:
     v_hat_i = m_i + 1[i logged at t] / p_i * (v_i - m_i)
 
 where p_i is the logged pick's propensity (its inclusion probability under the logging scheduler's
-randomness; B/N for a random logger) and m_i a reward model from the logged history (the task's
-nearest logged observation within ``window`` steps, else its environment's mean at t, else the
-step's mean). With a full-support logger (random) the correction makes the estimate unbiased for
+randomness; B/N for a random logger) and m_i a reward model built only from what was logged *before* step t (the task's
+mean variance over the previous ``window`` steps, else its environment's, else all tasks', else the
+cold prior): it never reads t's or later outcomes. With a full-support logger (random) the correction makes the estimate unbiased for
 the replayed states; with a deterministic logger tasks it never picks carry only the model term,
 which the report states as ``model_share``. The per-step estimates give a standard error.
 """
@@ -62,33 +62,29 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
                 name, scheduler_config(spec), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None
             )
             picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t).picks
-            step_mean = float(np.mean(list(by_step.get(t, {0: 0.0}).values())))
-            vals, hits, model_only = [], 0, 0
+            # the model term uses only what was known before step t (never t's or later outcomes)
+            past_steps = [s for s in by_step if t - window <= s < t]
+            past_all = [v for s in past_steps for v in by_step[s].values()]
+            fallback = float(np.mean(past_all)) if past_all else scheduler_config(spec).cold_var
+            vals, hits = [], 0
             for p in picks:
-                obs = by_task.get(p.task_id, [])
-                near = [v for s, v in obs if abs(s - t) <= window and s != t]
-                if near:
-                    m = float(np.mean(near))
-                elif (t, p.env_id) in env_step:
-                    m = float(np.mean(env_step[(t, p.env_id)]))
-                else:
-                    m = step_mean
+                own = [v for s, v in by_task.get(p.task_id, []) if t - window <= s < t]
+                env = [v for s in past_steps for v in env_step.get((s, p.env_id), [])]
+                m = float(np.mean(own)) if own else float(np.mean(env)) if env else fallback
                 v_hat = m
-                if p.task_id in by_step.get(t, {}):
+                if p.task_id in by_step.get(t, {}):  # logged at t: the doubly robust correction
                     hits += 1
                     v_hat = m + (by_step[t][p.task_id] - m) / logged_prop.get((t, p.task_id), 1.0)
-                elif not near:
-                    model_only += 1
                 vals.append(v_hat)
             est.append(float(np.mean(vals)))
             overlap.append(hits / max(len(picks), 1))
-            model_share.append(model_only / max(len(picks), 1))
+            model_share.append(1.0 - hits / max(len(picks), 1))
         arr = np.array(est)
         out[name] = {
             "batch_variance_estimate": float(arr.mean()),
             "stderr": float(arr.std(ddof=1) / np.sqrt(len(arr))) if len(arr) > 1 else float("nan"),
             "overlap_with_log": float(np.mean(overlap)),
-            "model_share": float(np.mean(model_share)),
+            "model_share": float(np.mean(model_share)),  # share of picks valued by the model alone
             "steps": len(arr),
         }
         log(

@@ -1,7 +1,13 @@
-"""PNG plots for asset metadata and reports (matplotlib, Agg backend, written into the lake)."""
+"""PNG plots for asset metadata and reports (matplotlib, Agg backend, written into the lake).
+
+Step plots are written once per step and kind (``plots/step=t/<kind>.png``), never overwritten by a
+later step, so every partition in the UI shows its own plots; :func:`embed` turns one into markdown
+with the image inline (what the Dagster UI renders).
+"""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -55,15 +61,27 @@ def graph_report(lake, pool: str, graph) -> dict:
     return {"plot": str(path), "examples_md": "\n".join(rows)}
 
 
+def embed(path: str, alt: str = "plot") -> str:
+    """Markdown with the PNG inline (a data URI), for ``MetadataValue.md``."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f"![{alt}](data:image/png;base64,{data})"
+
+
 def manifest_plot(lake, step: int, rows: list[dict]) -> str:
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.4))
     scores = [r["score"] for r in rows]
     halves = sorted({r["half"] for r in rows})
+    finite = [s for s in scores if s == s]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, min(20, max(2, len(finite))) + 1)
     for h in halves:
-        ax[0].hist([r["score"] for r in rows if r["half"] == h], bins=20, alpha=0.6, label=h)
-    ax[0].set_title(f"step {step}: pick scores")
-    ax[0].legend()
+        vals = [r["score"] for r in rows if r["half"] == h and r["score"] == r["score"]]
+        if vals:
+            ax[0].hist(vals, bins=edges, alpha=0.6, label=h)
+    ax[0].set_title(f"step {step}: pick scores by half")
+    if halves:
+        ax[0].legend()
     envs: dict[str, int] = {}
     for r in rows:
         envs[r["env_id"]] = envs.get(r["env_id"], 0) + 1
@@ -71,12 +89,7 @@ def manifest_plot(lake, step: int, rows: list[dict]) -> str:
     ax[1].bar(range(len(names)), [envs[n] for n in names], color="#4878d0")
     ax[1].set_title(f"{len(names)} environments, {len(scores)} tasks")
     ax[1].set_xticks([])
-    fig.tight_layout()
-    path = Path(lake.root) / "plots" / f"manifest_step={step}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return str(path)
+    return _save(fig, lake, "manifest", step)
 
 
 def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[str]:
@@ -172,10 +185,10 @@ def heldout_plots(result: dict, out_path: Path) -> str:
     return str(out_path)
 
 
-def _save(fig, lake, name: str) -> str:
-    """Write a figure under the lake's plots/ folder and close it; returns the path."""
+def _save(fig, lake, kind: str, step: int | None = None) -> str:
+    """Write a figure to ``plots/step=<t>/<kind>.png`` (or ``plots/<kind>.png``) and close it."""
     plt = _plt()
-    path = Path(lake.root) / "plots" / name
+    path = Path(lake.root) / "plots" / (f"step={int(step)}" if step is not None else "") / f"{kind}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -188,7 +201,7 @@ def _series(lake, query: str) -> dict[str, list]:
     return {c: t.column(c).to_pylist() for c in t.column_names}
 
 
-def training_curves(lake) -> str:
+def training_curves(lake, step: int | None = None) -> str:
     """Loss, reward mean/median and zero-variance fraction over all steps so far."""
     plt = _plt()
     s = _series(lake, "select * from train_metrics order by step")
@@ -210,10 +223,10 @@ def training_curves(lake) -> str:
     ax[2].set_title("signal")
     for a in ax:
         a.set_xlabel("step")
-    return _save(fig, lake, "training_curves.png")
+    return _save(fig, lake, "training_curves", step)
 
 
-def statistics_trends(lake, pool: str) -> str:
+def statistics_trends(lake, pool: str, step: int | None = None) -> str:
     """Batch variance, environments touched and pool coverage over steps."""
     plt = _plt()
     s = _series(lake, "select step, batch_variance, envs_touched from step_summary order by step")
@@ -240,10 +253,10 @@ def statistics_trends(lake, pool: str) -> str:
     ax[2].set_title("fraction of pool seen")
     for a in ax:
         a.set_xlabel("step")
-    return _save(fig, lake, "statistics_trends.png")
+    return _save(fig, lake, "statistics_trends", step)
 
 
-def yield_calibration_plot(lake) -> str:
+def yield_calibration_plot(lake, step: int | None = None) -> str:
     """Predicted vs realized share of informative groups per step."""
     plt = _plt()
     s = _series(lake, "select step, predicted_yield, realized_yield from yields order by step")
@@ -258,4 +271,4 @@ def yield_calibration_plot(lake) -> str:
     ax[1].set_xlabel("predicted")
     ax[1].set_ylabel("realized")
     ax[1].set_title("calibration")
-    return _save(fig, lake, "yield_calibration.png")
+    return _save(fig, lake, "yield_calibration", step)

@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 from tqdm import tqdm
 
+from envsched_pipeline.analysis.plots import embed
 from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.lease import current, describe
 from envsched_pipeline.run import load_run
@@ -28,6 +29,16 @@ def guard(context, lake) -> None:
             f"the run is being driven by {describe(lease)}; this run was requested by "
             f"{driver or 'someone else'}"
         )
+
+
+def plot_md(context, label: str, make, *args, **kw) -> dict:
+    """``{label: markdown with the plot inline}``; a plot that fails is a warning in the run's log and
+    a note in the metadata, never a failed step."""
+    try:
+        return {label: dg.MetadataValue.md(embed(make(*args, **kw), label))}
+    except Exception as exc:  # noqa: BLE001 - any plotting error must not fail the step
+        context.log.warning(f"plot {label} failed ({type(exc).__name__}: {exc}); the step goes on without it")
+        return {f"{label}_error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def pool_name(config: PoolSelection, lake) -> str:

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from envsched_pipeline.analysis.plots import graph_report
+from envsched_pipeline.analysis.plots import embed, graph_report
 from envsched_pipeline.assets._common import PoolSelection, pool_name, progress_logger
 from envsched_pipeline.graph.store import build_task_graph
 from envsched_pipeline.resources.lake import LakeResource
@@ -28,7 +28,7 @@ def task_graph(
             "within_edges": out["within_edges"],
             "cross_edges": out["cross_edges"],
             "seconds": out["seconds"],
-            "similarity_plot": dg.MetadataValue.path(report["plot"]),
+            "similarity_plot": dg.MetadataValue.md(embed(report["plot"], "similarity")),
             "cross_env_examples": dg.MetadataValue.md(report["examples_md"]),
         }
     )

@@ -9,9 +9,9 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import manifest_plot
-from envsched_pipeline.assets._common import guard
+from envsched_pipeline.assets._common import guard, plot_md
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.orchestration.metadata import md_table, scalar_metadata
+from envsched_pipeline.orchestration.metadata import picks_table, scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
 
@@ -38,18 +38,7 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
             "envs_touched": len(envs),
             **{f"half_{k}": v for k, v in halves.items()},
             **scalar_metadata(audit),
-            "plot": dg.MetadataValue.path(manifest_plot(lk, step, rows)),
-            "picks": dg.MetadataValue.md(
-                md_table(
-                    [
-                        {
-                            k: r[k]
-                            for k in ("slot", "task_id", "env_id", "half", "score", "pred_var", "reason")
-                        }
-                        for r in rows
-                    ],
-                    limit=64,
-                )
-            ),
+            **plot_md(context, "plot", manifest_plot, lk, step, rows),
+            "picks": dg.MetadataValue.md(picks_table(rows)),
         }
     )

@@ -3,7 +3,8 @@
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
-from envsched_pipeline.assets._common import guard
+from envsched_pipeline.analysis.rollouts_view import render, samples
+from envsched_pipeline.assets._common import guard, plot_md
 from envsched_pipeline.core.gates import check_manifest, halt, halt_message
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.orchestration.metadata import scalar_metadata
@@ -36,19 +37,36 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
                 "(`envsched step ingest --step {step} ...`)"
             )
         r = lk.read("rollouts", step=step)
-
         return dg.MaterializeResult(
-            metadata={
-                "dagster/row_count": r.num_rows,
-                "trainer": "external",
-                "curves": dg.MetadataValue.path(training_curves(lk)),
-            }
+            metadata={"dagster/row_count": r.num_rows, "trainer": "external", **step_views(context, lk, step)}
         )
-
     result = trainer.launch(context, str(lk.root), step).get_materialize_result()
-    return dg.MaterializeResult(
-        metadata={**(result.metadata or {}), "curves": dg.MetadataValue.path(training_curves(lk))}
-    )
+    return dg.MaterializeResult(metadata={**(result.metadata or {}), **step_views(context, lk, step)})
+
+
+def step_views(context, lk, step: int) -> dict:
+    """The step's curves (inline) and a few of its rollouts, rendered: the best, the worst and one
+    zero-variance group."""
+    out = plot_md(context, "curves", training_curves, lk, step)
+    try:
+        spec = require_run(lk)
+        rows = lk.read("rollouts", step=step).to_pylist()
+        tasks = {
+            t["task_id"]: t
+            for t in lk.read("tasks", pool=spec.pool, columns=["task_id", "instruction"]).to_pylist()
+        }
+        shown = samples(rows)
+        if shown:
+            text = "\n\n".join(
+                f"**{label}**\n\n```\n{render(r, tasks.get(r['task_id']), width=110)}\n```"
+                for label, r in shown.items()
+            )
+            out["sample_rollouts"] = dg.MetadataValue.md(
+                text + f"\n\n_more: `envsched rollouts show --step {step}`_"
+            )
+    except Exception as exc:  # noqa: BLE001 - a rendering problem must not fail the step
+        context.log.warning(f"sample rollouts could not be rendered: {exc}")
+    return out
 
 
 @dg.asset(
@@ -67,7 +85,7 @@ def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> 
         metadata={
             "dagster/row_count": out["tasks_updated"],
             **scalar_metadata(out),
-            "trends": dg.MetadataValue.path(statistics_trends(lk, require_run(lk).pool)),
-            "yield_calibration": dg.MetadataValue.path(yield_calibration_plot(lk)),
+            **plot_md(context, "trends", statistics_trends, lk, require_run(lk).pool, step_of(context)),
+            **plot_md(context, "yield_calibration", yield_calibration_plot, lk, step_of(context)),
         }
     )

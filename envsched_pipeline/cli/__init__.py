@@ -4,7 +4,8 @@
     envsched sql "select env_id, avg(reward) from rollouts group by 1"
     envsched pool list | create | import;  envsched env run
     envsched step select | ingest | status                          the external-trainer protocol
-    envsched status;  envsched report;  envsched bench scheduler | replay
+    envsched rollouts show --step T [--task ID]                      what a rollout did
+    envsched status;  envsched resume;  envsched report;  envsched bench scheduler | replay
 
 Every command takes the global ``--lake DIR`` (default ``$ENVSCHED_LAKE`` or ``warehouse/lake``).
 A user error (any :class:`envsched_pipeline.errors.EnvschedError`) prints one line on stderr and
@@ -14,11 +15,12 @@ exits with code 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
 from envsched_pipeline import __version__
-from envsched_pipeline.cli import analyze, pool, sql, step, train
+from envsched_pipeline.cli import analyze, pool, rollouts, sql, step, train
 from envsched_pipeline.errors import EnvschedError
 
 
@@ -31,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE, else warehouse/lake)")
     p.add_argument("--version", action="version", version=f"envsched {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (train, sql, pool, step, analyze):
+    for module in (train, sql, pool, step, rollouts, analyze):
         module.add_parser(sub)
     return p
 
@@ -45,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     except EnvschedError as exc:
         print(f"envsched: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `envsched sql ... | head`: the reader left; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("envsched: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

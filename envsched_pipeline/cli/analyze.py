@@ -99,11 +99,17 @@ def cmd_resume(args) -> int:
 
 
 def cmd_report(args) -> int:
+    lake = lake_of(args).require()
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".envsched-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
     index = build_report(
-        lake_of(args).require(),
-        Path(args.out),
-        baselines=not args.no_baselines,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
+        lake, out, baselines=not args.no_baselines, log=lambda m: print(m, file=sys.stderr, flush=True)
     )
     print(f"wrote {index}")
     return 0

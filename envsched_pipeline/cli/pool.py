@@ -51,6 +51,7 @@ def add_parser(sub) -> None:
     er.add_argument("--task", required=True, help="task id")
     er.add_argument("--actions", required=True, help='JSON file: a list of {"name", "arguments"}')
     er.add_argument("--answer", default=None, help="final answer text (reasoning_gym)")
+    er.add_argument("--verbose", action="store_true", help="print each action's observation and each check")
     er.set_defaults(func=cmd_env_run)
 
 
@@ -127,6 +128,15 @@ def cmd_env_run(args) -> int:
         raise UsageError(f'{args.actions}: expected a JSON list of {{"name", "arguments"}} objects')
     with SandboxPool(workers=1) as pool:
         res = pool.run_episode(episode_spec(env[0], rows[0]), actions, args.answer)
+    if args.verbose:
+        for k, call in enumerate(res.get("tool_calls", []), start=1):
+            print(f"{k:>2}. {call.get('name')}({json.dumps(call.get('arguments'), default=str)})")
+            print(f"    -> {call.get('output')}")
+        for c in res.get("checks", []):
+            print(
+                f"[{'pass' if c.get('passed') else 'FAIL'}] {c.get('item')}"
+                + (f" ({c['error']})" if c.get("error") else "")
+            )
     print(
         dumps(
             {

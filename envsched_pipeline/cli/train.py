@@ -21,10 +21,22 @@ STEP_COLUMNS = (
     "zero_variance_fraction",
     "envs_touched",
     "mean_reward",
-    "heldout",
-    "seconds",
+    "heldout_seen",
+    "heldout_unseen",
+    "trainer_s",
+    "overhead_s",
 )
-HEADER = ("step", "batch_var", "zero_var", "envs", "mean_rew", "heldout", "seconds")
+HEADER = (
+    "step",
+    "batch_var",
+    "zero_var",
+    "envs",
+    "mean_rew",
+    "ho_seen",
+    "ho_unseen",
+    "trainer_s",
+    "overhead_s",
+)
 
 
 def add_parser(sub) -> None:
@@ -110,11 +122,18 @@ def header() -> str:
     return " ".join(n.rjust(10) for n in HEADER)
 
 
-def row(r: dict, seconds: float | None = None) -> str:
-    vals = [r.get(c) for c in STEP_COLUMNS]
-    if seconds is not None:
-        vals[-1] = seconds
-    return " ".join(_fmt(v) for v in vals)
+def row(r: dict, wall: float | None = None) -> str:
+    """One step: its numbers, the trainer's seconds and the rest of the wall time (Dagster, scheduler,
+    statistics, process starts)."""
+    trainer = r.get("seconds")
+    r = dict(
+        r,
+        trainer_s=trainer,
+        overhead_s=(wall - trainer)
+        if wall is not None and trainer == trainer and trainer is not None
+        else None,
+    )
+    return " ".join(_fmt(r.get(c)) for c in STEP_COLUMNS)
 
 
 def run(args) -> int:
@@ -154,15 +173,25 @@ def run(args) -> int:
     elif spec.policy == "hf-tiny":
         print("note: hf-tiny is a random-init tiny Qwen3 (real agent loop + real GRPO update on CPU).")
     t0 = time.perf_counter()
-    print(header())
-    for r in step_summary(lake):
-        if r["step"] < args.steps:
-            print(row(r) + "  (in lake)")
+    before = step_summary(lake)
+    if before:
+        bv = sum(r["batch_variance"] for r in before) / len(before)
+        print(
+            f"the lake holds steps 0..{before[-1]['step']} (mean batch variance {bv:.4f}); continuing at step "
+            f'{before[-1]["step"] + 1}: `envsched sql "select * from step_summary"` shows them all'
+        )
+    todo = max(0, args.steps - len(before))
+    if todo:
+        print(header())
+    walls: list[float] = []
 
     def on_step(step: int, seconds: float) -> None:
+        walls.append(seconds)
         rows = {r["step"]: r for r in step_summary(lake)}
+        left = todo - len(walls)
+        eta = f"  eta {sum(walls) / len(walls) * left:.0f}s" if left > 0 else ""
         if step in rows:
-            print(row(rows[step], seconds), flush=True)
+            print(row(rows[step], seconds) + eta, flush=True)
 
     run_loop(lake, args.steps, on_step=on_step)
     print(

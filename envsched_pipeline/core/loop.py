@@ -107,10 +107,13 @@ def step_summary(lake: Lake) -> list[dict]:
         # the documented step_summary view (warehouse/views.sql) + timing and held-out score
         q = """
         select s.step, s.batch_variance, s.zero_variance_fraction, s.envs_touched, s.mean_reward,
-               tm.seconds as seconds, ev.score as heldout
+               tm.seconds as seconds, ev.seen as heldout_seen, ev.unseen as heldout_unseen
         from step_summary s
         left join train_metrics tm on tm.step = s.step
-        left join (select step, avg(score) as score from evals group by step) ev on ev.step = s.step
+        left join (select step,
+                          avg(score) filter (where benchmark like 'heldout_seen%') as seen,
+                          avg(score) filter (where benchmark like 'heldout_unseen%') as unseen
+                   from evals group by step) ev on ev.step = s.step
         order by s.step
         """
         cur = con.execute(q)

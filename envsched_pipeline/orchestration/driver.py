@@ -62,18 +62,38 @@ def run_loop(
                 instance.add_dynamic_partitions(training_steps.name, [req.partition])
             step_t0.setdefault(req.step, time.perf_counter())
             kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if req.kind == "stats" else {}
-            result = jobs[req.job].execute_in_process(
-                partition_key=req.partition,
-                instance=instance,
-                run_config=_run_config(lake, quiet),
-                tags=req.tags,
-                raise_on_error=False,
-                **kw,
-            )
+            try:
+                result = jobs[req.job].execute_in_process(
+                    partition_key=req.partition,
+                    instance=instance,
+                    run_config=_run_config(lake, quiet),
+                    tags=req.tags,
+                    raise_on_error=False,
+                    **kw,
+                )
+            except KeyboardInterrupt:
+                _cancel_runs_of(instance, req)
+                raise
             if not result.success:
                 continue  # the next request is the retry, or the halt after MAX_ATTEMPTS failures
             if req.kind in ("train", "stats") and on_step is not None:
                 on_step(req.step, time.perf_counter() - step_t0[req.step])
+
+
+def _cancel_runs_of(instance: dg.DagsterInstance, req) -> None:
+    """Ctrl-C: the run this driver started is marked canceled (not failed) in the instance."""
+    for run in runs_of(
+        instance,
+        req.tags["envsched/run_id"],
+        IN_FLIGHT + [dg.DagsterRunStatus.FAILURE],
+        step=req.step,
+        kind=req.kind,
+    ):
+        if (
+            run.tags.get("envsched/driver") == req.tags["envsched/driver"]
+            and run.status != dg.DagsterRunStatus.CANCELED
+        ):
+            instance.report_run_canceled(run, message="interrupted (Ctrl-C) in envsched train")
 
 
 def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None = None) -> None:

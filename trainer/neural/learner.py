@@ -428,6 +428,10 @@ class NeuralLearner:
                                 {**cl, "output": out[:500]}
                                 for cl, out in zip(t.calls, t.outputs, strict=False)
                             ],
+                            "checks": [
+                                {k: c.get(k) for k in ("item", "passed", "error")}
+                                for c in t.result.get("checks", [])
+                            ],
                         },
                         default=str,
                     )[:20000]

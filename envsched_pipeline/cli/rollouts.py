@@ -1,0 +1,58 @@
+"""``envsched rollouts show``: what a rollout did."""
+
+from __future__ import annotations
+
+import argparse
+
+from envsched_pipeline.analysis.rollouts_view import render
+from envsched_pipeline.cli.common import UsageError, lake_of
+from envsched_pipeline.run import require_run
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("rollouts", help="look at rollouts")
+    rsub = r.add_subparsers(dest="rollouts_command", required=True)
+    show = rsub.add_parser(
+        "show",
+        help="print rollouts of a step: actions, outputs, checks, reward",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    show.add_argument("--step", type=int, required=True, help="step")
+    show.add_argument("--task", default=None, help="only this task")
+    show.add_argument("--rollout", type=int, default=None, help="only this rollout index")
+    show.add_argument("--limit", type=int, default=3, help="at most this many rollouts")
+    show.add_argument("--width", type=int, default=100, help="line width")
+    show.set_defaults(func=cmd_show)
+
+
+def cmd_show(args) -> int:
+    lake = lake_of(args).require()
+    spec = require_run(lake)
+    if not lake.has("rollouts", step=args.step):
+        have = lake.steps("rollouts")
+        raise UsageError(
+            f"step {args.step} has no rollouts in {lake.root}"
+            + (f" (steps with rollouts: {have[0]}..{have[-1]})" if have else "")
+        )
+    rows = lake.read("rollouts", step=args.step).to_pylist()
+    if args.task is not None:
+        rows = [r for r in rows if r["task_id"] == args.task]
+        if not rows:
+            raise UsageError(f"task {args.task!r} was not rolled out at step {args.step}")
+    if args.rollout is not None:
+        rows = [r for r in rows if r["rollout"] == args.rollout]
+        if not rows:
+            raise UsageError(f"no rollout {args.rollout} of that task at step {args.step}")
+    rows.sort(key=lambda r: (r["task_id"], r["rollout"]))
+    tasks = {
+        t["task_id"]: t
+        for t in lake.read("tasks", pool=spec.pool, columns=["task_id", "instruction"]).to_pylist()
+    }
+    shown = rows[: max(1, args.limit)]
+    for j, r in enumerate(shown):
+        if j:
+            print("-" * min(args.width, 100))
+        print(render(r, tasks.get(r["task_id"]), width=args.width))
+    if len(rows) > len(shown):
+        print(f"({len(rows) - len(shown)} more; narrow with --task/--rollout or raise --limit)")
+    return 0

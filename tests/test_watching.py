@@ -1,0 +1,166 @@
+"""Watching a run: plots that never fail a step, the rollout viewer, readable picks, CLI manners."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from envsched_pipeline.analysis.plots import embed, manifest_plot
+from envsched_pipeline.analysis.rollouts_view import render, samples
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.orchestration.metadata import picks_table, reason_in_words
+from trainer.step import run_step
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"score": 0.5, "half": "exploit", "env_id": "a"}],
+        [{"score": 0.2, "half": "coverage", "env_id": "a"}] * 8,
+        [
+            {"score": float("nan"), "half": "random", "env_id": "a"},
+            {"score": float("nan"), "half": "random", "env_id": "b"},
+        ],
+        [{"score": 1e-9 * k, "half": "exploit", "env_id": str(k)} for k in range(3)],
+        [],
+    ],
+)
+def test_manifest_plots_survive_degenerate_batches(lake, rows):
+    path = manifest_plot(lake, 7, rows)
+    assert path.endswith("plots/step=7/manifest.png") and embed(path).startswith(
+        "![plot](data:image/png;base64,"
+    )
+
+
+def test_plots_are_one_file_per_step_and_kind(lake):
+    a = manifest_plot(lake, 0, [{"score": 0.1, "half": "cold", "env_id": "x"}])
+    b = manifest_plot(lake, 1, [{"score": 0.9, "half": "exploit", "env_id": "y"}])
+    assert a != b and open(a, "rb").read() != open(b, "rb").read()
+
+
+def test_picks_read_as_sentences(small_run):
+    rows = select_manifest(small_run, 0)["rows"]
+    table = picks_table(rows)
+    assert "| why |" in table.splitlines()[0].replace("why", "why ").replace("  ", " ") or "why" in table
+    assert "uniform draw from" in reason_in_words(rows[0])
+    exploit = {
+        "half": "exploit",
+        "reason": json.dumps(
+            {
+                "half": "exploit",
+                "own_var": 0.02,
+                "prior_var": 0.05,
+                "pred_var": 0.03,
+                "n_within": 3,
+                "n_cross": 5,
+                "exposure_discount": 0.8,
+                "similarity_penalty": 0.04,
+            }
+        ),
+    }
+    words = reason_in_words(exploit)
+    assert (
+        "predicted variance 0.030" in words
+        and "exposure discount x0.80" in words
+        and "3 within / 5 cross" in words
+    )
+
+
+def test_rollouts_show_prints_actions_outputs_and_checks(small_pool, capsys):
+    from envsched_pipeline.run import RunSpec, start_run
+
+    start_run(
+        small_pool,
+        RunSpec(
+            pool="synthetic",
+            scheduler="random",
+            seed=1,
+            batch_size=4,
+            group_size=2,
+            max_steps=1,
+            policy_config={"mode": "real"},
+        ),
+    )
+    select_manifest(small_pool, 0)
+    run_step(small_pool, 0, log=lambda *_: None)
+    capsys.readouterr()
+    assert main(["--lake", str(small_pool.root), "rollouts", "show", "--step", "0", "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "instruction:" in out and "checks:" in out and ("actions (simulated):" in out or "no tool calls" in out)
+    rows = small_pool.read("rollouts", step=0).to_pylist()
+    acted = next(r for r in rows if r["tool_calls"] > 0)
+    capsys.readouterr()
+    assert main(["--lake", str(small_pool.root), "rollouts", "show", "--step", "0", "--task", acted["task_id"],
+                 "--rollout", str(acted["rollout"])]) == 0
+    out = capsys.readouterr().out
+    assert "actions (simulated):" in out and "->" in out
+    assert set(samples(rows)) >= {"best", "worst"}
+    assert "[pass]" in render(rows[0]) or "[FAIL]" in render(rows[0])
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["sql", "select 1"], "no lake at"),
+        (["status"], "no lake at"),
+        (["rollouts", "show", "--step", "0"], "no lake at"),
+        (["bench", "scheduler", "--steps", "0"], "must be >= 1"),
+        (["bench", "scheduler", "--schedulers", "nope", "--steps", "1"], "unknown scheduler"),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, args, match):
+    lake = tmp_path / "lake"
+    code = main(["--lake", str(lake), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1
+    assert not lake.exists()
+
+
+def test_json_output_is_valid_json(small_run, capsys):
+    capsys.readouterr()
+    assert (
+        main(["--lake", str(small_run.root), "sql", "select 'nan'::double as x, 1 as y", "--format", "json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out) == {"x": None, "y": 1}
+
+
+def test_a_closed_pipe_ends_quietly(small_run):
+    select_manifest(small_run, 0)
+    proc = subprocess.run(
+        f"{sys.executable} -m envsched_pipeline.cli --lake {small_run.root} sql "
+        "'select * from range(200000)' | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def test_env_run_verbose_prints_each_observation_and_names_unknown_tools(small_pool, tmp_path, capsys):
+    task = small_pool.read("tasks", pool="synthetic").to_pylist()[0]
+    actions = json.loads(task["gold"])[:1] + [{"name": "no_such_tool", "arguments": {}}]
+    (tmp_path / "a.json").write_text(json.dumps(actions))
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "--lake",
+                str(small_pool.root),
+                "env",
+                "run",
+                "--pool",
+                "synthetic",
+                "--task",
+                task["task_id"],
+                "--actions",
+                str(tmp_path / "a.json"),
+                "--verbose",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "unknown tool 'no_such_tool'" in out and out.count("->") == 2

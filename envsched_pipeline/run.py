@@ -168,6 +168,7 @@ class RunSpec:
     run_id: str = ""  # set when the run starts; part of every sensor run_key
     prior_lake: str = ""  # start the estimates from this lake's final scheduler state (cross-run prior)
     prior_discount: float = 0.5
+    report_to: str = ""  # experiment trackers, comma-separated: tensorboard, wandb, mlflow (or none)
     scheduler_config: dict = field(default_factory=dict)
     policy_config: dict = field(default_factory=dict)
 
@@ -199,6 +200,12 @@ class RunSpec:
             )
         if self.max_steps < 1:
             raise ConfigError(f"max steps must be >= 1, got {self.max_steps}")
+        names = [n.strip() for n in self.report_to.split(",") if n.strip() and n.strip() != "none"]
+        bad = [n for n in names if n not in ("tensorboard", "wandb", "mlflow")]
+        if bad:
+            raise ConfigError(
+                f"unknown tracker(s) {', '.join(bad)}; choose from tensorboard, wandb, mlflow or none"
+            )
         if not 0.0 <= self.prior_discount <= 1.0:
             raise ConfigError(f"prior discount must be in [0, 1], got {self.prior_discount}")
         if not _is_name(self.pool):

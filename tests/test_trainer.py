@@ -275,3 +275,80 @@ def test_masked_logprobs_equal_full_logprobs(tok):
         full = tr._logprobs(model, ids, att)
         part = tr._logprobs(model, ids, att, msk)
     assert torch.allclose(full * msk, part, atol=1e-5)
+
+
+def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
+    """`envsched train --policy openai --base-url ... --model tiny` against trainer.serve on 127.0.0.1,
+    which serves the tiny Qwen3 with the chat-completions + tools API."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from envsched_pipeline.cli import main as cli_main
+    from envsched_pipeline.lake import Lake
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.serve", "--port", "0", "--model-name", "tiny"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = line.strip().split(" on ", 1)[1]
+        for _ in range(50):
+            try:
+                models = json.loads(urllib.request.urlopen(url + "/models", timeout=2).read())
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert models["data"][0]["id"] == "tiny"
+        lake = tmp_path / "lake"
+        code = cli_main(
+            [
+                "--lake",
+                str(lake),
+                "pool",
+                "create",
+                "synthetic",
+                "--name",
+                "mini",
+                "--envs",
+                "2",
+                "--tasks-per-env",
+                "3",
+            ]
+        )
+        assert code == 0
+        code = cli_main(
+            [
+                "--lake",
+                str(lake),
+                "train",
+                "--pool",
+                "mini",
+                "--policy",
+                "openai",
+                "--base-url",
+                url,
+                "--model",
+                "tiny",
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                "--group-size",
+                "2",
+                "--max-new-tokens",
+                "16",
+            ]
+        )
+        assert code == 0, capsys.readouterr().err[-2000:]
+        rows = Lake(lake).read("rollouts", step=0).to_pylist()
+        assert len(rows) == 4 and all(0.0 <= r["reward"] <= 1.0 for r in rows)
+        traj = json.loads(rows[0]["trajectory"])
+        assert traj["engine"] == "openai" and traj["messages"][0]["role"] == "system"
+    finally:
+        proc.terminate()
+        proc.wait(5)

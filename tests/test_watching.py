@@ -88,12 +88,31 @@ def test_rollouts_show_prints_actions_outputs_and_checks(small_pool, capsys):
     capsys.readouterr()
     assert main(["--lake", str(small_pool.root), "rollouts", "show", "--step", "0", "--limit", "1"]) == 0
     out = capsys.readouterr().out
-    assert "instruction:" in out and "checks:" in out and ("actions (simulated):" in out or "no tool calls" in out)
+    assert (
+        "instruction:" in out
+        and "checks:" in out
+        and ("actions (simulated):" in out or "no tool calls" in out)
+    )
     rows = small_pool.read("rollouts", step=0).to_pylist()
     acted = next(r for r in rows if r["tool_calls"] > 0)
     capsys.readouterr()
-    assert main(["--lake", str(small_pool.root), "rollouts", "show", "--step", "0", "--task", acted["task_id"],
-                 "--rollout", str(acted["rollout"])]) == 0
+    assert (
+        main(
+            [
+                "--lake",
+                str(small_pool.root),
+                "rollouts",
+                "show",
+                "--step",
+                "0",
+                "--task",
+                acted["task_id"],
+                "--rollout",
+                str(acted["rollout"]),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "actions (simulated):" in out and "->" in out
     assert set(samples(rows)) >= {"best", "worst"}

@@ -17,6 +17,7 @@ from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import RunSpec
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
@@ -175,10 +176,13 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "grad_norm": upd["grad_norm"],
         "lr": cfg.lr,
         "clip_fraction": upd.get("clip_fraction", float("nan")),
-        "reward_mean": float(rewards.mean()),
-        "reward_median": float(np.median(r2.mean(axis=1))),
-        "batch_variance": float(r2.var(axis=1).mean()),
-        "zero_variance_fraction": float((np.ptp(r2, axis=1) <= 1e-6).mean()),
+        "approx_kl": upd.get("approx_kl", float("nan")),
+        "kl": upd.get("kl", float("nan")),
+        "entropy": upd.get("entropy", float("nan")),
+        **batch_metrics(r2),
+        "response_length_mean": float(gen_tokens.mean()) if len(gen_tokens) else 0.0,
+        "response_length_max": int(gen_tokens.max()) if len(gen_tokens) else 0,
+        "trained_tokens_per_second": upd.get("trained_tokens_per_second", float("nan")),
         "envs_touched": len({tasks[t]["env_id"] for t in task_ids}),
         "rollouts": n * g,
         "tokens": int(tokens.sum()),

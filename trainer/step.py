@@ -202,8 +202,14 @@ def real_env_rollouts(
         "trajectory": np.array(
             [
                 json.dumps(
-                    {"engine": "simulated", "mode": "real", "tool_calls": r.get("tool_calls", [])[:40],
-                     "checks": [{k: c.get(k) for k in ("item", "passed", "error")} for c in r.get("checks", [])]},
+                    {
+                        "engine": "simulated",
+                        "mode": "real",
+                        "tool_calls": r.get("tool_calls", [])[:40],
+                        "checks": [
+                            {k: c.get(k) for k in ("item", "passed", "error")} for c in r.get("checks", [])
+                        ],
+                    },
                     default=str,
                 )[:20000]
                 for r in results

@@ -86,7 +86,7 @@ class GRPOTrainer:
             msk[j, : len(m)] = torch.tensor(m, dtype=torch.float32)
         return ids.to(self.device), att.to(self.device), msk.to(self.device)
 
-    def _logprobs(self, model, ids, att, mask=None):
+    def _logprobs(self, model, ids, att, mask=None, entropy: list | None = None):
         """(B, T) log-probabilities of each token given its prefix. With a mask, the vocabulary
         projection runs only at the positions that predict policy tokens (the rest are 0): the
         (B, T, V) logits of a 150k vocabulary would dominate memory and time otherwise."""
@@ -94,11 +94,19 @@ class GRPOTrainer:
         base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
             if mask is None or base is None or head is None or self.ds_engine is not None:
-                return token_logprobs(model(input_ids=ids, attention_mask=att).logits, ids)
+                logits = model(input_ids=ids, attention_mask=att).logits
+                if entropy is not None and mask is not None:
+                    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+                    ent = -(logp.exp() * logp).sum(-1)
+                    entropy.append(float((ent * mask[:, 1:]).sum()))
+                return token_logprobs(logits, ids)
             hidden = base(input_ids=ids, attention_mask=att).last_hidden_state
             sel = mask[:, 1:] > 0
             logits = head(hidden[:, :-1][sel]).float()
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        if entropy is not None:  # mean entropy of the policy's next-token distribution at its own tokens
+            entropy.append(float(-(logp.exp() * logp).sum(-1).sum()))
+        lp = logp.gather(-1, ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
         out = torch.zeros(ids.shape, dtype=lp.dtype, device=lp.device)
         inner = out[:, 1:].clone()
         inner[sel] = lp
@@ -125,6 +133,9 @@ class GRPOTrainer:
             "lr": c.lr,
             "clip_fraction": 0.0,
             "kl": 0.0,
+            "approx_kl": 0.0,
+            "entropy": float("nan"),
+            "trained_tokens_per_second": 0.0,
         }
         if not keep:
             metrics["seconds"] = time.perf_counter() - t0
@@ -135,14 +146,15 @@ class GRPOTrainer:
         old: dict[int, torch.Tensor] = {}
         ref: dict[int, torch.Tensor] = {}
         self.model.eval()
+        ent_sums: list[float] = []
         with torch.no_grad():
             for k, mb in enumerate(micro):
                 ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                old[k] = self._logprobs(self.model, ids, att, msk).detach()
+                old[k] = self._logprobs(self.model, ids, att, msk, entropy=ent_sums).detach()
                 if self.ref is not None:
                     ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
         self.model.train()
-        losses, norms, clips, kls = [], [], [], []
+        losses, norms, clips, kls, approx = [], [], [], [], []
         for _ in range(c.epochs):
             if self.ds_engine is None:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -166,6 +178,9 @@ class GRPOTrainer:
                 step_loss += float(scaled.detach())
                 clips.append(st["clip_fraction"])
                 kls.append(st["kl"])
+                with torch.no_grad():  # k3 estimate of KL(old || new) at the policy's tokens
+                    d = (old[k] - lp).float() * msk
+                    approx.append(float(((torch.exp(d) - d - 1.0) * msk).sum() / msk.sum().clamp_min(1.0)))
             if self.ds_engine is not None:
                 self.ds_engine.step()
                 norms.append(float(self.ds_engine.get_global_grad_norm() or 0.0))
@@ -181,8 +196,11 @@ class GRPOTrainer:
             epoch_losses=losses,
             clip_fraction=float(np.mean(clips)),
             kl=float(np.mean(kls)),
+            approx_kl=float(np.mean(approx)),
+            entropy=float(sum(ent_sums) / max(total_tokens, 1.0)),
             seconds=time.perf_counter() - t0,
         )
+        metrics["trained_tokens_per_second"] = total_tokens * c.epochs / max(metrics["seconds"], 1e-9)
         if not math.isfinite(metrics["loss"]):
             raise FloatingPointError("GRPO loss is not finite; refusing to write a broken checkpoint")
         return metrics

@@ -12,6 +12,7 @@ from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher
 from envsched_pipeline.run import require_run
+from envsched_pipeline.trackers import log_step
 
 
 @dg.asset(
@@ -81,6 +82,12 @@ def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> 
     lk = lake.lake_for(context)
     guard(context, lk)
     out = statistics_step(lk, step_of(context))
+    spec = require_run(lk)
+    if spec.report_to:
+        try:
+            log_step(lk, spec, step_of(context))
+        except Exception as exc:  # noqa: BLE001 - a tracker being down must not fail the step
+            context.log.warning(f"experiment tracker logging failed: {type(exc).__name__}: {exc}")
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": out["tasks_updated"],

@@ -91,6 +91,11 @@ def add_parser(sub) -> None:
         "and run through the real runtime + verifier (default for package pools)",
     )
     t.add_argument(
+        "--report-to",
+        default="",
+        help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
+    )
+    t.add_argument(
         "--allow-config-change",
         action="store_true",
         help="resume with another scheduler/policy config (recorded in run.json)",
@@ -156,6 +161,7 @@ def run(args) -> int:
         prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "",
         prior_discount=args.prior_discount,
         scheduler_config={"cost_aware": True} if args.cost_aware else {},
+        report_to=args.report_to,
     )
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
     dagster_home()

@@ -182,6 +182,30 @@ class Lake:
             if not _kind_ok(data.schema.field(col).type, kind):
                 raise LakeError(f"{table}.{col}: expected {kind}, got {data.schema.field(col).type}")
 
+    def archive(self, label: str, select) -> dict:
+        """Move every per-step partition or artifact folder ``<kind>/step=<s>`` for which
+        ``select(kind, s)`` is true into ``archive/<label>-<ms>/`` (kept, never mixed with the live
+        run). Returns {"archive": folder, "moved": {kind: [steps]}}."""
+        import time
+
+        dest = self.root / "archive" / f"{label}-{int(time.time() * 1000)}"
+        moved: dict[str, list[int]] = {}
+        kinds = [*STEP_TABLES, "state", "plots"]
+        for kind in kinds:
+            folder = self.root / kind
+            if not folder.is_dir():
+                continue
+            for part in sorted(folder.glob("step=*")):
+                try:
+                    s = int(part.name.split("=", 1)[1])
+                except ValueError:
+                    continue
+                if select(kind, s):
+                    (dest / kind).mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(part), str(dest / kind / part.name))
+                    moved.setdefault(kind, []).append(s)
+        return {"archive": str(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
+
     def delete_partition(self, table: str, **partition: Any) -> None:
         shutil.rmtree(self.partition_dir(table, **partition), ignore_errors=True)
 

@@ -86,6 +86,7 @@ class PolicyConfig:
     model_path: str | None = None
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None
+    resident: bool | None = None  # keep model, optimizer and engine in one worker process across steps
     base_url: str | None = None  # openai: any OpenAI-compatible server
     model: str | None = None
     api_key_env: str | None = None  # openai: name of the environment variable holding the key
@@ -101,7 +102,15 @@ class PolicyConfig:
             "learning_signal",
         ),
         "neural": ("workers", "lr", "warm_start_steps", "temperature", "max_actions"),
-        "hf-tiny": ("workers", "lr", "max_new_tokens", "temperature", "max_actions", "checkpoint_every"),
+        "hf-tiny": (
+            "workers",
+            "lr",
+            "max_new_tokens",
+            "temperature",
+            "max_actions",
+            "checkpoint_every",
+            "resident",
+        ),
         "hf": (
             "workers",
             "lr",
@@ -110,6 +119,7 @@ class PolicyConfig:
             "temperature",
             "max_actions",
             "checkpoint_every",
+            "resident",
         ),
         "vllm": (
             "workers",
@@ -119,6 +129,7 @@ class PolicyConfig:
             "temperature",
             "max_actions",
             "checkpoint_every",
+            "resident",
         ),
         "openai": (
             "workers",
@@ -141,6 +152,8 @@ class PolicyConfig:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
         if self.mode is not None and self.mode not in ("latent", "real"):
             raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"policy_config.workers must be >= 1, got {self.workers}")
         if policy == "hf" and not self.model_path:

@@ -70,7 +70,7 @@ LAYERS = {
         "test_trainer",
         "test_yield",
     ),
-    "dagster": ("test_dagster",),
+    "dagster": ("test_dagster", "test_resident"),
     "e2e": ("test_cli", "test_ui"),
 }
 

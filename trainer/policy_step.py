@@ -46,33 +46,79 @@ def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
     return best, best_step
 
 
-def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
+class PolicySession:
+    """The policy, its optimizer and its rollout engine, loaded once. One-process-per-step mode
+    builds a session per step (from the newest checkpoint) and saves ``checkpoints/latest`` after
+    each update so the next process can load it; the resident worker (:mod:`trainer.resident`)
+    keeps one session across steps and checkpoints every ``checkpoint_every`` steps and at the end."""
 
-    pc = spec.policy_settings()
-    cfg = GRPOConfig.from_dict(pc.set_values())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    def __init__(self, lake: Lake, spec: RunSpec, before_step: int, log=print, resident: bool = False):
+        self.lake, self.spec, self.resident = lake, spec, resident
+        t_load = time.perf_counter()
+        pc = spec.policy_settings()
+        self.pc = pc
+        self.cfg = GRPOConfig.from_dict(pc.set_values())
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.tok = qwen3_tokenizer()
+        ckpt, ckpt_step = latest_checkpoint(lake, before_step)
+        self.loaded_from = ckpt_step
+        if before_step > 0 and ckpt is None and spec.policy != "openai":
+            log(f"no checkpoint before step {before_step}: starting from the initial policy")
+        if spec.policy == "openai":
+            self.model = None
+        elif ckpt is not None:
+            self.model = load_policy(str(ckpt), device=self.device)
+            log(f"resumed policy from {ckpt} (step {ckpt_step})")
+        else:
+            self.model = load_policy(pc.model_path or None, seed=spec.seed, device=self.device)
+        self.trainer = (
+            GRPOTrainer(self.model, self.tok, self.cfg, self.device) if self.model is not None else None
+        )
+        if self.trainer is not None and ckpt is not None:
+            self.trainer.load_optimizer(ckpt)
+        if spec.policy == "vllm":
+            self.engine = VLLMEngine(str(ckpt) if ckpt else pc.model_path)
+        elif spec.policy == "openai":
+            key = os.environ.get(pc.api_key_env, "") if pc.api_key_env else ""
+            self.engine = OpenAIEngine(pc.base_url, pc.model or "default", key or "none")
+        else:
+            self.engine = HFEngine(self.model, self.tok, device=self.device)
+        self.load_seconds = time.perf_counter() - t_load  # paid once per session
+        self.save_seconds = 0.0
+
+    def checkpoint(self, step: int, force: bool = False) -> Path | None:
+        """Periodic (every ``checkpoint_every`` steps and at the run's last step) and, in
+        one-process-per-step mode, the rolling ``latest``: model, optimizer and tokenizer."""
+        if self.trainer is None:
+            return None
+        t0 = time.perf_counter()
+        latest, root = _checkpoint_dirs(self.lake)
+        path = None
+        if not self.resident:
+            self.trainer.save(latest, step, tokenizer=self.tok)
+        if force or (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 >= self.spec.max_steps:
+            path = root / f"step={step}" / "policy"
+            self.trainer.save(path, step, tokenizer=self.tok)
+        self.save_seconds = time.perf_counter() - t0
+        return path
+
+    steps_run = 0
+
+    def step(self, step: int, manifest: pa.Table, log=print) -> dict:
+        out = _run_step(self, step, manifest, log)
+        self.steps_run += 1
+        return out
+
+
+def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
+    """One-process-per-step mode: load, roll out, update, save, exit."""
+    return PolicySession(lake, spec, step, log).step(step, manifest, log)
+
+
+def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
+    lake, spec, cfg, pc, tok = sess.lake, sess.spec, sess.cfg, sess.pc, sess.tok
+    trainer, engine, model, device = sess.trainer, sess.engine, sess.model, sess.device
     t0 = time.perf_counter()
-    tok = qwen3_tokenizer()
-    ckpt, ckpt_step = latest_checkpoint(lake, step)
-    if step > 0 and ckpt is None and spec.policy != "openai":
-        log(f"no checkpoint before step {step}: starting from the initial policy")
-    if spec.policy == "openai":
-        model = None
-    elif ckpt is not None:
-        model = load_policy(str(ckpt), device=device)
-        log(f"resumed policy from {ckpt} (step {ckpt_step})")
-    else:
-        model = load_policy(pc.model_path or None, seed=spec.seed, device=device)
-    trainer = GRPOTrainer(model, tok, cfg, device) if model is not None else None
-    if trainer is not None and ckpt is not None:
-        trainer.load_optimizer(ckpt)
-    if spec.policy == "vllm":
-        engine = VLLMEngine(str(ckpt) if ckpt else pc.model_path)
-    elif spec.policy == "openai":
-        key = os.environ.get(pc.api_key_env, "") if pc.api_key_env else ""
-        engine = OpenAIEngine(pc.base_url, pc.model or "default", key or "none")
-    else:
-        engine = HFEngine(model, tok, device=device)
     task_ids = manifest.column("task_id").to_pylist()
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
@@ -109,10 +155,7 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     upd = {"loss": float("nan"), "grad_norm": float("nan"), "clip_fraction": float("nan"), "seconds": 0.0}
     if trainer is not None:
         upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
-        latest, root = _checkpoint_dirs(lake)
-        trainer.save(latest, step)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 >= spec.max_steps:
-            trainer.save(root / f"step={step}" / "policy", step)
+        sess.checkpoint(step)
         if spec.policy == "vllm":
             engine.sync_weights(model)
     adv = group_advantages(rewards.reshape(n, g)).reshape(-1)
@@ -194,7 +237,10 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         "parse_errors": int(sum(e.parse_errors for e in eps)),
         "truncated": int(sum(e.truncated for e in eps)),
         "device": device,
-        "resumed_from_step": int(ckpt_step),
+        "resumed_from_step": int(sess.loaded_from),
+        "resident": bool(sess.resident),
+        "load_seconds": sess.load_seconds if not sess.resident or sess.steps_run == 0 else 0.0,
+        "save_seconds": sess.save_seconds,
     }
     if device == "cuda":
         metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)

@@ -247,6 +247,10 @@ def run_step(lake: Lake, step: int, log=print) -> dict:
     manifest = lake.read("manifests", step=step).sort_by("slot")
     if spec.policy not in ENGINES:
         raise StepError(f"unknown policy {spec.policy!r}; available: {', '.join(ENGINES)}")
+    if spec.policy_settings().resident:  # the resident worker writes the step's partitions itself
+        from trainer.resident import run_resident  # its client: sockets only, no torch here
+
+        return run_resident(lake, step, log=log)
     result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)
     # train_metrics is written last: it marks the step complete
     lake.write("rollouts", result["rollouts"], step=step)

@@ -206,14 +206,17 @@ class GRPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, path: Path, step: int) -> None:
-        """Atomically write model + optimizer + meta to ``path`` (a folder)."""
+    def save(self, path: Path, step: int, tokenizer=None) -> None:
+        """Atomically write model + optimizer + meta (+ the tokenizer, so vLLM and ``from_pretrained``
+        can load the folder on their own) to ``path`` (a folder)."""
 
         path = Path(path)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         if self.ds_engine is None:
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "trainer.json").write_text(

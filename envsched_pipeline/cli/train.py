@@ -91,6 +91,17 @@ def add_parser(sub) -> None:
         "and run through the real runtime + verifier (default for package pools)",
     )
     t.add_argument(
+        "--resident",
+        action="store_true",
+        help="LM policies: one worker process keeps model, optimizer and engine across steps",
+    )
+    t.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
+    )
+    t.add_argument(
         "--report-to",
         default="",
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
@@ -109,7 +120,9 @@ def policy_config(args) -> dict:
         pc["mode"] = args.sim_mode
     if args.model_path:
         pc["model_path"] = str(Path(args.model_path).resolve())
-    for key in ("max_new_tokens", "lr", "base_url", "model", "api_key_env"):
+    if args.resident:
+        pc["resident"] = True
+    for key in ("max_new_tokens", "lr", "base_url", "model", "api_key_env", "checkpoint_every"):
         if getattr(args, key) is not None:
             pc[key] = getattr(args, key)
     return pc

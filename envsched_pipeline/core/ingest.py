@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -40,7 +39,6 @@ from envsched_pipeline.run import RunSpec, require_run
 
 INGEST_REQUIRED = ("task_id", "rollout", "reward")
 OPTIONAL = ("error_class", "error_message", "hack_flag", "tokens", "seconds", "trajectory")
-STEP_TABLES_AFTER = ("manifests", "audits", "rollouts", "train_metrics", "evals", "statistics", "yields")
 
 
 def _count_rows(path: Path) -> int:
@@ -194,26 +192,10 @@ def consumed(lake: Lake, step: int) -> bool:
 
 def roll_back(lake: Lake, step: int) -> dict:
     """Archive everything derived from step ``step``'s rollouts (its statistics and state, and every
-    later step) into ``archive/<time>/``; return what moved."""
-    dest = lake.root / "archive" / f"rollback-step{step}-{int(time.time() * 1000)}"
-    moved: dict[str, list[int]] = {}
-    for table in STEP_TABLES_AFTER + ("state",):
-        for s in sorted({*lake.steps(table), *_artifact_steps(lake, table)}):
-            if s > step or (s == step and table in ("statistics", "yields", "state")):
-                src = lake.root / table / f"step={s}"
-                if src.exists():
-                    (dest / table).mkdir(parents=True, exist_ok=True)
-                    shutil.move(str(src), str(dest / table / f"step={s}"))
-                    moved.setdefault(table, []).append(s)
-    return {"archive": str(dest), "moved": moved}
-
-
-def _artifact_steps(lake: Lake, kind: str) -> list[int]:
-    d = lake.root / kind
-    return (
-        sorted(int(p.name.split("=", 1)[1]) for p in d.glob("step=*") if p.name.split("=", 1)[1].isdigit())
-        if d.exists()
-        else []
+    later step) into ``archive/``; return what moved."""
+    return lake.archive(
+        f"rollback-step{step}",
+        lambda kind, s: s > step or (s == step and kind in ("statistics", "yields", "state")),
     )
 
 

@@ -1,0 +1,97 @@
+"""The resident policy worker: the model is loaded once across steps driven through Dagster, and a
+worker killed mid-run is replaced from the newest checkpoint with a consistent lake."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.loop import status
+from envsched_pipeline.lake import Lake
+from trainer.resident import read_info
+
+TRAIN = [
+    "train",
+    "--pool",
+    "mini",
+    "--policy",
+    "hf-tiny",
+    "--batch-size",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "6",
+    "--resident",
+    "--checkpoint-every",
+    "2",
+]
+
+
+@pytest.fixture
+def lake(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    root = tmp_path / "lake"
+    assert (
+        main(
+            [
+                "--lake",
+                str(root),
+                "pool",
+                "create",
+                "synthetic",
+                "--name",
+                "mini",
+                "--envs",
+                "2",
+                "--tasks-per-env",
+                "3",
+            ]
+        )
+        == 0
+    )
+    yield Lake(root)
+    info = read_info(Lake(root))
+    if info:
+        try:
+            os.kill(int(info["pid"]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def metrics(lake):
+    return lake.sql(
+        "select step, model_loads, worker_pid, load_seconds, save_seconds from train_metrics order by step"
+    ).to_pylist()
+
+
+def test_five_steps_load_the_model_once(lake):
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "5"]) == 0
+    rows = metrics(lake)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert {r["worker_pid"] for r in rows} == {rows[0]["worker_pid"]} and {
+        r["model_loads"] for r in rows
+    } == {1}
+    assert rows[0]["load_seconds"] > 0 and all(r["load_seconds"] == 0 for r in rows[1:])
+    ckpts = sorted(p.parent.name for p in (lake.root / "checkpoints").glob("step=*/policy"))
+    assert ckpts == ["step=1", "step=3", "step=4"]  # every 2 steps and the last, not every step
+    assert (lake.root / "checkpoints" / "step=4" / "policy" / "tokenizer.json").exists()
+    assert read_info(lake) is None  # the run is complete: the worker exited
+
+
+def test_a_killed_worker_resumes_from_the_checkpoint_with_a_consistent_lake(lake):
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "3", "--max-steps", "6"]) == 0
+    first = read_info(lake)
+    os.kill(int(first["pid"]), signal.SIGKILL)  # checkpoint at step 1; step 2 existed only in its memory
+    time.sleep(0.5)
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "5"]) == 0
+    rows = metrics(lake)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert {r["worker_pid"] for r in rows[:2]} == {first["pid"]}
+    assert {r["worker_pid"] for r in rows[2:]} != {first["pid"]}  # step 2 was redone by the new worker
+    archived = list((lake.root / "archive").glob("resident-restart-from-step1-*/rollouts/step=2"))
+    assert archived, "the dead worker's step 2 was archived, not mixed"
+    st = status(lake)
+    assert st["consistent"] and st["halted"] is None

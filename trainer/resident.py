@@ -1,0 +1,242 @@
+"""The resident policy worker: one long-lived process per run that keeps the model, the optimizer
+and the rollout engine in memory across steps (``policy_config.resident``, ``--resident``).
+
+    python -m trainer.resident --lake DIR          (started on demand by trainer.step; detached)
+
+``training_step[t]`` still launches ``python -m trainer.step`` through Dagster Pipes, but that
+process is now a thin client: it finds the worker through ``<lake>/resident/worker.json`` (pid,
+host, port, a secret token), starts one if there is none (or the recorded one is dead), hands it
+step t over a loopback socket, relays its log lines to Pipes, and reports the step's metrics. The
+worker runs in its own session, so it survives a Dagster restart; it exits after ``IDLE_SECONDS``
+without work or when the run's last step is done.
+
+Checkpoints (model, optimizer, tokenizer) are written every ``checkpoint_every`` steps and at the
+last step, not every step. If a worker dies, the next one starts from the newest checkpoint c; the
+steps after c that the dead worker trained are moved to ``archive/`` (their manifests, rollouts,
+statistics and state), the request fails with the reason, and the loop redoes step c+1 on: the
+lake never mixes rollouts of a policy that no longer exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.run import require_run
+
+IDLE_SECONDS = 1800.0
+START_TIMEOUT = 600.0
+
+
+def _info_path(lake: Lake) -> Path:
+    return lake.root / "resident" / "worker.json"
+
+
+def read_info(lake: Lake) -> dict | None:
+    try:
+        return json.loads(_info_path(lake).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _alive(info: dict) -> bool:
+    if info.get("host") != socket.gethostname():
+        return True  # cannot tell from here; the connection attempt decides
+    try:
+        os.kill(int(info["pid"]), 0)
+        return True
+    except (ProcessLookupError, ValueError, KeyError):
+        return False
+    except PermissionError:
+        return True
+
+
+# ---------------------------------------------------------------------------- wire format: JSON lines
+def _send(conn: socket.socket, obj: dict) -> None:
+    conn.sendall((json.dumps(obj, default=float) + "\n").encode())
+
+
+def _lines(conn: socket.socket):
+    buf = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield json.loads(line)
+
+
+# ---------------------------------------------------------------------------- the worker
+class Worker:
+    def __init__(self, lake: Lake):
+        self.lake = lake
+        self.spec = require_run(lake)
+        self.token = secrets.token_hex(16)
+        self.session = None
+        self.loads = 0
+        self.steps_done: list[int] = []
+        self.last_work = time.time()
+        self.lock = threading.Lock()
+
+    def _session(self, step: int, log):
+        """The in-memory policy; built once from the newest checkpoint before ``step``. When the
+        lake holds steps that checkpoint does not cover (a previous worker died), those steps are
+        archived and the request is refused, so the loop redoes them with this policy."""
+        if self.session is not None:
+            return self.session
+        from trainer.policy_step import PolicySession, latest_checkpoint  # torch: the worker's whole purpose
+
+        _, ckpt_step = latest_checkpoint(self.lake, step)
+        if ckpt_step < step - 1:
+            moved = self.lake.archive(f"resident-restart-from-step{ckpt_step}", lambda kind, s: s > ckpt_step)
+            raise StepError(
+                f"the resident worker restarted from the checkpoint of step {ckpt_step}; steps "
+                f"{ckpt_step + 1}..{step - 1} were trained by a worker that is gone and were moved to "
+                f"{moved['archive']}; the loop redoes them from step {ckpt_step + 1}"
+            )
+        self.session = PolicySession(self.lake, self.spec, step, log, resident=True)
+        self.loads += 1
+        return self.session
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            req = next(_lines(conn), None)
+            if not req or req.get("token") != self.token:
+                _send(conn, {"error": "bad token"})
+                return
+            step = int(req["step"])
+            with self.lock:
+                try:
+                    log = lambda m: _send(conn, {"log": str(m)})  # noqa: E731
+                    sess = self._session(step, log)
+                    manifest = self.lake.read("manifests", step=step).sort_by("slot")
+                    result = sess.step(step, manifest, log=log)
+                    self.lake.write("rollouts", result["rollouts"], step=step)
+                    self.lake.write("evals", result["evals"], step=step)
+                    metrics = {**result["metrics"], "model_loads": self.loads, "worker_pid": os.getpid()}
+                    self.lake.write("train_metrics", [metrics], step=step)
+                    self.steps_done.append(step)
+                    self._publish()
+                    _send(conn, {"result": metrics})
+                except StepError as exc:
+                    _send(conn, {"error": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - reported to the client, the worker goes on
+                    _send(conn, {"error": f"{type(exc).__name__}: {exc}"})
+                finally:
+                    self.last_work = time.time()
+
+    def _publish(self) -> None:
+        atomic_write_bytes(
+            _info_path(self.lake),
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "port": self.port,
+                    "token": self.token,
+                    "run_id": self.spec.run_id,
+                    "policy": self.spec.policy,
+                    "started": self.started,
+                    "loads": self.loads,
+                    "steps_done": self.steps_done[-20:],
+                }
+            ).encode(),
+        )
+
+    def serve(self) -> None:
+        srv = socket.create_server(("127.0.0.1", 0))
+        srv.settimeout(5.0)
+        self.port = srv.getsockname()[1]
+        self.started = time.time()
+        self._publish()
+        try:
+            while time.time() - self.last_work < IDLE_SECONDS:
+                if self.steps_done and self.steps_done[-1] + 1 >= self.spec.max_steps:
+                    break  # the run is done (its last checkpoint is written)
+                try:
+                    conn, _ = srv.accept()
+                except TimeoutError:
+                    continue
+                self.handle(conn)
+        finally:
+            srv.close()
+            info = read_info(self.lake)
+            if info and info.get("pid") == os.getpid():
+                _info_path(self.lake).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- the client (inside trainer.step)
+def start_worker(lake: Lake) -> dict:
+    """Start a detached worker for the lake's run and wait until it listens."""
+    log_path = lake.root / "resident" / "worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    _info_path(lake).unlink(missing_ok=True)
+    with open(log_path, "ab") as out:
+        subprocess.Popen(
+            [sys.executable, "-m", "trainer.resident", "--lake", str(lake.root)],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.time() + START_TIMEOUT
+    while time.time() < deadline:
+        info = read_info(lake)
+        if info is not None:
+            return info
+        time.sleep(0.2)
+    raise StepError(f"the resident worker did not start within {START_TIMEOUT:.0f}s (see {log_path})")
+
+
+def run_resident(lake: Lake, step: int, log=print) -> dict:
+    """Hand step ``step`` to the run's resident worker (starting one if needed); relay its logs."""
+    info = read_info(lake)
+    spec = require_run(lake)
+    if info is None or info.get("run_id") != spec.run_id or not _alive(info):
+        info = start_worker(lake)
+        log(f"started the resident worker (pid {info['pid']})")
+    try:
+        conn = socket.create_connection(("127.0.0.1", int(info["port"])), timeout=30)
+    except OSError:
+        info = start_worker(lake)
+        log(f"the resident worker was unreachable: started a new one (pid {info['pid']})")
+        conn = socket.create_connection(("127.0.0.1", int(info["port"])), timeout=30)
+    with conn:
+        conn.settimeout(None)
+        _send(conn, {"token": info["token"], "step": step})
+        for msg in _lines(conn):
+            if "log" in msg:
+                log(msg["log"])
+            elif "result" in msg:
+                return msg["result"]
+            elif "error" in msg:
+                raise StepError(f"resident worker: {msg['error']}")
+    raise StepError(
+        "the resident worker closed the connection without a result (it died); the next step "
+        "restarts it from the newest checkpoint"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.resident", description=__doc__.splitlines()[0])
+    ap.add_argument("--lake", required=True)
+    args = ap.parse_args(argv)
+    Worker(Lake(args.lake)).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -87,6 +87,7 @@ class PolicyConfig:
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None
     resident: bool | None = None  # keep model, optimizer and engine in one worker process across steps
+    deepspeed: bool | None = None  # DeepSpeed ZeRO-2 with a config generated from the trainer's (GPU)
     base_url: str | None = None  # openai: any OpenAI-compatible server
     model: str | None = None
     api_key_env: str | None = None  # openai: name of the environment variable holding the key
@@ -110,6 +111,7 @@ class PolicyConfig:
             "max_actions",
             "checkpoint_every",
             "resident",
+            "deepspeed",
         ),
         "hf": (
             "workers",
@@ -120,6 +122,7 @@ class PolicyConfig:
             "max_actions",
             "checkpoint_every",
             "resident",
+            "deepspeed",
         ),
         "vllm": (
             "workers",
@@ -130,6 +133,7 @@ class PolicyConfig:
             "max_actions",
             "checkpoint_every",
             "resident",
+            "deepspeed",
         ),
         "openai": (
             "workers",

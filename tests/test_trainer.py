@@ -352,3 +352,72 @@ def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+# ---------------------------------------------------------------------------- vLLM up to the CUDA boundary
+class _FakeRunner:
+    """Stands in for vLLM's model runner (the one thing that needs a GPU): records what is loaded."""
+
+    def __init__(self):
+        self.loaded = []
+        self.model = self
+
+    def load_weights(self, weights):
+        self.loaded.extend(name for name, _ in weights)
+
+
+class _FakeLLM:
+    """A fake of ``vllm.LLM`` only: collective_rpc dispatches to our real worker extension."""
+
+    def __init__(self):
+        from trainer.vllm_sync import WeightSyncExtension
+
+        self.worker = type("W", (WeightSyncExtension,), {})()
+        self.worker.model_runner = _FakeRunner()
+        self.calls = []
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append(method)
+        return [getattr(self.worker, method)(*args)]
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep{level}")
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+
+def test_vllm_weight_sync_uses_the_public_rpc_and_matches_vllm_names():
+    from trainer.engines import VLLMEngine
+    from trainer.model import tiny_qwen3
+    from trainer.vllm_sync import sampling_kwargs, weight_items
+
+    model = tiny_qwen3()
+    items = weight_items(model)
+    names = [n for n, _ in items]
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names  # tied embeddings
+    assert set(names) == set(model.state_dict()) - {"lm_head.weight"}
+    fake = _FakeLLM()
+    engine = VLLMEngine("unused", llm=fake)
+    engine.sleep()
+    assert engine.sync_weights(model) == len(items)
+    assert fake.calls == ["sleep1", "wake_up", "update_weights_from_tensors", "reset_prefix_cache"]
+    assert fake.worker.model_runner.loaded == names
+    kw = sampling_kwargs(64, 0.7, seed=3)
+    assert kw["stop_token_ids"] == [151645] and kw["max_tokens"] == 64 and not kw["skip_special_tokens"]
+
+
+def test_deepspeed_config_is_generated_from_the_trainer_config():
+    from trainer.distributed import zero_config
+    from trainer.update import GRPOConfig
+
+    cfg = GRPOConfig(micro_batch=4, lr=2e-6, grad_clip=0.5, weight_decay=0.01)
+    ds = zero_config(cfg, world_size=8, sequences_per_step=512)
+    assert (
+        ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_accumulation_steps"] == 16
+    )  # 64 per rank / 4
+    assert ds["train_batch_size"] == 4 * 16 * 8 and ds["gradient_clipping"] == 0.5
+    assert ds["optimizer"]["params"]["lr"] == 2e-6 and ds["optimizer"]["params"]["weight_decay"] == 0.01

@@ -13,6 +13,8 @@ import json
 
 from openai import OpenAI
 
+from trainer.vllm_sync import ipc_handles, sampling_kwargs, weight_items
+
 
 class ScriptedEngine:
     """Replays fixed assistant texts (tests of the agent loop). Cycles per episode index."""
@@ -83,8 +85,10 @@ class HFEngine:
 
 
 class VLLMEngine:
-    """vLLM in-process engine (GPU). Weights are pushed from the torch policy after each update.
-    Untested on a GPU in this repository's CI (no GPU there); see README."""
+    """vLLM in-process engine (GPU) on its public API (see :mod:`trainer.vllm_sync`): generation with
+    ``vllm.LLM``, weights pushed from the torch policy after each update through a worker extension
+    and ``collective_rpc``, optional sleep mode when colocated with the trainer. Not run on a GPU in
+    this repository (none was available); covered on CPU up to the ``LLM`` object."""
 
     kind = "tokens"
 
@@ -94,30 +98,56 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.4,
         tensor_parallel_size: int = 1,
         dtype: str = "bfloat16",
+        sleep_mode: bool = True,
+        llm=None,
     ):
-        from vllm import LLM  # lazy: the gpu extra only
+        self.sleep_mode = sleep_mode
+        if llm is None:
+            from vllm import LLM  # the gpu extra only
 
-        self.llm = LLM(
-            model=model_path,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            dtype=dtype,
-            enable_prefix_caching=True,
-        )
+            llm = LLM(
+                model=model_path,
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                dtype=dtype,
+                enable_prefix_caching=True,
+                enable_sleep_mode=sleep_mode,
+                worker_extension_cls="trainer.vllm_sync.WeightSyncExtension",
+            )
+        self.llm = llm
+        self.asleep = False
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         from vllm import SamplingParams  # the gpu extra only
         from vllm.inputs import TokensPrompt  # the gpu extra only
 
-        params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, stop_token_ids=[151645])
+        self.wake()
+        params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    def sync_weights(self, model) -> None:
-        """Load the updated torch weights into the vLLM workers."""
-        state = ((name, p.detach()) for name, p in model.state_dict().items())
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(state)
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory (weights offloaded, KV cache dropped) while the trainer updates."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def sync_weights(self, model) -> int:
+        """Load the updated torch weights into every vLLM worker; returns the tensors sent."""
+        self.wake()
+        items = weight_items(model)
+        on_gpu = items and getattr(items[0][1], "is_cuda", False)
+        if on_gpu:
+            counts = self.llm.collective_rpc("update_weights_from_ipc", args=(ipc_handles(items),))
+        else:
+            counts = self.llm.collective_rpc("update_weights_from_tensors", args=(items,))
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        return int(counts[0]) if counts else 0
 
 
 class OpenAIEngine:

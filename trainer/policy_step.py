@@ -154,10 +154,12 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     n = len(task_ids)
     upd = {"loss": float("nan"), "grad_norm": float("nan"), "clip_fraction": float("nan"), "seconds": 0.0}
     if trainer is not None:
+        if spec.policy == "vllm":
+            engine.sleep()  # colocated: vLLM's memory goes to the update
         upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
         sess.checkpoint(step)
         if spec.policy == "vllm":
-            engine.sync_weights(model)
+            engine.sync_weights(model)  # wakes vLLM and pushes the new weights
     adv = group_advantages(rewards.reshape(n, g)).reshape(-1)
     tokens = np.array([len(e.ids) for e in eps])
     gen_tokens = np.array([e.generated_tokens for e in eps])

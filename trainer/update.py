@@ -35,7 +35,11 @@ class GRPOConfig:
     max_actions: int = 40  # the paper's setting
     max_context: int = 16384
     checkpoint_every: int = 20
-    deepspeed_config: str = ""  # path to a ZeRO config: use DeepSpeed (GPU, several ranks)
+    deepspeed: bool = (
+        False  # use DeepSpeed ZeRO-2 with a config generated from this one (trainer.distributed)
+    )
+    world_size: int = 1
+    sequences_per_step: int = 512
 
     @classmethod
     def from_dict(cls, d: dict) -> GRPOConfig:
@@ -54,13 +58,16 @@ class GRPOTrainer:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
         self.ds_engine = None
-        if config.deepspeed_config:
+        if config.deepspeed:
             import deepspeed  # lazy: the gpu extra only
 
+            from trainer.distributed import zero_config  # imports this module: only when DeepSpeed is used
+
+            self.ds_config = zero_config(config, config.world_size, config.sequences_per_step)
             self.ds_engine, self.optimizer, _, _ = deepspeed.initialize(
                 model=model,
                 model_parameters=[p for p in model.parameters() if p.requires_grad],
-                config=json.loads(Path(config.deepspeed_config).read_text()),
+                config=self.ds_config,
             )
         else:
             self.optimizer = torch.optim.AdamW(
@@ -172,7 +179,10 @@ class GRPOTrainer:
                 )
                 scaled = loss * weight
                 if self.ds_engine is not None:
-                    self.ds_engine.backward(scaled)
+                    # the step ends after the last micro-batch, however many there are; the loss is
+                    # already weighted by token share, so DeepSpeed must not divide it again
+                    self.ds_engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+                    self.ds_engine.backward(scaled, scale_wrt_gas=False)
                 else:
                     scaled.backward()
                 step_loss += float(scaled.detach())

@@ -1,12 +1,16 @@
-"""One real GRPO step on a GPU with a small Qwen3-shaped model built locally (no download).
+"""One real 64 x 8 GRPO step with a Qwen3-architecture model built locally (no download, nothing
+installed): the agent loop with the hf engine over synthetic-pool environments in the sandbox,
+real verifier rewards, then the torch GRPO update (bf16 autocast on a GPU).
 
-    python bench/gpu_step.py [--device cuda] [--hidden 1024 --layers 8] [--batch 16 --group 8]
+    python bench/gpu_step.py                 # on a GPU machine: the 64 x 8 step, ~0.6B-parameter model
+    python bench/gpu_step.py --device cpu    # the same code on the CPU with a tiny model and 2 x 2
 
-Runs the real agent loop (hf engine: transformers generate) over synthetic-pool environments in
-the sandbox, then the torch GRPO update (bf16 autocast on GPU), and records step time, tokens/s
-and peak memory in bench/RESULTS.md (section "gpu"). On a machine without CUDA it runs the same
-code on the CPU with a tiny model (``--device cpu``) so the path is exercised up to CUDA; the
-RESULTS section then says it ran on the CPU.
+Rewards are never altered. A random-init model earns rewards without spread (every group
+zero-variance, so GRPO has no gradient); the script then also runs the update on a **scripted
+batch** (half of each group replays the task's gold tool calls, half a wrong one, through the same
+environments and verifier), labelled as such, so the update's cost is measured on a real gradient.
+Results go to ``bench/RESULTS.md``: section "gpu" only when the step ran on CUDA; a CPU run is
+written to section "gpu_path_on_cpu" and never under a GPU heading.
 """
 
 from __future__ import annotations
@@ -21,35 +25,77 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
+def rollouts(engine_for, tok, tasks, envs, group, max_new_tokens, workers):
+    """``engine_for(first, n)``: the engine for episodes first..first+n-1 (a wave)."""
+    from envs.registry import episode_spec
+    from envs.sandbox import SandboxPool
+    from trainer.agent import AgentLoop, Episode
+
+    eps = [Episode(t["task_id"], r, None) for t in tasks for r in range(group)]
+    by_id = {t["task_id"]: t for t in tasks}
+    t_env = 0.0
+    with SandboxPool(workers=min(workers, len(eps))) as pool:
+        for s in range(0, len(eps), workers):
+            wave = eps[s : s + workers]
+            for e in wave:
+                t = by_id[e.task_id]
+                e.session = pool.session(episode_spec(envs[t["env_id"]], t))
+            loop = AgentLoop(
+                engine_for(s, len(wave)), tok, max_actions=40, max_new_tokens=max_new_tokens, temperature=1.0
+            )
+            loop.run(wave)
+            for e in wave:
+                e.session.close()
+    return eps, t_env
+
+
+def scripted_texts(tasks, group):
+    """Per episode: the gold tool calls (first half of each group) or one wrong call (second half)."""
+    from trainer.chat import render_assistant
+
+    scripts = []
+    for t in tasks:
+        gold = json.loads(t.get("gold") or "[]") or []
+        good = [render_assistant("", [c]) for c in gold] + ["done"]
+        bad = [render_assistant("", [{"name": gold[0]["name"] if gold else "noop", "arguments": {}}]), "done"]
+        scripts += [good if r < group // 2 else bad for r in range(group)]
+    return scripts
+
+
 def main() -> int:
     import numpy as np
     import torch
 
-    from envs.registry import episode_spec, load_synthetic
-    from envs.sandbox import SandboxPool
-    from trainer.agent import AgentLoop, Episode
-    from trainer.engines import HFEngine
+    from envs.registry import load_synthetic
+    from trainer.engines import HFEngine, ScriptedEngine
     from trainer.model import qwen3_tokenizer, tiny_qwen3
     from trainer.update import GRPOConfig, GRPOTrainer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    if args.device == "cpu":  # exercise the path with a tiny model
+    on_gpu = args.device.startswith("cuda")
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit(
+            "--device cuda asked, but CUDA is not available: no GPU numbers can be recorded here"
+        )
+    if not on_gpu:  # exercise the same path with a tiny model
         args.hidden, args.layers, args.heads = 64, 2, 4
         args.batch, args.group, args.max_new_tokens = (
             min(args.batch, 2),
             min(args.group, 2),
             min(args.max_new_tokens, 16),
         )
+        args.workers = min(args.workers, 2)
+    torch.manual_seed(0)
     t_all = time.perf_counter()
     tok = qwen3_tokenizer()
     model = tiny_qwen3(
@@ -64,79 +110,97 @@ def main() -> int:
     envs = {e["env_id"]: e for e in data.environments}
     rng = np.random.default_rng(0)
     tasks = [data.tasks[i] for i in rng.choice(len(data.tasks), args.batch, replace=False)]
-    engine = HFEngine(model, tok, device=args.device, batch_size=args.batch * args.group)
-    loop = AgentLoop(engine, tok, max_actions=40, max_new_tokens=args.max_new_tokens, temperature=1.0)
-    if args.device.startswith("cuda"):
+    if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    eps = [Episode(t["task_id"], r, None) for t in tasks for r in range(args.group)]
+    engine = HFEngine(model, tok, device=args.device, batch_size=args.batch * args.group)
     t0 = time.perf_counter()
-    with SandboxPool(workers=min(args.workers, len(eps))) as pool:
-        for s in range(0, len(eps), args.workers):
-            wave = eps[s : s + args.workers]
-            for e in wave:
-                t = next(x for x in tasks if x["task_id"] == e.task_id)
-                e.session = pool.session(episode_spec(envs[t["env_id"]], t))
-            loop.run(wave)
-            for e in wave:
-                e.session.close()
+    eps, _ = rollouts(
+        lambda first, n: engine, tok, tasks, envs, args.group, args.max_new_tokens, args.workers
+    )
     t_roll = time.perf_counter() - t0
     rewards = np.array([e.result.get("reward", 0.0) for e in eps])
-    # random-init policies rarely produce reward spread: perturb ties so the update has gradient
-    rewards = rewards + 1e-3 * rng.standard_normal(len(rewards))
+    spread = float((np.ptp(rewards.reshape(-1, args.group), axis=1) > 1e-6).mean())
+    batch_label = "policy rollouts"
+    train_eps = eps
+    if spread == 0.0:  # no gradient from a random policy: measure the update on a scripted batch instead
+        texts = scripted_texts(tasks, args.group)
+        train_eps, _ = rollouts(
+            lambda first, n: ScriptedEngine(tok, texts[first : first + n]),
+            tok,
+            tasks,
+            envs,
+            args.group,
+            512,
+            args.workers,
+        )
+        rewards = np.array([e.result.get("reward", 0.0) for e in train_eps])
+        batch_label = (
+            "scripted batch (gold vs wrong tool calls; the random policy's groups had no reward spread)"
+        )
     t1 = time.perf_counter()
-    m = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, args.group)
-    if args.device.startswith("cuda"):
+    m = trainer.update([e.ids for e in train_eps], [e.mask for e in train_eps], rewards, args.group)
+    if on_gpu:
         torch.cuda.synchronize()
     t_upd = time.perf_counter() - t1
     gen = sum(e.generated_tokens for e in eps)
-    total = sum(len(e.ids) for e in eps)
     res = {
-        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-        "params_m": n_params / 1e6,
-        "batch": args.batch,
-        "group": args.group,
-        "episodes": len(eps),
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "params_m": round(n_params / 1e6, 1),
+        "batch x group": f"{args.batch} x {args.group}",
+        "policy groups with spread": spread,
+        "update batch": batch_label,
         "generated_tokens": gen,
-        "sequence_tokens": total,
         "rollout_s": t_roll,
-        "update_s": t_upd,
-        "step_s": time.perf_counter() - t_all,
         "gen_tokens_per_s": gen / max(t_roll, 1e-9),
-        "train_tokens_per_s": total / max(t_upd, 1e-9),
+        "update_s": t_upd,
+        "trained_tokens_per_s": m.get("trained_tokens_per_second", float("nan")),
+        "step_s": time.perf_counter() - t_all,
         "loss": m["loss"],
         "grad_norm": m["grad_norm"],
-        "peak_memory_gb": (torch.cuda.max_memory_allocated() / 1e9)
-        if args.device.startswith("cuda")
-        else None,
+        "approx_kl": m.get("approx_kl"),
+        "entropy": m.get("entropy"),
+        "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if on_gpu else None,
         "bf16": trainer.bf16,
     }
-    print(json.dumps(res, indent=2))
+    print(json.dumps(res, indent=2, default=str))
     if not args.no_write:
-        from run_all import write_section
+        from run_all import machine, write_section
 
         rows = [
             "| " + " | ".join(res) + " |",
             "|" + "---|" * len(res),
             "| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in res.values()) + " |",
         ]
-        where = (
-            "on a GPU"
-            if args.device.startswith("cuda")
-            else "**on the CPU with a tiny model** (no GPU was available: the vLLM engine and DeepSpeed are untested "
-            "on a GPU; the hf engine + torch update path ran up to the point that needs CUDA)"
-        )
-        write_section(
-            "gpu",
-            "\n".join(
-                [
-                    "## GRPO step with a neural policy (`bench/gpu_step.py`)",
-                    "",
-                    f"Real agent loop (hf engine) over synthetic environments + torch GRPO update, run {where}.",
-                    "",
-                    *rows,
-                ]
-            ),
-        )
+        if on_gpu:
+            write_section(
+                "gpu",
+                "\n".join(
+                    [
+                        "## GRPO step on a GPU (`bench/gpu_step.py`)",
+                        "",
+                        f"Real agent loop (hf engine) over synthetic environments, real verifier rewards, torch GRPO update "
+                        f"(bf16). Machine: {machine()}.",
+                        "",
+                        *rows,
+                    ]
+                ),
+            )
+        else:
+            write_section(
+                "gpu_path_on_cpu",
+                "\n".join(
+                    [
+                        "## The GPU step's code path, run on the CPU (`bench/gpu_step.py --device cpu`)",
+                        "",
+                        "**Not GPU numbers**: no GPU was available to this repository's sessions, so the 64 x 8 step ran only "
+                        f"as a {args.batch} x {args.group} step with a {res['params_m']}M-parameter model on the CPU "
+                        f"({machine()}). Rewards are the verifiers' own (no noise added); the update ran on the "
+                        f"{batch_label}.",
+                        "",
+                        *rows,
+                    ]
+                ),
+            )
     return 0
 
 

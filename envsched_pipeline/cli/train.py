@@ -136,11 +136,17 @@ def _fmt(v, width: int = 10) -> str:
     return str(v).rjust(width)
 
 
-def header() -> str:
-    return " ".join(n.rjust(10) for n in HEADER)
+TRAINING = (("loss", "loss"), ("grad_norm", "grad_norm"), ("approx_kl", "kl"), ("entropy", "entropy"))
 
 
-def row(r: dict, wall: float | None = None) -> str:
+def header(training: bool = False) -> str:
+    """The step table's header; ``training`` adds the update's loss, grad norm, KL and entropy
+    (neural and LM policies)."""
+    names = HEADER + (tuple(short for _, short in TRAINING) if training else ())
+    return " ".join(n.rjust(10) for n in names)
+
+
+def row(r: dict, wall: float | None = None, training: bool = False) -> str:
     """One step: its numbers, the trainer's seconds and the rest of the wall time (Dagster, scheduler,
     statistics, process starts)."""
     trainer = r.get("seconds")
@@ -151,7 +157,8 @@ def row(r: dict, wall: float | None = None) -> str:
         if wall is not None and trainer == trainer and trainer is not None
         else None,
     )
-    return " ".join(_fmt(r.get(c)) for c in STEP_COLUMNS)
+    cols = STEP_COLUMNS + (tuple(c for c, _ in TRAINING) if training else ())
+    return " ".join(_fmt(r.get(c)) for c in cols)
 
 
 def run(args) -> int:
@@ -200,8 +207,9 @@ def run(args) -> int:
             f'{before[-1]["step"] + 1}: `envsched sql "select * from step_summary"` shows them all'
         )
     todo = max(0, args.steps - len(before))
+    training = spec.policy != "simulated"
     if todo:
-        print(header())
+        print(header(training))
     walls: list[float] = []
 
     def on_step(step: int, seconds: float) -> None:
@@ -210,7 +218,7 @@ def run(args) -> int:
         left = todo - len(walls)
         eta = f"  eta {sum(walls) / len(walls) * left:.0f}s" if left > 0 else ""
         if step in rows:
-            print(row(rows[step], seconds) + eta, flush=True)
+            print(row(rows[step], seconds, training) + eta, flush=True)
 
     run_loop(lake, args.steps, on_step=on_step)
     print(

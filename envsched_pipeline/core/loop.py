@@ -118,7 +118,15 @@ def step_summary(lake: Lake) -> list[dict]:
         """
         cur = con.execute(q)
         names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        # the trainer's own metrics (loss, grad norm, KL, ...) where the summary has no such column
+        cur = con.execute("select * from train_metrics")
+        tm_names = [d[0] for d in cur.description]
+        by_step = {r[tm_names.index("step")]: dict(zip(tm_names, r, strict=True)) for r in cur.fetchall()}
+        for r in rows:
+            for k, v in by_step.get(r["step"], {}).items():
+                r.setdefault(k, v)
+        return rows
     except Exception as exc:
         raise LakeError(f"cannot summarize steps in {lake.root}: {exc}") from exc
     finally:

@@ -5,6 +5,7 @@ import dagster as dg
 from envsched_pipeline.assets import features, graph, manifest, pool, topologies, training
 from envsched_pipeline.orchestration.checks import ALL_CHECKS
 from envsched_pipeline.orchestration.jobs import pool_job, select_job, train_job
+from envsched_pipeline.orchestration.schedules import ALL_SCHEDULES
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.llm import LLMResource
@@ -15,5 +16,6 @@ defs = dg.Definitions(
     asset_checks=ALL_CHECKS,
     jobs=[select_job, train_job, pool_job],
     sensors=[training_loop_sensor],
+    schedules=ALL_SCHEDULES,
     resources={"lake": LakeResource(), "trainer": TrainerLauncher(), "llm": LLMResource()},
 )

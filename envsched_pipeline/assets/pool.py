@@ -14,6 +14,10 @@ class PoolConfig(dg.Config):
     pool: str = Field(
         default="", description="Pool to import; empty: the pool of the lake's run (else synthetic)."
     )
+    allow_edit: bool = Field(
+        default=False,
+        description="Re-import the pool of a live run (edit-tolerant: unchanged tasks keep their history).",
+    )
 
 
 @dg.multi_asset(
@@ -49,7 +53,7 @@ def pool_tables(context: dg.AssetExecutionContext, config: PoolConfig, lake: Lak
     else:
         data = load_pool(name)
     counts = (
-        import_pool(lk, data)
+        import_pool(lk, data, allow_edit=config.allow_edit)
         if name in POOLS
         else {"pool": name, "environments": len(data.environments), "tasks": len(data.tasks)}
     )

@@ -39,7 +39,7 @@ def run_loop(
 ) -> None:
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
     ``on_step(step, seconds)`` is called after each completed training step."""
-    instance = instance or dg.DagsterInstance.get()
+    instance = instance or get_instance()
     spec = require_run(lake)
     flying = runs_of(instance, spec.run_id, IN_FLIGHT)
     if flying:
@@ -96,13 +96,30 @@ def _cancel_runs_of(instance: dg.DagsterInstance, req) -> None:
             instance.report_run_canceled(run, message="interrupted (Ctrl-C) in envsched train")
 
 
+def get_instance() -> dg.DagsterInstance:
+    """The instance of $DAGSTER_HOME; a broken dagster.yaml is a user error naming the file."""
+    import os
+
+    try:
+        return dg.DagsterInstance.get()
+    except dg.DagsterInvalidConfigError as exc:
+        where = os.path.join(os.environ.get("DAGSTER_HOME", ""), "dagster.yaml")
+        raise StepError(f"{where}: invalid Dagster instance config ({str(exc).splitlines()[0]})") from exc
+    except Exception as exc:  # e.g. the instance's database cannot be reached
+        if type(exc).__module__.split(".")[0] in ("sqlalchemy", "psycopg2", "dagster_postgres"):
+            raise StepError(
+                f"cannot open the Dagster instance in $DAGSTER_HOME: {str(exc).splitlines()[0]}"
+            ) from exc
+        raise
+
+
 def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None = None) -> None:
     """Import the pool and build its topologies, features and graph through ``pool_job``."""
     job = defs.resolve_job_def("pool_job")
     cfg = _run_config(lake, quiet=True)
     cfg["ops"] = {name: {"config": {"pool": pool}} for name in POOL_OPS}
     res = job.execute_in_process(
-        instance=instance or dg.DagsterInstance.get(),
+        instance=instance or get_instance(),
         run_config=cfg,
         tags={"envsched/lake": str(lake.root), "envsched/pool": pool},
         raise_on_error=False,

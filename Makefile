@@ -39,8 +39,8 @@ chromium:
 
 lint: $(STAMP)
 	@echo "lint: ruff format --check, ruff check, import contracts"
-	@$(BIN)/ruff format --check -q envsched_pipeline trainer envs warehouse tests bench examples
-	@$(BIN)/ruff check -q envsched_pipeline trainer envs warehouse tests bench examples
+	@$(BIN)/ruff format --check -q envsched_pipeline trainer envs warehouse deploy tests bench examples
+	@$(BIN)/ruff check -q envsched_pipeline trainer envs warehouse deploy tests bench examples
 	@out=$$($(BIN)/lint-imports --no-logo --no-cache 2>&1) || { echo "$$out"; exit 1; }; echo "$$out" | tail -n 1
 
 # Every layer: unit, steps, dagster, e2e (markers in tests/conftest.py).

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -186,8 +187,6 @@ class Lake:
         """Move every per-step partition or artifact folder ``<kind>/step=<s>`` for which
         ``select(kind, s)`` is true into ``archive/<label>-<ms>/`` (kept, never mixed with the live
         run). Returns {"archive": folder, "moved": {kind: [steps]}}."""
-        import time
-
         dest = self.root / "archive" / f"{label}-{int(time.time() * 1000)}"
         moved: dict[str, list[int]] = {}
         kinds = [*STEP_TABLES, "state", "plots"]

@@ -11,6 +11,7 @@ variables point elsewhere (``WANDB_DIR``, ``MLFLOW_TRACKING_URI``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -158,8 +159,6 @@ def _wandb(root: Path, spec: RunSpec, step: int, metrics: dict, config: dict) ->
 def read_wandb_history(path: str | Path) -> list[dict]:
     """The history rows of an offline W&B run file (``run-*.wandb``: a LevelDB-style log of 32 KiB
     blocks holding protobuf records), to check offline what was logged without a W&B server."""
-    import json
-
     from wandb.proto import wandb_internal_pb2  # optional extra "trackers"
 
     data = Path(path).read_bytes()

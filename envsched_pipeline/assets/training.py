@@ -20,7 +20,9 @@ from envsched_pipeline.trackers import log_step
     deps=["batch_manifest"],
     group_name="training",
     kinds={"pytorch", "parquet"},
-    description="Rollouts (G per task) and the policy update for step t; writes rollouts and train_metrics.",
+    pool="gpu",
+    description="Rollouts (G per task) and the policy update for step t; writes rollouts and train_metrics. "
+    "Runs in the `gpu` concurrency pool: two GPU steps never overlap.",
 )
 def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer: TrainerLauncher):
 
@@ -30,7 +32,7 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
     gate = check_manifest(lk, step)
     if not gate["passed"]:  # never train on a manifest that fails its check, whoever asks
         raise dg.Failure(halt_message(halt(lk, step, "manifest_is_valid", gate["problems"])))
-    mode = trainer.mode if trainer.mode != "auto" else require_run(lk).trainer
+    mode = trainer.resolved_mode(require_run(lk).trainer)
     if mode == "external":
         if not lk.has("rollouts", step=step):
             raise dg.Failure(
@@ -41,7 +43,7 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
         return dg.MaterializeResult(
             metadata={"dagster/row_count": r.num_rows, "trainer": "external", **step_views(context, lk, step)}
         )
-    result = trainer.launch(context, str(lk.root), step).get_materialize_result()
+    result = trainer.launch(context, str(lk.root), step, mode=mode).get_materialize_result()
     return dg.MaterializeResult(metadata={**(result.metadata or {}), **step_views(context, lk, step)})
 
 

@@ -7,6 +7,7 @@ step's job up to ``MAX_ATTEMPTS`` times, and stops with the reason when the run 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -98,8 +99,6 @@ def _cancel_runs_of(instance: dg.DagsterInstance, req) -> None:
 
 def get_instance() -> dg.DagsterInstance:
     """The instance of $DAGSTER_HOME; a broken dagster.yaml is a user error naming the file."""
-    import os
-
     try:
         return dg.DagsterInstance.get()
     except dg.DagsterInvalidConfigError as exc:

@@ -1,5 +1,7 @@
 """Jobs the loop runs, one partition (= training step) per run."""
 
+import os
+
 import dagster as dg
 
 from envsched_pipeline.orchestration.partitions import training_steps
@@ -10,8 +12,21 @@ select_job = dg.define_asset_job(
     partitions_def=training_steps,
     description="Materialize the manifest of step t (the scheduler's selection).",
 )
+# Run-level config for the K8sRunLauncher (read from the run's tags): the run pod of a training step
+# asks for the GPU when the trainer runs in-process (subprocess mode inside the run pod).
+K8S_TRAIN_CONFIG = {
+    "container_config": {
+        "resources": {"limits": {"nvidia.com/gpu": os.environ.get("ENVSCHED_K8S_GPUS", "1")}}
+    },
+    "pod_spec_config": {
+        "node_selector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+
 train_job = dg.define_asset_job(
     "train_job",
+    tags={"dagster-k8s/config": K8S_TRAIN_CONFIG},
     selection=dg.AssetSelection.assets("training_step", "reward_statistics"),
     partitions_def=training_steps,
     description="Run the GRPO step t (through Pipes) and update the reward statistics.",

@@ -313,32 +313,81 @@ def section_incremental(sizes: list[int]) -> None:
     )
 
 
+def _step_jobs(name: str, seed: int = 0) -> tuple:
+    """One 64 x 8 step of real episodes on pool ``name``: gold actions corrupted with p = 0.6."""
+    from envs.registry import episode_spec, load_pool
+    from trainer.realenv import corrupt, tool_names_of
+
+    data = load_pool(name)
+    envs = {e["env_id"]: e for e in data.environments}
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i in rng.choice(len(data.tasks), size=64, replace=False):
+        t = data.tasks[i]
+        env = envs[t["env_id"]]
+        for _ in range(8):
+            jobs.append(
+                (episode_spec(env, t), corrupt(json.loads(t["gold"] or "[]"), 0.6, rng, tool_names_of(env)))
+            )
+    return data, jobs
+
+
+def section_backends(pools: tuple[str, ...] = ("synthetic", "bfcl")) -> None:
+    """Rollouts per second, local sandbox pool vs Ray actors hosting sandbox pools, same jobs."""
+    from envs.rollout_backend import RayEpisodePool
+    from envs.sandbox import SandboxPool
+
+    rows = [
+        "| pool | backend | start s | 64 x 8 step s | rollouts / s | ratio vs local | same rewards |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in pools:
+        _, jobs = _step_jobs(name)
+        base = None
+        for backend in ("local", "ray"):
+            t0 = time.perf_counter()
+            pool = SandboxPool(workers=2) if backend == "local" else RayEpisodePool(workers=2)
+            with pool:
+                pool.map_episodes(jobs[:4])  # warm every worker's imports
+                start = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                res = pool.map_episodes(jobs)
+                step = time.perf_counter() - t1
+            rewards = [round(r["reward"], 6) for r in res]
+            base = base or (step, rewards)
+            rows.append(
+                f"| {name} | {backend} | {start:.1f} | {step:.2f} | {len(jobs) / step:.0f} | "
+                f"{base[0] / step:.2f}x | {'yes' if rewards == base[1] else 'NO'} |"
+            )
+            print(f"backend {backend} on {name}: {step:.2f}s for {len(jobs)} rollouts", flush=True)
+    write_section(
+        "backends",
+        "\n".join(
+            [
+                "## Rollout backends: local sandbox pool vs Ray (`ENVSCHED_ROLLOUT_BACKEND`)",
+                "",
+                f"Machine: {machine()}. The same 512 episodes (corrupted gold actions, real runtime and verifier) on 2 "
+                "local sandbox workers, then on a local Ray with 2 actors each hosting one sandbox worker. On 2 cores "
+                "parity is the expectation: the point of Ray is the same code on a cluster's nodes. `start s` includes "
+                "starting Ray and the actors.",
+                "",
+                *rows,
+            ]
+        ),
+    )
+
+
 def section_pools() -> None:
     """Rollouts per second with real runtimes and verifiers (gold actions corrupted with p = 0.6),
     one 64 x 8 step per pool on 2 sandbox workers."""
-    from envs.registry import episode_spec, load_pool
     from envs.sandbox import SandboxPool
-    from trainer.realenv import corrupt, tool_names_of
 
     rows = [
         "| pool | tasks | environments | 64 x 8 step s | rollouts / s | worker start s | mean reward | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in ("synthetic", "bfcl", "tau2", "reasoning_gym"):
-        data = load_pool(name)
-        envs = {e["env_id"]: e for e in data.environments}
-        rng = np.random.default_rng(0)
-        pick = rng.choice(len(data.tasks), size=64, replace=False)
-        jobs = []
-        for i in pick:
-            t = data.tasks[i]
-            for _ in range(8):
-                jobs.append(
-                    (
-                        episode_spec(envs[t["env_id"]], t),
-                        corrupt(json.loads(t["gold"] or "[]"), 0.6, rng, tool_names_of(envs[t["env_id"]])),
-                    )
-                )
+        data, jobs = _step_jobs(name)
         t0 = time.perf_counter()
         with SandboxPool(workers=2) as pool:
             pool.run_episode(*jobs[0][:2])  # warm both the worker and the pool's imports
@@ -912,7 +961,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--sections",
-        default="schedulers,rho,cost,priors,replay,graph,pools,latency,incremental,sim_sweep,neural",
+        default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -944,6 +993,8 @@ def main() -> int:
         section_incremental([int(x) for x in args.inc_sizes.split(",")])
     if "resident" in sections:
         section_resident()
+    if "backends" in sections:
+        section_backends()
     if "sim_sweep" in sections:
         section_sim_sweep(args.steps, args.seeds)
     if "neural" in sections:

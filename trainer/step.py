@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from envs.hack import flag_trajectory
 from envs.registry import episode_spec
-from envs.sandbox import SandboxPool
+from envs.rollout_backend import episode_pool
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, require_run, step_rng
@@ -173,7 +173,7 @@ def real_env_rollouts(
             last[0] = done
             log(f"rollouts {done}/{total}")
 
-    with SandboxPool(workers=spec.policy_settings().workers or 2) as pool:
+    with episode_pool(workers=spec.policy_settings().workers or 2) as pool:  # ENVSCHED_ROLLOUT_BACKEND
         results = pool.map_episodes(jobs, progress=progress)
     bar.close()
     n = len(task_ids)

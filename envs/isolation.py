@@ -117,8 +117,9 @@ def scrubbed_env(home: str) -> dict[str, str]:
     return env
 
 
-def descendants(root: int) -> list[int]:
-    """Pids of every process below ``root`` (from /proc)."""
+def descendants(root: int, *, zombies: bool = True) -> list[int]:
+    """Pids of every process below ``root`` (from /proc); ``zombies=False`` leaves out processes
+    that have exited and only wait to be reaped."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -126,9 +127,12 @@ def descendants(root: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 stat = fh.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            fields = stat.rsplit(")", 1)[1].split()
+            ppid = int(fields[1])
         except (OSError, ValueError, IndexError):
             continue
+        if not zombies and fields[0] == "Z":
+            continue  # a zombie has no children: they were re-parented when it exited
         children.setdefault(ppid, []).append(int(entry))
     out, todo = [], [root]
     while todo:
@@ -187,14 +191,21 @@ def supervise(limits_json: str) -> None:
     worker = _WorkerProcess(limits_json, home)
 
     def reap_strays() -> None:
-        for pid in descendants(os.getpid()):
-            if pid != worker.proc.pid:
+        # A daemon may still be forking while we look, and a killed process lingers until reaped:
+        # kill and reap until nothing but the worker is left alive below us (bounded).
+        give_up = time.monotonic() + 2.0
+        while True:
+            strays = [p for p in descendants(os.getpid(), zombies=False) if p != worker.proc.pid]
+            for pid in strays:
                 kill_quietly(pid)
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+            except ChildProcessError:
                 pass
-        except ChildProcessError:
-            pass
+            if not strays or time.monotonic() > give_up:
+                return
+            time.sleep(0.01)
 
     try:
         while True:

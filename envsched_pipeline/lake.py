@@ -14,6 +14,14 @@ is complete; the directory names only organise. Every write goes to a temporary 
 partition folder, is fsynced and renamed over ``part-0.parquet``: a reader sees the old partition or
 the new one, never half of one, and re-writing a partition replaces it (idempotent per step).
 
+The root may be an object-store URL (``s3://bucket/prefix``; endpoint and credentials from the usual
+``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included). Object stores have no rename, but every partition
+is one object and a PUT (or a completed multipart upload) becomes visible whole or not at all, so the
+same guarantee holds: a killed writer leaves the old partition or none, never part of one. Files that
+only make sense on one machine (locks, the lease, tracker logs, a resident worker's socket, LM
+checkpoints) live under :attr:`Lake.local` (the root itself for a local lake; for a remote one
+``$ENVSCHED_LOCAL_DIR/<bucket>/<prefix>``, default ``~/.cache/envsched/lakes``).
+
 DuckDB connections are in-memory and open views over the Parquet globs, so any number of readers
 (the CLI, the UI, a notebook) run while a step writes: nothing holds a database file lock.
 This module imports no Dagster: the scheduler service and the trainer use it directly.
@@ -108,6 +116,156 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+REMOTE_SCHEMES = ("s3://",)
+
+
+class _LocalStore:
+    """Files under a local folder: temp file + fsync + rename."""
+
+    remote = False
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def full(self, rel: str) -> str:
+        return str(self.root / rel)
+
+    def put(self, rel: str, data: bytes) -> None:
+        atomic_write_bytes(self.root / rel, data)
+
+    def get(self, rel: str) -> bytes | None:
+        try:
+            return (self.root / rel).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write ``rel`` only if it does not exist (exclusive create); False if it does."""
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(str(p.relative_to(self.root)) for p in self.root.glob(pattern))
+
+    def delete(self, rel: str) -> None:
+        path = self.root / rel
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def move(self, src: str, dst: str) -> None:
+        (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.root / src), str(self.root / dst))
+
+    def write_parquet(self, rel: str, data: pa.Table) -> None:
+        target = self.root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            pq.write_table(data, tmp, compression="zstd")
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(self.root / rel, columns=columns)
+
+    def parquet_meta(self, rel: str) -> None:
+        pq.ParquetFile(self.root / rel).metadata  # noqa: B018
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Nothing to register: DuckDB reads local files itself."""
+
+
+class _ObjectStore:
+    """Objects under ``s3://bucket/prefix`` through s3fs: one PUT per object, atomic by the store."""
+
+    remote = True
+
+    def __init__(self, url: str):
+        import s3fs  # the deploy extra; only for object-store lakes
+
+        self.url = url.rstrip("/")
+        self.base = self.url.split("://", 1)[1]
+        self.fs = s3fs.S3FileSystem()
+
+    def full(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def _key(self, rel: str) -> str:
+        return f"{self.base}/{rel}"
+
+    def put(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self._key(rel), data)
+
+    def get(self, rel: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._key(rel))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def exists(self, rel: str) -> bool:
+        self.fs.invalidate_cache()
+        return self.fs.exists(self._key(rel))
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Conditional PUT (If-None-Match: *): of two writers exactly one creates the object."""
+        try:
+            self.fs.pipe_file(self._key(rel), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def glob(self, pattern: str) -> list[str]:
+        self.fs.invalidate_cache()
+        cut = len(self.base) + 1
+        return sorted(p[cut:] for p in self.fs.glob(self._key(pattern)))
+
+    def delete(self, rel: str) -> None:
+        self.fs.invalidate_cache()
+        if self.fs.exists(self._key(rel)):
+            self.fs.rm(self._key(rel), recursive=True)
+
+    def move(self, src: str, dst: str) -> None:
+        self.fs.mv(self._key(src), self._key(dst), recursive=True)
+
+    def write_parquet(self, rel: str, data: pa.Table) -> None:
+        buf = pa.BufferOutputStream()
+        pq.write_table(data, buf, compression="zstd")
+        self.fs.pipe_file(self._key(rel), buf.getvalue().to_pybytes())
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(pa.BufferReader(self.fs.cat_file(self._key(rel))), columns=columns)
+
+    def parquet_meta(self, rel: str) -> None:
+        pq.ParquetFile(pa.BufferReader(self.fs.cat_file(self._key(rel)))).metadata  # noqa: B018
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.register_filesystem(self.fs)  # DuckDB reads s3:// paths through s3fs (no httpfs needed)
+
+
+def local_dir_for(url: str) -> Path:
+    base = os.environ.get("ENVSCHED_LOCAL_DIR") or str(Path.home() / ".cache" / "envsched" / "lakes")
+    return Path(base) / url.split("://", 1)[1].rstrip("/")
+
+
 _ERROR_MARK = "lake error: "
 _SAFE_VALUE = re.compile(r"-?[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
 
@@ -116,24 +274,51 @@ class Lake:
     """Parquet tables + artifacts under one root, with DuckDB views for SQL."""
 
     def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root or os.environ.get("ENVSCHED_LAKE") or DEFAULT_ROOT).resolve()
+        raw = str(root or os.environ.get("ENVSCHED_LAKE") or DEFAULT_ROOT)
+        if raw.startswith(REMOTE_SCHEMES):
+            from upath import UPath  # Dagster's own dependency; paths for messages and artifacts
+
+            self.store: _LocalStore | _ObjectStore = _ObjectStore(raw)
+            self.root = UPath(self.store.url)
+            self.local = local_dir_for(self.store.url)
+        else:
+            self.root = Path(raw).resolve()
+            self.store = _LocalStore(self.root)
+            self.local = self.root
+
+    @property
+    def remote(self) -> bool:
+        return self.store.remote
+
+    def where(self, rel: str) -> str:
+        """The full path or URL of ``rel`` (for messages)."""
+        return self.store.full(rel)
 
     # ------------------------------------------------------------------ paths
-    def partition_dir(self, table: str, **partition: Any) -> Path:
+    def _partition_rel(self, table: str, **partition: Any) -> str:
         if table not in ALL_TABLES:
             raise LakeError(f"unknown lake table {table!r}; known: {', '.join(sorted(ALL_TABLES))}")
-        d = self.root / table
+        parts = [table]
         for k, v in partition.items():
             if not _SAFE_VALUE.fullmatch(str(v)):
                 raise LakeError(
                     f"{table}: partition {k}={v!r} is not a valid name (letters, digits, '_' and '-')"
                 )
-            d = d / f"{k}={v}"
-        return d
+            parts.append(f"{k}={v}")
+        return "/".join(parts)
+
+    def partition_dir(self, table: str, **partition: Any) -> Path:
+        return self.root / self._partition_rel(table, **partition)
 
     def require(self) -> Lake:
         """This lake must exist (for commands that only read): a missing lake or a file in its
         place is an error that says how to start a run, never an empty answer."""
+        if self.remote:
+            if not self.store.glob("*"):
+                raise LakeError(
+                    f"no lake at {self.root} (nothing under that prefix): start a run with `envsched train`"
+                )
+            return self
         if not self.root.exists():
             raise LakeError(
                 f"no lake at {self.root}: start a run with `envsched train` (or `envsched --lake DIR ...` "
@@ -143,11 +328,32 @@ class Lake:
             raise LakeError(f"{self.root} is not a lake (it is a file, not a folder)")
         return self
 
+    @staticmethod
+    def artifact_rel(kind: str, step: int | None, name: str) -> str:
+        return f"{kind}/step={int(step)}/{name}" if step is not None else f"{kind}/{name}"
+
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
-        d = self.root / kind
-        if step is not None:
-            d = d / f"step={int(step)}"
-        return d / name
+        return self.root / self.artifact_rel(kind, step, name)
+
+    # ----------------------------------------------------------------- bytes
+    def write_bytes(self, rel: str, data: bytes) -> Path:
+        """Write one artifact atomically (temp + rename locally, one PUT on an object store)."""
+        self.store.put(rel, data)
+        return self.root / rel
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        return self.store.get(rel)
+
+    def exists(self, rel: str) -> bool:
+        return self.store.exists(rel)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Exclusive create (O_EXCL locally, a conditional PUT on an object store): True if this
+        call created ``rel``, False if it already existed. Leases and locks are built on it."""
+        return self.store.create(rel, data)
+
+    def delete(self, rel: str) -> None:
+        self.store.delete(rel)
 
     # ----------------------------------------------------------------- writes
     def write(self, table: str, data: pa.Table | Iterable[Mapping[str, Any]], **partition: Any) -> Path:
@@ -156,20 +362,9 @@ class Lake:
             rows = list(data)
             data = pa.Table.from_pylist(rows) if rows else self._empty(table)
         self._validate(table, data)
-        d = self.partition_dir(table, **partition)
-        d.mkdir(parents=True, exist_ok=True)
-        target = d / "part-0.parquet"
-        tmp = d / f".part-0.{uuid.uuid4().hex}.tmp"
-        try:
-            pq.write_table(data, tmp, compression="zstd")
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-            _fsync_dir(d)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return target
+        rel = f"{self._partition_rel(table, **partition)}/part-0.parquet"
+        self.store.write_parquet(rel, data)
+        return self.root / rel
 
     def _empty(self, table: str) -> pa.Table:
         kinds = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
@@ -187,87 +382,79 @@ class Lake:
         """Move every per-step partition or artifact folder ``<kind>/step=<s>`` for which
         ``select(kind, s)`` is true into ``archive/<label>-<ms>/`` (kept, never mixed with the live
         run). Returns {"archive": folder, "moved": {kind: [steps]}}."""
-        dest = self.root / "archive" / f"{label}-{int(time.time() * 1000)}"
+        dest = f"archive/{label}-{int(time.time() * 1000)}"
         moved: dict[str, list[int]] = {}
-        kinds = [*STEP_TABLES, "state", "plots"]
-        for kind in kinds:
-            folder = self.root / kind
-            if not folder.is_dir():
-                continue
-            for part in sorted(folder.glob("step=*")):
+        for kind in [*STEP_TABLES, "state", "plots"]:
+            for part in self.store.glob(f"{kind}/step=*"):
                 try:
-                    s = int(part.name.split("=", 1)[1])
+                    s = int(part.rsplit("=", 1)[1])
                 except ValueError:
                     continue
                 if select(kind, s):
-                    (dest / kind).mkdir(parents=True, exist_ok=True)
-                    shutil.move(str(part), str(dest / kind / part.name))
+                    self.store.move(part, f"{dest}/{part}")
                     moved.setdefault(kind, []).append(s)
-        return {"archive": str(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
+        return {"archive": self.where(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
 
     def delete_partition(self, table: str, **partition: Any) -> None:
-        shutil.rmtree(self.partition_dir(table, **partition), ignore_errors=True)
+        self.store.delete(self._partition_rel(table, **partition))
 
     def write_json(self, relpath: str, obj: Any) -> Path:
-        path = self.root / relpath
-        atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
-        return path
+        return self.write_bytes(relpath, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
     def read_json(self, relpath: str) -> Any | None:
-        path = self.root / relpath
-        if not path.exists():
+        data = self.store.get(relpath)
+        if data is None:
             return None
         try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise LakeError(f"{path}: not valid JSON ({exc})") from exc
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LakeError(f"{self.where(relpath)}: not valid JSON ({exc})") from exc
 
     # ------------------------------------------------------------------ reads
     def has(self, table: str, **partition: Any) -> bool:
-        return (self.partition_dir(table, **partition) / "part-0.parquet").exists()
+        return self.store.exists(f"{self._partition_rel(table, **partition)}/part-0.parquet")
+
+    def _files(self, table: str) -> list[str]:
+        return [f for f in self.store.glob(f"{table}/**/part-0.parquet") if f.startswith(f"{table}/")]
 
     def read(self, table: str, columns: list[str] | None = None, **partition: Any) -> pa.Table:
         """Read one partition, or the whole table when no partition is given."""
         if partition:
-            files = [self.partition_dir(table, **partition) / "part-0.parquet"]
-            files = [f for f in files if f.exists()]
+            rel = f"{self._partition_rel(table, **partition)}/part-0.parquet"
+            files = [rel] if self.store.exists(rel) else []
         else:
-            files = sorted(self.partition_dir(table).rglob("part-0.parquet"))
-        if not files:
-            return (
-                self._empty(table)
-                if columns is None
-                else self._empty(table).select([c for c in columns if c in ALL_TABLES[table]])
-            )
+            self._partition_rel(table)
+            files = self._files(table)
+        empty = self._empty(table)
+        if columns is not None:
+            empty = empty.select([c for c in columns if c in ALL_TABLES[table]])
         parts = []
         for f in files:
             try:
-                parts.append(pq.read_table(f, columns=columns))
+                parts.append(self.store.read_parquet(f, columns=columns))
+            except FileNotFoundError:
+                continue  # replaced or archived between listing and reading
             except Exception as exc:  # pyarrow raises several types for corrupt files
                 raise LakeError(
-                    f"{f}: cannot read Parquet file ({exc}); delete it and re-materialize that partition"
+                    f"{self.where(f)}: cannot read Parquet file ({exc}); delete it and re-materialize that partition"
                 ) from exc
+        if not parts:
+            return empty
         return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
     def steps(self, table: str) -> list[int]:
         """Steps that have a complete partition in ``table``, sorted."""
-        d = self.root / table
-        if not d.exists():
-            return []
         out = []
-        for p in d.glob("step=*/part-0.parquet"):
+        for f in self.store.glob(f"{table}/step=*/part-0.parquet"):
             try:
-                out.append(int(p.parent.name.split("=", 1)[1]))
+                out.append(int(f.split("/")[1].split("=", 1)[1]))
             except ValueError:
                 continue
         return sorted(out)
 
     def pools(self) -> list[str]:
-        d = self.root / "tasks"
-        return (
-            sorted(p.parent.name.split("=", 1)[1] for p in d.glob("pool=*/part-0.parquet"))
-            if d.exists()
-            else []
+        return sorted(
+            f.split("/")[1].split("=", 1)[1] for f in self.store.glob("tasks/pool=*/part-0.parquet")
         )
 
     # ------------------------------------------------------------------ SQL
@@ -275,14 +462,14 @@ class Lake:
         """In-memory DuckDB with a view per table (empty typed views for tables not written yet)
         and the documented views of ``views.sql``."""
         con = duckdb.connect(":memory:")
+        self.store.attach(con)
         for table in ALL_TABLES:
-            folder = self.root / table
-            if folder.exists() and not folder.is_dir():
-                _error_view(con, table, f"{folder} should be a folder of partitions, not a file")
+            if not self.remote and (self.root / table).exists() and not (self.root / table).is_dir():
+                _error_view(con, table, f"{self.root / table} should be a folder of partitions, not a file")
                 continue
-            files = sorted(folder.rglob("part-0.parquet")) if folder.exists() else []
+            files = self._files(table)
             if files:
-                paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+                paths = ", ".join("'" + self.where(f).replace("'", "''") + "'" for f in files)
                 try:
                     con.execute(
                         f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{paths}], union_by_name=true, hive_partitioning=false)"
@@ -310,12 +497,12 @@ class Lake:
                     _error_view(con, name, f"view {name} is unavailable: {str(exc).splitlines()[0]}")
         return con
 
-    def _find_corrupt(self, files: list[Path]) -> Path | None:
+    def _find_corrupt(self, files: list[str]) -> str | None:
         for f in files:
             try:
-                pq.ParquetFile(f).metadata  # noqa: B018
+                self.store.parquet_meta(f)
             except Exception:
-                return f
+                return self.where(f)
         return None
 
     def sql(self, query: str) -> pa.Table:
@@ -327,7 +514,7 @@ class Lake:
             if _ERROR_MARK in msg:
                 raise LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0]) from exc
             if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
-                bad = self._find_corrupt(sorted(self.root.rglob("part-0.parquet")))
+                bad = self._find_corrupt([f for t in ALL_TABLES for f in self._files(t)])
                 if bad is not None:
                     raise LakeError(
                         f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "

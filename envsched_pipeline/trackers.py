@@ -93,7 +93,7 @@ def log_step(lake: Lake, spec: RunSpec, step: int, names: list[str] | None = Non
     if not names:
         return {}
     metrics = step_metrics(lake, step)
-    root = Path(lake.root) / "trackers"
+    root = Path(lake.local) / "trackers"
     config = {k: v for k, v in spec.to_dict().items() if not isinstance(v, dict)}
     config.update({f"scheduler.{k}": v for k, v in spec.scheduler_config.items()})
     config.update({f"policy.{k}": v for k, v in spec.policy_config.items()})

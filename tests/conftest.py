@@ -71,7 +71,15 @@ LAYERS = {
         "test_yield",
     ),
     "dagster": ("test_dagster", "test_resident"),
-    "e2e": ("test_cli", "test_ui", "test_deploy", "test_cluster", "test_rollout_backend"),
+    "e2e": (
+        "test_cli",
+        "test_ui",
+        "test_deploy",
+        "test_cluster",
+        "test_rollout_backend",
+        "test_s3_lake",
+        "test_report",
+    ),
 }
 
 

@@ -117,4 +117,4 @@ def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
         }
         assert md["topologies"]["extractor"].value == "offline"
         assert md["task_graph"]["cross_edges"].value > 0
-        assert md["task_graph"]["similarity_plot"].value.endswith(".png")
+        assert md["task_graph"]["similarity_plot"].value.startswith("![similarity](data:image/png;base64,")

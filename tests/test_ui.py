@@ -114,35 +114,60 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
         "the sensor did not advance the loop: " + (tmp / "dagster.log").read_text()[-3000:]
     )
     assert lake.read("rollouts").num_rows == 2 * 8 * 4
-    # a real browser renders the asset graph
+    # every batch_manifest partition embeds its own plot and a readable picks table
+    mats = graphql(
+        port,
+        '{ assetOrError(assetKey: {path: ["batch_manifest"]}) { ... on Asset { assetMaterializations(limit: 20) '
+        "{ partition metadataEntries { label ... on MarkdownMetadataEntry { mdStr } } } } } }",
+    )["data"]["assetOrError"]["assetMaterializations"]
+    by_partition = {m["partition"]: {e["label"]: e.get("mdStr") for e in m["metadataEntries"]} for m in mats}
+    assert len(by_partition) >= 2, by_partition.keys()
+    plots = []
+    for part, md in by_partition.items():
+        assert md.get("plot", "").count("data:image/png;base64,") == 1, (part, list(md))
+        assert md.get("picks", "").lstrip().startswith("|") and "reason" in md["picks"].lower(), md.get(
+            "picks"
+        )
+        plots.append(md["plot"])
+    assert len(set(plots)) == len(plots), "two partitions show the same plot"
+    # a real browser renders the UI: the asset graph and a UI tour (saved for the README when asked)
     assert CHROMIUM, "chromium is not installed (make test installs it)"
-    shot = tmp / "graph.png"
-    subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp / 'chrome'}",
-            "--window-size=1400,900",
-            "--virtual-time-budget=20000",
-            f"--screenshot={shot}",
-            f"http://127.0.0.1:{port}/asset-groups",
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    assert shot.exists() and shot.stat().st_size > 10_000
-    import matplotlib.image as mpimg
+    first = sorted(by_partition)[0]
+    tour = {
+        "ui_asset_graph": "/asset-groups",
+        "ui_training_group": "/locations/envsched/asset-groups/training",
+        "ui_manifest_partition": f"/assets/batch_manifest?partition={first}",
+        "ui_training_step": f"/assets/training_step?partition={first}",
+        "ui_manifest_checks": "/assets/batch_manifest?view=checks",
+    }
+    for name, path in tour.items():
+        shot = tmp / f"{name}.png"
+        subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp / 'chrome'}",
+                "--window-size=1400,1000",
+                "--virtual-time-budget=20000",
+                f"--screenshot={shot}",
+                f"http://127.0.0.1:{port}{path}",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+        assert shot.exists() and shot.stat().st_size > 10_000, name
+        import matplotlib.image as mpimg
 
-    img = mpimg.imread(str(shot))[..., :3]
-    colors = len(np.unique((img.reshape(-1, 3) * 255).astype(np.uint8), axis=0))
-    assert img.std() > 0.02 and colors > 50, "the screenshot is blank"
-    shutil.copy(shot, REPO / "bench" / "ui_asset_graph.png") if os.environ.get(
-        "ENVSCHED_SAVE_SCREENSHOT"
-    ) else None
+        img = mpimg.imread(str(shot))[..., :3]
+        colors = len(np.unique((img.reshape(-1, 3) * 255).astype(np.uint8), axis=0))
+        assert img.std() > 0.02 and colors > 50, f"the screenshot of {path} is blank"
+        if os.environ.get("ENVSCHED_SAVE_SCREENSHOT"):
+            (REPO / "docs" / "img").mkdir(exist_ok=True)
+            shutil.copy(shot, REPO / "docs" / "img" / f"{name}.png")

@@ -28,7 +28,7 @@ from trainer.update import GRPOConfig, GRPOTrainer
 
 
 def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
-    root = lake.root / "checkpoints"
+    root = lake.local / "checkpoints"
     return root / "latest", root
 
 

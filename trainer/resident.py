@@ -39,7 +39,7 @@ START_TIMEOUT = 600.0
 
 
 def _info_path(lake: Lake) -> Path:
-    return lake.root / "resident" / "worker.json"
+    return lake.local / "resident" / "worker.json"
 
 
 def read_info(lake: Lake) -> dict | None:
@@ -180,7 +180,7 @@ class Worker:
 # ---------------------------------------------------------------------------- the client (inside trainer.step)
 def start_worker(lake: Lake) -> dict:
     """Start a detached worker for the lake's run and wait until it listens."""
-    log_path = lake.root / "resident" / "worker.log"
+    log_path = lake.local / "resident" / "worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _info_path(lake).unlink(missing_ok=True)
     with open(log_path, "ab") as out:

@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
-
-from envsched_pipeline.lake import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -188,23 +185,36 @@ class SimulatedLearner:
         return float((sums[cnt > 0] / cnt[cnt > 0]).mean())
 
     # ------------------------------------------------------------ checkpoint
-    def save(self, path: Path) -> None:
+    def to_bytes(self) -> bytes:
 
         blob = {
             "skill": self.skill.tolist(),
             "familiarity": self.familiarity.tolist(),
             "env_skill": self.env_skill.tolist(),
             "memo": self.memo.tolist(),
+            "task_ids": self.task_ids.tolist(),
+            "env_ids": list(self.env_ids),
             "version": self.version,
             "config": asdict(self.config),
         }
-        atomic_write_bytes(Path(path), json.dumps(blob).encode())
+        return json.dumps(blob).encode()
 
-    def load(self, path: Path) -> None:
-        blob = json.loads(Path(path).read_text())
+    def load_bytes(self, data: bytes) -> None:
+        """Restore a checkpoint. Per-environment and per-task state is matched by id, so a pool that
+        gained, lost or renamed tasks or environments since the checkpoint keeps what still exists
+        (new ones start untrained)."""
+        blob = json.loads(data)
         self.skill = np.asarray(blob["skill"], dtype=float)
-        self.familiarity = np.asarray(blob["familiarity"], dtype=float)
+        old_envs = blob.get("env_ids", self.env_ids)
+        env_rows = {e: i for i, e in enumerate(old_envs)}
+        fam = np.asarray(blob["familiarity"], dtype=float)
+        self.familiarity = np.array([fam[env_rows[e]] if e in env_rows else 0.0 for e in self.env_ids])
         if "env_skill" in blob:
-            self.env_skill = np.asarray(blob["env_skill"], dtype=float).reshape(self.env_skill.shape)
-            self.memo = np.asarray(blob["memo"], dtype=float)
+            es = np.asarray(blob["env_skill"], dtype=float).reshape(len(old_envs), -1)
+            for j, e in enumerate(self.env_ids):
+                self.env_skill[j] = es[env_rows[e]] if e in env_rows else 0.0
+            memo = np.asarray(blob["memo"], dtype=float)
+            old_tasks = blob.get("task_ids", self.task_ids.tolist())
+            by_task = dict(zip(old_tasks, memo.tolist(), strict=True))
+            self.memo = np.array([by_task.get(t, 0.0) for t in self.task_ids.tolist()])
         self.version = int(blob["version"])

@@ -30,8 +30,8 @@ from trainer.realenv import corrupt, episode_rows, tool_names_of
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 
-def _checkpoint(lake: Lake, step: int, name: str):
-    return lake.artifact_path("checkpoints", step, name)
+def _checkpoint(step: int, name: str) -> str:
+    return Lake.artifact_rel("checkpoints", step, name)
 
 
 def simulated_learner(lake: Lake, spec: RunSpec):
@@ -55,11 +55,12 @@ def simulated_learner(lake: Lake, spec: RunSpec):
 
 def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
     learner = simulated_learner(lake, spec)
-    prev = _checkpoint(lake, step - 1, "policy.json")
     if step > 0:
-        if not prev.exists():
-            raise StepError(f"policy checkpoint of step {step - 1} is missing ({prev}); re-run that step")
-        learner.load(prev)
+        prev = lake.read_bytes(_checkpoint(step - 1, "policy.json"))
+        if prev is None:
+            where = lake.where(_checkpoint(step - 1, "policy.json"))
+            raise StepError(f"policy checkpoint of step {step - 1} is missing ({where}); re-run that step")
+        learner.load_bytes(prev)
     rng = step_rng(spec, step, salt=1)
     t0 = time.perf_counter()
     task_ids = manifest.column("task_id").to_pylist()
@@ -82,7 +83,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     adv = group_advantages(rewards)
     version = learner.version
     info = learner.learn(task_ids, rewards)
-    learner.save(_checkpoint(lake, step, "policy.json"))
+    lake.write_bytes(_checkpoint(step, "policy.json"), learner.to_bytes())
     seconds = time.perf_counter() - t0
     n, g = rewards.shape
     rollouts = {

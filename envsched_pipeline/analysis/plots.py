@@ -26,7 +26,7 @@ def _plt():
 def graph_report(lake, pool: str, graph) -> dict:
     """Degree histogram + similarity distributions, and cross-environment neighbour examples."""
     plt = _plt()
-    out_dir = lake.root / "plots" / f"pool={pool}"
+    out_dir = lake.local / "plots" / f"pool={pool}"
     out_dir.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
     ws = graph.within_sim[graph.within_idx >= 0]
@@ -188,7 +188,7 @@ def heldout_plots(result: dict, out_path: Path) -> str:
 def _save(fig, lake, kind: str, step: int | None = None) -> str:
     """Write a figure to ``plots/step=<t>/<kind>.png`` (or ``plots/<kind>.png``) and close it."""
     plt = _plt()
-    path = Path(lake.root) / "plots" / (f"step={int(step)}" if step is not None else "") / f"{kind}.png"
+    path = Path(lake.local) / "plots" / (f"step={int(step)}" if step is not None else "") / f"{kind}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

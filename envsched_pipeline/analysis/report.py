@@ -1,42 +1,126 @@
-"""``envsched report --out DIR``: one HTML page with the plots a person wants after a run.
+"""``envsched report --out DIR``: one self-contained HTML page a team can paste into a review.
 
-Batch variance per step against the baselines (re-run in the simulator on the same synthetic pool,
-same B, G and steps — labelled simulated), environments touched, zero-variance fraction, held-out
-curve, predicted vs realized variance, the most informative tasks, and an environment-by-step heatmap.
+* The run's configuration (pool, policy, scheduler and its config hash, B, G, seed, run id, steps).
+* A verdict sentence per headline metric (batch reward variance, zero-variance fraction,
+  environments touched, held-out score) against baselines **re-run on the run's own pool** with the
+  same B, G, seed and number of steps, each with a 95% confidence interval of the per-step
+  difference (moving-block bootstrap over steps, so autocorrelated steps are not treated as
+  independent). Baselines are re-run in the simulated learner; the page says so, and says when they
+  cannot be (a run of another policy, a pool without simulator latents).
+* Interactive charts drawn by a few lines of embedded JavaScript (hover for values, drag to zoom,
+  double-click to reset, click a legend entry to hide it): no network, no CDN, works offline.
+  One colour per scheduler on every panel. Panels only for data the lake holds.
+* The most informative tasks, ranked among tasks observed in at least ``MIN_GROUPS`` groups.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import shutil
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 
-from envsched_pipeline.analysis.bench import prepare_pool, run_one
-from envsched_pipeline.analysis.plots import _plt, _series, yield_calibration_plot
+from envsched_pipeline.analysis.bench import run_one
+from envsched_pipeline.analysis.plots import SCHEDULER_COLORS
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.run import require_run
 
-BASELINES = ("random", "greso", "mopps", "dps")
+BASELINES = ("random", "exploit-only", "greso", "mopps", "dps")
+MIN_GROUPS = 3
+COLOURS = SCHEDULER_COLORS  # one colour per scheduler, the same as every other plot of the project
+# (metric, label, which direction is better for the scheduler's purpose)
+HEADLINES = (
+    ("batch_variance", "Batch reward variance", "higher"),
+    ("zero_variance_fraction", "Zero-variance group fraction", "lower"),
+    ("envs_touched", "Environments touched per step", "higher"),
+)
 
 
-def _md_to_html(md: str) -> str:
-    lines = [ln for ln in md.splitlines() if ln.strip()]
-    if len(lines) < 2 or not lines[0].startswith("|"):
-        return f"<p>{html.escape(md)}</p>"
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
-    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:] if ln.startswith("|")]
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body]
-    return "\n".join(out) + "</table>"
+def colour(name: str) -> str:
+    return COLOURS.get(name.split("@")[0], "#d62728")
 
 
+def _series(lake: Lake, query: str) -> dict[str, list]:
+    t = lake.sql(query)
+    return {c: t.column(c).to_pylist() for c in t.column_names}
+
+
+def _finite(values) -> list[float | None]:
+    return [
+        None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v) for v in values
+    ]
+
+
+# ---------------------------------------------------------------------------- baselines
+def pool_from_lake(lake: Lake, pool: str) -> dict | None:
+    """The run's own pool, graph and simulator latents in the benchmark's shape (None without latents)."""
+    from envsched_pipeline.graph.store import load_graph
+
+    latents = lake.read("task_latents", pool=pool).to_pylist()
+    if not latents or "z" not in latents[0]:
+        return None
+    tasks = sorted(lake.read("tasks", pool=pool).to_pylist(), key=lambda t: t["task_id"])
+    return {
+        "tasks": tasks,
+        "graph": load_graph(lake, pool),
+        "latents": [dict(r, z=json.loads(r["z"]) if isinstance(r["z"], str) else r["z"]) for r in latents],
+    }
+
+
+def block_bootstrap_ci(
+    diff: np.ndarray, block: int = 10, reps: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of the mean of an autocorrelated series (moving blocks of ``block`` steps)."""
+    n = len(diff)
+    if n < 2:
+        return (float("nan"), float("nan"))
+    b = max(1, min(block, n // 2 or 1))
+    starts = np.arange(n - b + 1)
+    k = int(np.ceil(n / b))
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(starts, size=(reps, k))
+    idx = (picks[:, :, None] + np.arange(b)[None, None, :]).reshape(reps, -1)[:, :n]
+    means = diff[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def verdict(label: str, better: str, run: np.ndarray, base: np.ndarray, base_name: str) -> dict:
+    n = min(len(run), len(base))
+    r, b = run[:n], base[:n]
+    d = r - b
+    lo, hi = block_bootstrap_ci(d)
+    mean_r, mean_b = float(r.mean()), float(b.mean())
+    ratio = mean_r / mean_b if mean_b else float("nan")
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi:
+        word = f"no clear difference from {base_name}"
+        good = None
+    else:
+        higher = lo > 0
+        word = f"{'higher' if higher else 'lower'} than {base_name}"
+        good = higher == (better == "higher")
+    text = (
+        f"{label}: {mean_r:.4g} vs {base_name} {mean_b:.4g} ({ratio:.2f}×); per-step difference "
+        f"{d.mean():+.4g}, 95% CI [{lo:+.4g}, {hi:+.4g}] over {n} steps: {word}."
+    )
+    return {
+        "metric": label,
+        "baseline": base_name,
+        "run": mean_r,
+        "base": mean_b,
+        "ratio": ratio,
+        "diff": float(d.mean()),
+        "ci": [lo, hi],
+        "better": good,
+        "text": text,
+    }
+
+
+# ---------------------------------------------------------------------------- the page
 def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -> Path:
-    plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = require_run(lake)
@@ -48,139 +132,418 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     if not s.get("step"):
         raise ValueError(f"no steps in {lake.root}: nothing to report")
     steps = s["step"]
-    ev = _series(lake, "select step, avg(score) as score from evals group by step order by step")
-    figs: list[tuple[str, str]] = []
+    n_steps = len(steps)
+    manifests = lake.read("manifests", columns=["config_hash"]) if lake.steps("manifests") else None
+    hashes = (
+        sorted(set(manifests.column("config_hash").to_pylist()))
+        if manifests is not None and "config_hash" in manifests.column_names
+        else []
+    )
 
-    # 1. batch variance against baselines (simulated, same pool / B / G / steps)
-    base_series = {}
-    if baselines and spec.pool == "synthetic" and spec.policy == "simulated":
-        log(f"re-running baselines {', '.join(BASELINES)} in the simulator for {len(steps)} steps ...")
-        pool = prepare_pool(51, 50, 0)
-        for name in BASELINES:
-            base_series[name] = run_one(name, pool, len(steps), spec.seed, spec.batch_size, spec.group_size)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    ax.plot(steps, s["batch_variance"], lw=2.4, label=f"this run ({spec.scheduler})")
-    for name, ser in base_series.items():
-        ax.plot(
-            range(len(ser["batch_variance"])),
-            ser["batch_variance"],
-            lw=1,
-            alpha=0.8,
-            label=f"{name} (simulated)",
+    # baselines on the run's own pool
+    base_series: dict[str, dict] = {}
+    base_note = ""
+    if not baselines:
+        base_note = "Baselines were not re-run (--no-baselines)."
+    elif spec.policy != "simulated":
+        base_note = (
+            f"Baselines are not re-run for a {spec.policy!r} run (only the simulated learner re-runs in "
+            "seconds); compare schedulers on this learner with `envsched bench scheduler --learner neural`."
         )
-    ax.set_xlabel("step")
-    ax.set_title("batch within-task reward variance")
-    ax.legend(fontsize=8)
-    figs.append(("variance.png", "Batch reward variance per step" + (" vs baselines" if base_series else "")))
-    fig.tight_layout()
-    fig.savefig(out_dir / figs[-1][0], dpi=90)
-    plt.close(fig)
+    else:
+        pool = pool_from_lake(lake, spec.pool)
+        if pool is None:
+            base_note = f"Pool {spec.pool!r} has no simulator latents, so baselines cannot be re-run on it."
+        else:
+            names = [n for n in BASELINES if n != spec.scheduler]
+            log(f"re-running baselines {', '.join(names)} on pool {spec.pool} for {n_steps} steps ...")
+            for name in names:
+                base_series[name] = run_one(
+                    name,
+                    pool,
+                    n_steps,
+                    spec.seed,
+                    spec.batch_size,
+                    spec.group_size,
+                    overrides=spec.scheduler_config if name == spec.scheduler else None,
+                )
+            base_note = (
+                f"Baselines re-run on this run's own pool ({spec.pool!r}, {len(pool['tasks'])} tasks) in the "
+                f"simulated learner with B = {spec.batch_size}, G = {spec.group_size}, seed {spec.seed}, "
+                f"{n_steps} steps."
+            )
 
-    # 2. envs touched + zero-variance fraction + held-out
-    fig, ax = plt.subplots(1, 3, figsize=(14, 3.6))
-    ax[0].plot(steps, s["envs_touched"], color="#6acc64")
-    ax[0].set_title("environments touched")
-    ax[1].plot(steps, s["zero_variance_fraction"], color="#d65f5f", label="this run")
-    for name, ser in base_series.items():
-        ax[1].plot(ser["zero_variance_fraction"], lw=1, alpha=0.7, label=name)
-    ax[1].set_title("zero-variance group fraction")
-    ax[1].legend(fontsize=7)
-    if ev.get("step"):
-        ax[2].plot(ev["step"], ev["score"], color="#956cb4", label="this run")
+    run_name = f"this run ({spec.scheduler})"
+    run_colour = colour(spec.scheduler)
+
+    def line(key: str, values, name=run_name, col=run_colour, width=2.6, x=None):
+        return {
+            "name": name,
+            "color": col,
+            "width": width,
+            "x": list(x if x is not None else steps),
+            "y": _finite(values),
+        }
+
+    charts = []
+    for key, label, better in HEADLINES:
+        series = [line(key, s[key])]
         for name, ser in base_series.items():
-            ax[2].plot(ser["heldout"], lw=1, alpha=0.7, label=name)
-        ax[2].legend(fontsize=7)
-    ax[2].set_title("held-out score" + (" (simulated learner)" if spec.policy == "simulated" else ""))
-    for a in ax:
-        a.set_xlabel("step")
-    fig.tight_layout()
-    figs.append(("signal.png", "Coverage, wasted groups and held-out score"))
-    fig.savefig(out_dir / figs[-1][0], dpi=90)
-    plt.close(fig)
+            series.append(
+                line(
+                    key,
+                    ser[key],
+                    name=f"{name} (simulated)",
+                    col=colour(name),
+                    width=1.2,
+                    x=range(len(ser[key])),
+                )
+            )
+        charts.append(
+            {"kind": "line", "title": f"{label} ({better} is better)", "xlabel": "step", "series": series}
+        )
 
-    # 3. predicted vs realized variance (calibration)
+    ev = _series(lake, "select step, benchmark, avg(score) as score from evals group by 1, 2 order by 2, 1")
+    heldout_run = None
+    if ev.get("step"):
+        series = []
+        benches = sorted(set(ev["benchmark"]))
+        dashes = {b: i for i, b in enumerate(benches)}
+        for bname in benches:
+            xs = [st for st, bb in zip(ev["step"], ev["benchmark"], strict=True) if bb == bname]
+            ys = [sc for sc, bb in zip(ev["score"], ev["benchmark"], strict=True) if bb == bname]
+            series.append(
+                {
+                    "name": f"this run: {bname}",
+                    "color": run_colour,
+                    "width": 2.6,
+                    "dash": dashes[bname],
+                    "x": xs,
+                    "y": _finite(ys),
+                }
+            )
+            if "seen" in bname and heldout_run is None:
+                heldout_run = (xs, ys)
+        for name, ser in base_series.items():
+            series.append(
+                line(
+                    "heldout",
+                    ser["heldout"],
+                    name=f"{name} (simulated)",
+                    col=colour(name),
+                    width=1.2,
+                    x=range(len(ser["heldout"])),
+                )
+            )
+        charts.append({"kind": "line", "title": "Held-out score", "xlabel": "step", "series": series})
+
+    tm = _series(lake, "select step, loss, grad_norm from train_metrics order by step")
+    for key in ("loss", "grad_norm"):
+        vals = _finite(tm.get(key, []))
+        if any(v is not None for v in vals):
+            charts.append(
+                {
+                    "kind": "line",
+                    "title": "GRPO loss" if key == "loss" else "Gradient norm",
+                    "xlabel": "step",
+                    "series": [line(key, vals, x=tm["step"])],
+                }
+            )
+
     cal = _series(
         lake,
         "select pred_var, realized_variance from pick_reasons "
         "where pred_var is not null and not isnan(pred_var) and realized_variance is not null",
     )
     if cal.get("pred_var"):
-        fig, ax = plt.subplots(figsize=(5, 4))
-        x, y = np.array(cal["pred_var"]), np.array(cal["realized_variance"])
-        ax.scatter(x, y, s=5, alpha=0.3)
-        bins = np.quantile(x, np.linspace(0, 1, 11))
-        idx = np.clip(np.searchsorted(bins, x, side="right") - 1, 0, 9)
-        mx = [x[idx == b].mean() for b in range(10) if (idx == b).any()]
-        my = [y[idx == b].mean() for b in range(10) if (idx == b).any()]
-        ax.plot(mx, my, color="black", marker="o", label="decile means")
-        ax.set_xlabel("predicted (u)")
-        ax.set_ylabel("realized group variance")
-        ax.legend()
-        fig.tight_layout()
-        figs.append(("calibration.png", "Predicted vs realized variance"))
-        fig.savefig(out_dir / figs[-1][0], dpi=90)
-        plt.close(fig)
+        x, y = np.array(cal["pred_var"], dtype=float), np.array(cal["realized_variance"], dtype=float)
+        keep = np.random.default_rng(0).permutation(len(x))[:2500]
+        q = np.quantile(x, np.linspace(0, 1, 11))
+        idx = np.clip(np.searchsorted(q, x, side="right") - 1, 0, 9)
+        dec = [(float(x[idx == b].mean()), float(y[idx == b].mean())) for b in range(10) if (idx == b).any()]
+        charts.append(
+            {
+                "kind": "scatter",
+                "title": "Predicted vs realized group variance",
+                "xlabel": "predicted variance",
+                "series": [
+                    {
+                        "name": "this run: picked groups",
+                        "color": run_colour,
+                        "points": True,
+                        "x": x[keep].tolist(),
+                        "y": y[keep].tolist(),
+                    },
+                    {
+                        "name": "decile means",
+                        "color": "#000000",
+                        "width": 2,
+                        "x": [d[0] for d in dec],
+                        "y": [d[1] for d in dec],
+                    },
+                ],
+            }
+        )
 
-    # 3b. predicted vs realized yield (share of informative groups)
+    yl = _series(lake, "select step, predicted_yield, realized_yield from yields order by step")
+    if yl.get("step"):
+        charts.append(
+            {
+                "kind": "line",
+                "title": "Share of informative groups: predicted vs realized",
+                "xlabel": "step",
+                "series": [
+                    line(
+                        "p", yl["predicted_yield"], name="predicted", col="#999999", width=1.5, x=yl["step"]
+                    ),
+                    line("r", yl["realized_yield"], name="this run: realized", x=yl["step"]),
+                ],
+            }
+        )
 
-    if lake.steps("yields"):
-        shutil.copy(yield_calibration_plot(lake), out_dir / "yield.png")
-        figs.append(("yield.png", "Predicted vs realized yield of informative groups"))
-
-    # 4. environment x step heatmap of picks
     picks = _series(lake, "select env_id, step, count(*) as n from manifests group by 1, 2")
-    envs = sorted(set(picks["env_id"]))
-    grid = np.zeros((len(envs), max(steps) + 1))
-    for e, st, n in zip(picks["env_id"], picks["step"], picks["n"], strict=True):
-        if st <= max(steps):
-            grid[envs.index(e), st] = n
-    fig, ax = plt.subplots(figsize=(12, max(3, 0.14 * len(envs))))
-    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.set_yticks(range(len(envs)))
-    ax.set_yticklabels(envs, fontsize=6)
-    ax.set_xlabel("step")
-    fig.colorbar(im, ax=ax, label="tasks picked")
-    fig.tight_layout()
-    figs.append(("heatmap.png", "Environment-by-step picks"))
-    fig.savefig(out_dir / figs[-1][0], dpi=90)
-    plt.close(fig)
+    if picks.get("env_id"):
+        envs = sorted(set(picks["env_id"]))
+        cols = sorted(set(picks["step"]))
+        grid = np.zeros((len(envs), len(cols)), dtype=int)
+        for e, st, n in zip(picks["env_id"], picks["step"], picks["n"], strict=True):
+            grid[envs.index(e), cols.index(st)] = n
+        charts.append(
+            {
+                "kind": "heatmap",
+                "title": "Tasks picked per environment and step",
+                "xlabel": "step",
+                "rows": envs,
+                "cols": cols,
+                "values": grid.tolist(),
+            }
+        )
 
-    # 5. most informative tasks
+    # verdicts
+    verdicts = []
+    for key, label, better in HEADLINES:
+        for name, ser in base_series.items():
+            verdicts.append(
+                verdict(label, better, np.asarray(s[key], float), np.asarray(ser[key], float), name)
+            )
+    if heldout_run is not None:
+        for name, ser in base_series.items():
+            final_run, final_base = float(heldout_run[1][-1]), float(ser["heldout"][-1])
+            verdicts.append(
+                {
+                    "metric": "Held-out score (final)",
+                    "baseline": name,
+                    "run": final_run,
+                    "base": final_base,
+                    "ratio": final_run / final_base if final_base else float("nan"),
+                    "diff": final_run - final_base,
+                    "ci": None,
+                    "better": final_run > final_base,
+                    "text": f"Held-out score at the end: {final_run:.4f} vs {name} {final_base:.4f} "
+                    f"({final_run - final_base:+.4f}; the simulated learner's held-out is an expectation, "
+                    "without sampling error).",
+                }
+            )
+
     top = lake.sql(
         "select task_id, any_value(env_id) as env_id, count(*) as groups, avg(reward_variance) as mean_variance, "
-        "avg(mean_reward) as mean_reward from task_history group by task_id "
-        "order by mean_variance desc limit 15"
+        f"avg(mean_reward) as mean_reward from task_history group by task_id having count(*) >= {MIN_GROUPS} "
+        "order by mean_variance desc, groups desc limit 15"
     ).to_pylist()
-    summary = {
+
+    config = {
+        "run id": spec.run_id,
         "pool": spec.pool,
         "policy": spec.policy,
         "scheduler": spec.scheduler,
-        "steps": len(steps),
-        "batch_variance": float(np.mean(s["batch_variance"])),
-        "zero_variance_fraction": float(np.mean(s["zero_variance_fraction"])),
-        "envs_touched": float(np.mean(s["envs_touched"])),
-        **{
-            f"{n}_batch_variance (simulated)": float(np.mean(b["batch_variance"]))
-            for n, b in base_series.items()
-        },
+        "scheduler config hash": ", ".join(h[:12] for h in hashes) or "—",
+        "scheduler overrides": json.dumps(spec.scheduler_config) if spec.scheduler_config else "none",
+        "B (tasks per step)": spec.batch_size,
+        "G (rollouts per task)": spec.group_size,
+        "seed": spec.seed,
+        "steps": n_steps,
+        "lake": str(lake.root),
     }
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>envsched report</title>",
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}img{max-width:100%}</style></head><body>",
-        f"<h1>envsched run report</h1><p>lake <code>{html.escape(str(lake.root))}</code>, generated "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}</p>",
-        "<p><b>The policy is the simulated learner</b> (docs/algorithm.md §8); baselines are re-run in the same "
-        "simulator.</p>"
-        if spec.policy == "simulated"
-        else "",
-        _md_to_html(md_table([{"metric": k, "value": v} for k, v in summary.items()], limit=50)),
-    ]
-    for fname, title in figs:
-        parts.append(f"<h2>{html.escape(title)}</h2><img src='{fname}' alt='{html.escape(title)}'>")
-    parts.append("<h2>Most informative tasks</h2>" + _md_to_html(md_table(top)))
-    parts.append("</body></html>")
+    summary = {
+        "config": config,
+        "baselines": {"note": base_note, "names": list(base_series)},
+        "means": {k: float(np.nanmean(np.asarray(s[k], float))) for k, _, _ in HEADLINES},
+        "verdicts": verdicts,
+        "top_tasks": top,
+        "charts": [c["title"] for c in charts],
+    }
+    page = _page(config, base_note, verdicts, charts, top, spec)
     index = out_dir / "index.html"
-    index.write_text("\n".join(parts))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    index.write_text(page)
+    (out_dir / "summary.json").write_text(json.dumps(_nan_to_none(summary), indent=2, default=str))
     return index
+
+
+def _nan_to_none(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>None.</p>"
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>" for v in r.values()
+        )
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _page(
+    config: dict, base_note: str, verdicts: list[dict], charts: list[dict], top: list[dict], spec
+) -> str:
+    sim = (
+        "<p class='note'><b>The policy is the simulated learner</b> (docs/algorithm.md §8): a model of "
+        "learning for measuring schedulers, not a neural policy.</p>"
+        if spec.policy == "simulated"
+        else ""
+    )
+    marks = {True: "✔", False: "✘", None: "·"}
+    primary = next((v["baseline"] for v in verdicts if v["baseline"] == "random"), None) or (
+        verdicts[0]["baseline"] if verdicts else None
+    )
+    vitems = "".join(
+        f"<li class='v{'' if v['better'] is None else int(v['better'])}'>{marks[v['better']]} "
+        f"{html.escape(v['text'])}</li>"
+        for v in verdicts
+        if v["baseline"] == primary
+    )
+    vrows = [
+        {
+            "metric": v["metric"],
+            "baseline": v["baseline"],
+            "this run": v["run"],
+            "baseline value": v["base"],
+            "ratio": v["ratio"],
+            "difference [95% CI]": f"{v['diff']:+.4g}"
+            + (f" [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]" if v["ci"] else ""),
+            "verdict": {True: "better", False: "worse", None: "no clear difference"}[v["better"]],
+        }
+        for v in verdicts
+    ]
+    chart_divs = "".join(
+        f"<section><h2>{html.escape(c['title'])}</h2><div class='chart' id='c{i}'></div></section>"
+        for i, c in enumerate(charts)
+    )
+    data = json.dumps(_nan_to_none(charts)).replace("</", "<\\/")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>envsched report: {html.escape(spec.run_id or spec.pool)}</title>
+<style>
+body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}
+.note{{background:#f6f6f6;padding:.6em;border-left:4px solid #999}}
+ul.verdicts li{{margin:.3em 0;font-size:14px}} li.v1{{color:#1a7f37}} li.v0{{color:#b42318}}
+.chart{{position:relative;width:100%;height:320px}} .chart svg{{width:100%;height:100%;user-select:none}}
+.tip{{position:absolute;pointer-events:none;background:rgba(255,255,255,.95);border:1px solid #999;padding:4px 6px;
+font-size:12px;display:none;white-space:nowrap;z-index:2}}
+.legend span{{cursor:pointer;margin-right:12px;font-size:12px}} .legend span.off{{opacity:.3}}
+.hint{{color:#777;font-size:12px}}
+</style></head><body>
+<h1>envsched run report</h1>
+<p class="hint">Generated {time.strftime("%Y-%m-%d %H:%M:%S")}. Charts: hover for values, drag to zoom, double-click to reset, click a legend entry to hide it.</p>
+{sim}
+<h2>Run</h2>{_table([{"setting": k, "value": v} for k, v in config.items()])}
+<h2>Verdicts</h2><p class="note">{html.escape(base_note)}</p>
+<ul class="verdicts">{vitems or "<li>No baselines to compare with.</li>"}</ul>
+{"<h3>Against every baseline</h3>" + _table(vrows) if vrows else ""}
+{chart_divs}
+<section><h2>Most informative tasks (observed in at least {MIN_GROUPS} groups)</h2>{_table(top)}</section>
+<script id="charts" type="application/json">{data}</script>
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+_JS = r"""
+(function(){
+const charts = JSON.parse(document.getElementById('charts').textContent);
+const NS = 'http://www.w3.org/2000/svg';
+function el(tag, attrs, parent){ const e = document.createElementNS(NS, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]); if (parent) parent.appendChild(e); return e; }
+function fmt(v){ return v === null || v === undefined ? '—' : String(Number(Number(v).toPrecision(4))); }
+function ticks(lo, hi, n){ const span = hi - lo || 1; const step = Math.pow(10, Math.floor(Math.log10(span / n)));
+  const mult = [1, 2, 5, 10].find(m => span / (step * m) <= n) * step; const out = [];
+  for (let t = Math.ceil(lo / mult) * mult; t <= hi + 1e-12; t += mult) out.push(+t.toPrecision(10)); return out; }
+function heatmap(div, c){
+  const W = div.clientWidth, rowH = Math.max(12, Math.min(22, 600 / c.rows.length));
+  const left = 8 + 6.5 * Math.max(...c.rows.map(r => r.length)), H = 40 + rowH * c.rows.length;
+  div.style.height = H + 'px';
+  const svg = el('svg', {viewBox: `0 0 ${W} ${H}`}, div); const tip = document.createElement('div'); tip.className = 'tip'; div.appendChild(tip);
+  const cw = (W - left - 10) / c.cols.length; let max = 1; c.values.forEach(r => r.forEach(v => { if (v > max) max = v; }));
+  c.rows.forEach((name, i) => { el('text', {x: left - 4, y: 10 + i * rowH + rowH * 0.7, 'text-anchor': 'end', 'font-size': 11}, svg).textContent = name;
+    c.cols.forEach((st, j) => { const v = c.values[i][j]; const r = el('rect', {x: left + j * cw, y: 10 + i * rowH, width: Math.max(cw, 1), height: rowH - 1,
+      fill: v ? `rgba(31,119,180,${0.15 + 0.85 * v / max})` : '#f4f4f4', class: 'cell'}, svg);
+      r.addEventListener('mousemove', ev => { tip.style.display = 'block'; tip.textContent = `${name}, step ${st}: ${v} task(s)`;
+        tip.style.left = (ev.offsetX + 12) + 'px'; tip.style.top = (ev.offsetY + 12) + 'px'; });
+      r.addEventListener('mouseleave', () => { tip.style.display = 'none'; }); }); });
+  ticks(c.cols[0], c.cols[c.cols.length - 1], 10).forEach(t => { const j = c.cols.indexOf(t); if (j >= 0)
+    el('text', {x: left + (j + 0.5) * cw, y: H - 12, 'text-anchor': 'middle', 'font-size': 11}, svg).textContent = t; });
+}
+function plot(div, c){
+  const hidden = new Set(); let view = null;
+  const legend = document.createElement('div'); legend.className = 'legend'; div.parentNode.insertBefore(legend, div);
+  c.series.forEach((s, k) => { const sp = document.createElement('span'); sp.innerHTML = `<b style="color:${s.color}">━</b> ${s.name}`;
+    sp.onclick = () => { hidden.has(k) ? hidden.delete(k) : hidden.add(k); sp.classList.toggle('off'); draw(); }; legend.appendChild(sp); });
+  const tip = document.createElement('div'); tip.className = 'tip'; div.appendChild(tip);
+  function draw(){
+    div.querySelectorAll('svg').forEach(e => e.remove());
+    const W = div.clientWidth || 800, H = div.clientHeight || 320, m = {l: 60, r: 12, t: 8, b: 34};
+    const svg = el('svg', {viewBox: `0 0 ${W} ${H}`}, div); div.insertBefore(svg, tip);
+    const vis = c.series.filter((s, k) => !hidden.has(k));
+    let xs = [], ys = [];
+    vis.forEach(s => s.x.forEach((x, i) => { if (s.y[i] !== null && (!view || (x >= view[0] && x <= view[1]))) { xs.push(x); ys.push(s.y[i]); } }));
+    if (!xs.length) return;
+    let x0 = view ? view[0] : Math.min(...xs), x1 = view ? view[1] : Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+    if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y0 -= 0.5; y1 += 0.5; } const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+    const X = x => m.l + (x - x0) / (x1 - x0) * (W - m.l - m.r), Y = y => H - m.b - (y - y0) / (y1 - y0) * (H - m.t - m.b);
+    ticks(y0, y1, 6).forEach(t => { el('line', {x1: m.l, x2: W - m.r, y1: Y(t), y2: Y(t), stroke: '#eee'}, svg);
+      el('text', {x: m.l - 6, y: Y(t) + 4, 'text-anchor': 'end', 'font-size': 11}, svg).textContent = fmt(t); });
+    ticks(x0, x1, 10).forEach(t => { el('text', {x: X(t), y: H - m.b + 16, 'text-anchor': 'middle', 'font-size': 11}, svg).textContent = fmt(t); });
+    el('text', {x: (W + m.l) / 2, y: H - 4, 'text-anchor': 'middle', 'font-size': 12}, svg).textContent = c.xlabel || '';
+    const clip = 'clip' + Math.random().toString(36).slice(2); const cp = el('clipPath', {id: clip}, el('defs', {}, svg));
+    el('rect', {x: m.l, y: m.t, width: W - m.l - m.r, height: H - m.t - m.b}, cp);
+    const g = el('g', {'clip-path': `url(#${clip})`}, svg);
+    vis.forEach(s => {
+      if (s.points) { s.x.forEach((x, i) => { if (s.y[i] !== null) el('circle', {cx: X(x), cy: Y(s.y[i]), r: 2, fill: s.color, 'fill-opacity': 0.3, class: 'pt'}, g); }); return; }
+      let d = '', pen = false; s.x.forEach((x, i) => { const y = s.y[i]; if (y === null) { pen = false; return; }
+        d += (pen ? 'L' : 'M') + X(x).toFixed(1) + ',' + Y(y).toFixed(1); pen = true; });
+      el('path', {d: d, fill: 'none', stroke: s.color, 'stroke-width': s.width || 1.5, class: 'line',
+        'stroke-dasharray': s.dash ? '6,4' : ''}, g); });
+    const guide = el('line', {y1: m.t, y2: H - m.b, stroke: '#999', 'stroke-dasharray': '3,3', visibility: 'hidden'}, svg);
+    const band = el('rect', {y: m.t, height: H - m.t - m.b, fill: 'rgba(0,0,0,.08)', visibility: 'hidden'}, svg);
+    let drag = null; const inv = px => x0 + (px - m.l) / (W - m.l - m.r) * (x1 - x0);
+    const pos = ev => { const r = svg.getBoundingClientRect(); return (ev.clientX - r.left) * W / r.width; };
+    svg.addEventListener('mousedown', ev => { drag = pos(ev); });
+    svg.addEventListener('mousemove', ev => { const px = pos(ev), x = inv(px);
+      guide.setAttribute('x1', px); guide.setAttribute('x2', px); guide.setAttribute('visibility', 'visible');
+      if (drag !== null) { band.setAttribute('x', Math.min(drag, px)); band.setAttribute('width', Math.abs(px - drag)); band.setAttribute('visibility', 'visible'); }
+      const lines = vis.filter(s => !s.points).map(s => { let best = -1, bd = Infinity;
+        s.x.forEach((xx, i) => { const dd = Math.abs(xx - x); if (dd < bd && s.y[i] !== null) { bd = dd; best = i; } });
+        return best < 0 ? '' : `<span style="color:${s.color}">■</span> ${s.name}: ${fmt(s.y[best])} (x=${fmt(s.x[best])})`; });
+      tip.innerHTML = lines.filter(Boolean).join('<br>') || `x=${fmt(x)}`; tip.style.display = 'block';
+      const r = div.getBoundingClientRect(); tip.style.left = Math.min(ev.clientX - r.left + 14, r.width - 260) + 'px'; tip.style.top = '10px'; });
+    svg.addEventListener('mouseleave', () => { guide.setAttribute('visibility', 'hidden'); tip.style.display = 'none'; drag = null; band.setAttribute('visibility', 'hidden'); });
+    svg.addEventListener('mouseup', ev => { const px = pos(ev); if (drag !== null && Math.abs(px - drag) > 5) { const a = inv(Math.min(drag, px)), b = inv(Math.max(drag, px)); view = [a, b]; draw(); } drag = null; });
+    svg.addEventListener('dblclick', () => { view = null; draw(); });
+  }
+  draw(); window.addEventListener('resize', draw);
+}
+charts.forEach((c, i) => { const div = document.getElementById('c' + i); if (c.kind === 'heatmap') heatmap(div, c); else plot(div, c); });
+document.body.setAttribute('data-charts-rendered', String(charts.length));
+})();
+"""

@@ -12,6 +12,7 @@ from envsched_pipeline.cli.common import dagster_home, lake_of
 from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import POLICIES, RunSpec
 from envsched_pipeline.scheduler import SCHEDULERS
 
@@ -178,7 +179,7 @@ def run(args) -> int:
         max_steps=max(args.steps, args.max_steps or 0),
         trainer="subprocess",
         policy_config=policy_config(args),
-        prior_lake=str(Path(args.prior_lake).resolve()) if args.prior_lake else "",
+        prior_lake=str(Lake(args.prior_lake).root) if args.prior_lake else "",
         prior_discount=args.prior_discount,
         scheduler_config={"cost_aware": True} if args.cost_aware else {},
         report_to=args.report_to,

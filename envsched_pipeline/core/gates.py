@@ -227,10 +227,10 @@ def resume(lake: Lake, redo: bool = False) -> dict:
         )
         for table in tables:
             lake.delete_partition(table, step=step)
-        (lake.root / HALT_FILE).unlink(missing_ok=True)
+        lake.delete(HALT_FILE)
         return {"resumed": True, "step": step, "redo": list(tables)}
     result = GATES[gate](lake, step)
     if not result["passed"]:
         raise StepError(f"{gate} still fails at step {step}: {'; '.join(result['problems'][:3])}")
-    (lake.root / HALT_FILE).unlink(missing_ok=True)
+    lake.delete(HALT_FILE)
     return {"resumed": True, "step": step, "redo": []}

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envsched_pipeline.core.lease import step_lock
-from envsched_pipeline.core.state_store import state_path
+from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import ERROR_CLASSES, SPREAD_EPS
@@ -183,11 +183,7 @@ def group_problems(
 
 def consumed(lake: Lake, step: int) -> bool:
     """Step ``step``'s rollouts were already used: its statistics exist, or the next manifest."""
-    return (
-        lake.has("statistics", step=step)
-        or state_path(lake, step).exists()
-        or lake.has("manifests", step=step + 1)
-    )
+    return lake.has("statistics", step=step) or has_state(lake, step) or lake.has("manifests", step=step + 1)
 
 
 def roll_back(lake: Lake, step: int) -> dict:

@@ -7,6 +7,11 @@
   ``STALE_SECONDS`` (or whose process is gone, on the same host) is stale and can be taken over.
 * :func:`step_lock` (``locks/<name>.lock``): exclusive creation, so of two ingests of one step
   running at once one wins and the other gets a clear error.
+
+Both live in the lake itself and rest on :meth:`Lake.create`: ``O_EXCL`` on a local lake, a
+conditional PUT (``If-None-Match: *``) on an object-store lake, so drivers on different machines
+sharing one ``s3://`` lake exclude each other too. Taking over a stale lease re-reads it first and
+only removes the very record judged stale.
 """
 
 from __future__ import annotations
@@ -19,10 +24,9 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from pathlib import Path
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.lake import Lake
 
 LEASE_FILE = "lease.json"
 STALE_SECONDS = 60.0
@@ -46,12 +50,16 @@ def _stale(record: dict, now: float | None = None) -> bool:
     return record.get("host") == socket.gethostname() and not _pid_alive(int(record.get("pid", -1)))
 
 
-def _read(path: Path) -> dict | None:
+def _read(lake: Lake, rel: str) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        data = lake.read_bytes(rel)
+    except OSError:
+        return {"id": "unreadable", "heartbeat": 0}
+    if data is None:
         return None
-    except (json.JSONDecodeError, OSError):
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return {"id": "unreadable", "heartbeat": 0}
 
 
@@ -65,14 +73,13 @@ def describe(record: dict) -> str:
 
 def current(lake: Lake) -> dict | None:
     """The live lease of the lake's run, or None (no lease, or a stale one)."""
-    record = _read(lake.root / LEASE_FILE)
+    record = _read(lake, LEASE_FILE)
     return None if record is None or _stale(record) else record
 
 
 class Lease:
     def __init__(self, lake: Lake, kind: str = "envsched train"):
         self.lake, self.kind = lake, kind
-        self.path = lake.root / LEASE_FILE
         self.id = uuid.uuid4().hex[:12]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,47 +97,39 @@ class Lease:
         }
 
     def acquire(self) -> Lease:
-        self.lake.root.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                held = _read(self.path)
-                if held is None:
-                    continue
-                if not _stale(held):
-                    raise StepError(
-                        f"{self.lake.root}: the run is being driven by {describe(held)}; one driver per "
-                        "run (wait for it, stop it, or use another lake)"
-                    ) from None
-                # stale: move it aside (only one contender's rename succeeds), then retry creating
-                try:
-                    os.rename(self.path, self.path.with_name(f".{LEASE_FILE}.stale.{uuid.uuid4().hex[:8]}"))
-                    self.took_over = held
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self._record(), fh)
-            self._thread = threading.Thread(target=self._beat, daemon=True, name="envsched-lease")
-            self._thread.start()
-            return self
+            if self.lake.create(LEASE_FILE, json.dumps(self._record()).encode()):
+                self._thread = threading.Thread(target=self._beat, daemon=True, name="envsched-lease")
+                self._thread.start()
+                return self
+            held = _read(self.lake, LEASE_FILE)
+            if held is None:
+                continue  # released between our create and our read
+            if not _stale(held):
+                raise StepError(
+                    f"{self.lake.root}: the run is being driven by {describe(held)}; one driver per "
+                    "run (wait for it, stop it, or use another lake)"
+                )
+            # stale: remove that very record (re-read just before), then retry creating ours
+            if _read(self.lake, LEASE_FILE) == held:
+                self.lake.delete(LEASE_FILE)
+                self.took_over = held
         raise StepError(f"{self.lake.root}: could not take the run's lease (contended)")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            held = _read(self.path)
+            held = _read(self.lake, LEASE_FILE)
             if held is None or held.get("id") != self.id:
                 return  # taken over (we were stale): stop claiming
-            atomic_write_bytes(self.path, json.dumps({**held, "heartbeat": time.time()}).encode())
+            self.lake.write_bytes(LEASE_FILE, json.dumps({**held, "heartbeat": time.time()}).encode())
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        held = _read(self.path)
+        held = _read(self.lake, LEASE_FILE)
         if held is not None and held.get("id") == self.id:
-            self.path.unlink(missing_ok=True)
+            self.lake.delete(LEASE_FILE)
 
     def __enter__(self) -> Lease:
         return self.acquire()
@@ -143,32 +142,26 @@ class Lease:
 def step_lock(lake: Lake, name: str):
     """Exclusive lock ``locks/<name>.lock`` for the duration of the block (a dead holder's lock is
     broken; a live one's is an error naming it)."""
-    path = lake.root / "locks" / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    rel = f"locks/{name}.lock"
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": " ".join(sys.argv[:6]),
+        "heartbeat": time.time(),
+    }
     for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        if lake.create(rel, json.dumps(record).encode()):
             break
-        except FileExistsError:
-            held = _read(path) or {}
-            if held and not _stale({**held, "heartbeat": time.time()}):
-                raise StepError(
-                    f"{name} is already running ({describe({**held, 'kind': name})}); wait for it to finish"
-                ) from None
-            path.unlink(missing_ok=True)
+        held = _read(lake, rel) or {}
+        if held and not _stale({**held, "heartbeat": time.time()}):
+            raise StepError(
+                f"{name} is already running ({describe({**held, 'kind': name})}); wait for it to finish"
+            )
+        if _read(lake, rel) == held:
+            lake.delete(rel)
     else:
         raise StepError(f"could not lock {name}")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "command": " ".join(sys.argv[:6]),
-                "heartbeat": time.time(),
-            },
-            fh,
-        )
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)
+        lake.delete(rel)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from envsched_pipeline.core.gates import halt_message, halted
-from envsched_pipeline.core.state_store import state_path
+from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import LakeError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import load_run
@@ -15,7 +15,7 @@ def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
     roll = set(lake.steps("rollouts"))
     if not external:
         roll &= set(lake.steps("train_metrics"))
-    stats = {s for s in lake.steps("statistics") if state_path(lake, s).exists()}
+    stats = {s for s in lake.steps("statistics") if has_state(lake, s)}
     return sel, roll, stats
 
 

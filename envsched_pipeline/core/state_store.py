@@ -12,27 +12,35 @@ import numpy as np
 
 from envsched_pipeline.core.pools import pool_tasks
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.state import SchedulerState, align_state, prior_from
 
 
-def state_path(lake: Lake, step: int) -> Path:
-    return lake.artifact_path("state", step, "scheduler.npz")
+def state_rel(step: int) -> str:
+    return Lake.artifact_rel("state", step, "scheduler.npz")
+
+
+def has_state(lake: Lake, step: int) -> bool:
+    return lake.exists(state_rel(step))
 
 
 def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
-    path = state_path(lake, step)
-    atomic_write_bytes(path, state.to_bytes())
-    return path
+    return lake.write_bytes(state_rel(step), state.to_bytes())
 
 
-def read_state(path: Path) -> SchedulerState:
+def read_state(lake: Lake, step: int) -> SchedulerState:
+    where = lake.where(state_rel(step))
+    data = lake.read_bytes(state_rel(step))
+    if data is None:
+        raise StepError(
+            f"scheduler state after step {step} is missing ({where}); materialize statistics[{step}] first"
+        )
     try:
-        return SchedulerState.from_bytes(Path(path).read_bytes())
+        return SchedulerState.from_bytes(data)
     except (OSError, ValueError, KeyError) as exc:
         raise StepError(
-            f"{path}: cannot read the scheduler state ({exc}); re-materialize that step's statistics"
+            f"{where}: cannot read the scheduler state ({exc}); re-materialize that step's statistics"
         ) from exc
 
 
@@ -46,12 +54,7 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
         if spec.prior_lake:
             return prior_state(spec, ids, envs, hashes)
         return SchedulerState.new(ids, envs, hashes)
-    path = state_path(lake, step)
-    if not path.exists():
-        raise StepError(
-            f"scheduler state after step {step} is missing ({path}); materialize statistics[{step}] first"
-        )
-    state = read_state(path)
+    state = read_state(lake, step)
     stored = state.arrays.get("content_hash")
     if (
         stored is None
@@ -66,7 +69,7 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
 
 def prior_state(spec: RunSpec, ids, envs, hashes) -> SchedulerState:
     prev = Lake(spec.prior_lake)
-    done = [s for s in prev.steps("statistics") if state_path(prev, s).exists()]
+    done = [s for s in prev.steps("statistics") if has_state(prev, s)]
     if not done:
         raise StepError(f"prior lake {prev.root} has no scheduler state to start from")
-    return prior_from(read_state(state_path(prev, done[-1])), ids, envs, hashes, spec.prior_discount)
+    return prior_from(read_state(prev, done[-1]), ids, envs, hashes, spec.prior_discount)

@@ -19,10 +19,11 @@ import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
 
+from envsched_pipeline.errors import LakeError
 from envsched_pipeline.graph.topk import graph_from_edges, graph_to_edges, topk_graph
 from envsched_pipeline.graph.topology import offline_topology, topology_matrix, topology_text
 from envsched_pipeline.graph.views import view_matrices
-from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.scheduler.graph import TaskGraph
 
 
@@ -82,9 +83,7 @@ def build_features(lake: Lake, pool: str) -> dict:
     for view, m in mats.items():
         buf = io.BytesIO()
         sp.save_npz(buf, m)
-        atomic_write_bytes(
-            lake.artifact_path("features_npz", None, f"pool={pool}/{view}.npz"), buf.getvalue()
-        )
+        lake.write_bytes(lake.artifact_rel("features_npz", None, f"pool={pool}/{view}.npz"), buf.getvalue())
         nnz = np.diff(m.indptr)
         rows += [
             {
@@ -110,8 +109,11 @@ def load_features(lake: Lake, pool: str) -> dict[str, sp.csr_matrix]:
     views = sorted(set(feats.column("view").to_pylist())) if feats.num_rows else []
     out = {}
     for v in views:
-        path = lake.artifact_path("features_npz", None, f"pool={pool}/{v}.npz")
-        out[v] = sp.load_npz(path).tocsr()
+        rel = lake.artifact_rel("features_npz", None, f"pool={pool}/{v}.npz")
+        data = lake.read_bytes(rel)
+        if data is None:
+            raise LakeError(f"{lake.where(rel)} is missing: re-materialize the features of pool {pool!r}")
+        out[v] = sp.load_npz(io.BytesIO(data)).tocsr()
     return out
 
 

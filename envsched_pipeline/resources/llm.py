@@ -37,7 +37,7 @@ class LLMResource(dg.ConfigurableResource):
             base_url=self._base_url(),
             model=model,
             api_key=self.api_key or os.environ.get("ENVSCHED_LLM_API_KEY", "none"),
-            cache_dir=lake.root / "llm_cache",
+            cache_dir=lake.local / "llm_cache",
             concurrency=self.concurrency,
             max_attempts=self.max_attempts,
             timeout=self.timeout_s,

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec
 from trainer.grpo import group_advantages
@@ -34,8 +34,8 @@ def _config(spec: RunSpec) -> NeuralConfig:
     return NeuralConfig.from_dict(known)
 
 
-def _checkpoint(lake: Lake, step: int):
-    return lake.artifact_path("checkpoints", step, "neural.pt")
+def _checkpoint(step: int) -> str:
+    return Lake.artifact_rel("checkpoints", step, "neural.pt")
 
 
 def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
@@ -49,10 +49,11 @@ def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
         )
     learner = NeuralLearner(envs, _config(spec), seed=spec.seed)
     if step > 0:
-        prev = _checkpoint(lake, step - 1)
-        if not prev.exists():
-            raise StepError(f"neural checkpoint of step {step - 1} is missing ({prev}); re-run that step")
-        learner.load_bytes(prev.read_bytes())
+        prev = lake.read_bytes(_checkpoint(step - 1))
+        if prev is None:
+            where = lake.where(_checkpoint(step - 1))
+            raise StepError(f"neural checkpoint of step {step - 1} is missing ({where}); re-run that step")
+        learner.load_bytes(prev)
         return learner
     warm = warmstart_pool(spec.seed, TestbedConfig())
     overlap = set(envs) & {e["env_id"] for e in warm.environments}
@@ -87,10 +88,10 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
         rewards = out["reward"]
         version = learner.version
         info = learner.learn()
-        atomic_write_bytes(_checkpoint(lake, step), learner.state_bytes())
+        lake.write_bytes(_checkpoint(step), learner.state_bytes())
         old = step - 2  # keep the two newest (a retried step needs its predecessor) and every KEEP_EVERY-th
-        if old >= 0 and old % KEEP_EVERY and _checkpoint(lake, old).exists():
-            _checkpoint(lake, old).unlink()
+        if old >= 0 and old % KEEP_EVERY:
+            lake.delete(_checkpoint(old))
         n = len(task_ids)
         flags = [
             bool(

@@ -16,8 +16,10 @@ from envsched_pipeline.run import load_run
     asset="batch_manifest",
     blocking=True,
     partitions_def=training_steps,
-    description="B distinct tasks; each environment within its per-step cap (C1) and 3-step cap (C3); no task "
-    "three steps in a row, unless the scheduler relaxed (and recorded) a cap. A failure halts the run.",
+    description="The batch has B distinct tasks; no environment takes more than its quota of the batch's slots "
+    "this step, nor more than its quota over the last 3 steps; no task is picked three steps in a row, unless the "
+    "scheduler relaxed (and recorded) a quota because the pool left no other choice. A problem is named with the "
+    "environment and by how much it went over. A failure halts the run until `envsched resume`.",
 )
 def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     lk = lake.lake_for(context)

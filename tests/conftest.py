@@ -77,6 +77,7 @@ LAYERS = {
         "test_deploy",
         "test_cluster",
         "test_rollout_backend",
+        "test_ranks",
         "test_s3_lake",
         "test_report",
     ),

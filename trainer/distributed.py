@@ -10,9 +10,13 @@ rescaled by DeepSpeed (``scale_wrt_gas=False``: the trainer already weights each
 share of the step's policy tokens); ``gradient_accumulation_steps`` is the nominal count for a full
 step, which DeepSpeed uses for its bookkeeping only.
 
-Launch on several GPUs with the DeepSpeed launcher or torchrun, e.g.
-``deepspeed --num_gpus 8 -m trainer.step --lake L --step T`` (the run's policy config sets
-``deepspeed: true``). This repository has not run a multi-GPU job (no GPU was available).
+Launch on several GPUs with torchrun or the DeepSpeed launcher, e.g.
+``torchrun --nproc_per_node 8 -m trainer.step --lake L --step T`` (plain data parallel: gradients
+summed over ranks) or ``deepspeed --num_gpus 8 -m trainer.step ...`` with ``deepspeed: true`` in
+the run's policy config. Either way each rank rolls out a disjoint slice of whole groups and rank 0
+writes the step (:mod:`trainer.ranks`). The data-parallel path is tested on CPU with two gloo
+ranks (the update equals the single-process one); this repository has not run a multi-GPU job
+(no GPU was available). Several nodes need the lake's checkpoint folder on shared storage.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import RunSpec
+from trainer import ranks
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
 from trainer.grpo import group_advantages
@@ -59,6 +60,7 @@ class PolicySession:
         self.pc = pc
         self.cfg = GRPOConfig.from_dict(pc.set_values())
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.ranks = ranks.init(self.device)  # torchrun / deepspeed launcher: data-parallel ranks
         self.tok = qwen3_tokenizer()
         ckpt, ckpt_step = latest_checkpoint(lake, before_step)
         self.loaded_from = ckpt_step
@@ -76,6 +78,8 @@ class PolicySession:
         )
         if self.trainer is not None and ckpt is not None:
             self.trainer.load_optimizer(ckpt)
+        if self.model is not None:
+            ranks.sync_parameters(self.model)  # every rank starts from rank 0's weights
         if spec.policy == "vllm":
             self.engine = VLLMEngine(str(ckpt) if ckpt else pc.model_path)
         elif spec.policy == "openai":
@@ -89,8 +93,8 @@ class PolicySession:
     def checkpoint(self, step: int, force: bool = False) -> Path | None:
         """Periodic (every ``checkpoint_every`` steps and at the run's last step) and, in
         one-process-per-step mode, the rolling ``latest``: model, optimizer and tokenizer."""
-        if self.trainer is None:
-            return None
+        if self.trainer is None or not self.ranks.main:
+            return None  # rank 0 writes checkpoints; the other ranks hold the same weights
         t0 = time.perf_counter()
         latest, root = _checkpoint_dirs(self.lake)
         path = None
@@ -119,7 +123,9 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     lake, spec, cfg, pc, tok = sess.lake, sess.spec, sess.cfg, sess.pc, sess.tok
     trainer, engine, model, device = sess.trainer, sess.engine, sess.model, sess.device
     t0 = time.perf_counter()
-    task_ids = manifest.column("task_id").to_pylist()
+    all_task_ids = manifest.column("task_id").to_pylist()
+    rk = sess.ranks
+    task_ids = all_task_ids[ranks.group_slice(len(all_task_ids), rk.rank, rk.world)]  # this rank's groups
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
     loop = AgentLoop(
@@ -197,6 +203,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "tokens": tokens.astype(np.int64),
         "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
         "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),
+        "rank": np.full(n * g, rk.rank, dtype=np.int64),
         "trajectory": np.array(
             [
                 json.dumps(
@@ -212,6 +219,25 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
             ]
         ),
     }
+    table = pa.table(rollouts)
+    parts = ranks.gather(
+        {
+            "table": table,
+            "gen_tokens": gen_tokens,
+            "parse_errors": int(sum(e.parse_errors for e in eps)),
+            "truncated": int(sum(e.truncated for e in eps)),
+            "rollout_seconds": rollout_seconds,
+        }
+    )
+    if parts is None:
+        return None  # not rank 0: rank 0 writes the step
+    if len(parts) > 1:  # contiguous slices in rank order: the manifest's order again
+        table = pa.concat_tables([p["table"] for p in parts])
+        gen_tokens = np.concatenate([p["gen_tokens"] for p in parts])
+        rewards = np.asarray(table.column("reward").to_numpy(), dtype=float)
+        tokens = np.asarray(table.column("tokens").to_numpy())
+        rollout_seconds = max(p["rollout_seconds"] for p in parts)
+    n = len(all_task_ids)
     r2 = rewards.reshape(n, g)
     seconds = time.perf_counter() - t0
     metrics = {
@@ -228,7 +254,8 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "response_length_mean": float(gen_tokens.mean()) if len(gen_tokens) else 0.0,
         "response_length_max": int(gen_tokens.max()) if len(gen_tokens) else 0,
         "trained_tokens_per_second": upd.get("trained_tokens_per_second", float("nan")),
-        "envs_touched": len({tasks[t]["env_id"] for t in task_ids}),
+        "envs_touched": len(set(manifest.column("env_id").to_pylist())),
+        "world_size": rk.world,
         "rollouts": n * g,
         "tokens": int(tokens.sum()),
         "generated_tokens": int(gen_tokens.sum()),
@@ -236,8 +263,8 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "rollout_seconds": rollout_seconds,
         "update_seconds": upd.get("seconds", 0.0),
         "seconds": seconds,
-        "parse_errors": int(sum(e.parse_errors for e in eps)),
-        "truncated": int(sum(e.truncated for e in eps)),
+        "parse_errors": sum(p["parse_errors"] for p in parts),
+        "truncated": sum(p["truncated"] for p in parts),
         "device": device,
         "resumed_from_step": int(sess.loaded_from),
         "resident": bool(sess.resident),
@@ -247,4 +274,4 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     if device == "cuda":
         metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)
     evals = [{"step": step, "benchmark": "batch_mean_reward", "score": float(rewards.mean())}]
-    return {"rollouts": pa.table(rollouts), "metrics": metrics, "evals": evals}
+    return {"rollouts": table, "metrics": metrics, "evals": evals}

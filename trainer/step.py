@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -248,11 +249,20 @@ def run_step(lake: Lake, step: int, log=print) -> dict:
     manifest = lake.read("manifests", step=step).sort_by("slot")
     if spec.policy not in ENGINES:
         raise StepError(f"unknown policy {spec.policy!r}; available: {', '.join(ENGINES)}")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if spec.policy_settings().resident:  # the resident worker writes the step's partitions itself
+        if world > 1:
+            raise StepError("--resident runs one process; launch data-parallel ranks per step instead")
         from trainer.resident import run_resident  # its client: sockets only, no torch here
 
         return run_resident(lake, step, log=log)
+    if world > 1 and spec.policy not in ("hf-tiny", "hf", "vllm"):
+        raise StepError(
+            f"policy {spec.policy!r} runs on one rank; data-parallel ranks are for hf-tiny, hf, vllm"
+        )
     result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)
+    if result is None:  # a data-parallel rank other than 0: rank 0 writes the step
+        return {}
     # train_metrics is written last: it marks the step complete
     lake.write("rollouts", result["rollouts"], step=step)
     lake.write("evals", result["evals"], step=step)
@@ -273,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
+        under_pipes = under_pipes and os.environ.get("RANK", "0") in ("", "0")  # rank 0 reports
     except ImportError:  # running without dagster-pipes installed: a plain process
         under_pipes = False
     if under_pipes:
@@ -291,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         except StepError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps(metrics, default=float))
+        if metrics:
+            print(json.dumps(metrics, default=float))
     return 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer import ranks
 from trainer.grpo import group_advantages
 from trainer.loss import grpo_loss, token_logprobs
 
@@ -144,12 +145,16 @@ class GRPOTrainer:
             "entropy": float("nan"),
             "trained_tokens_per_second": 0.0,
         }
-        if not keep:
+        # data-parallel ranks (trainer/ranks.py): weights and the decision to train use the global
+        # token count, so every rank joins the same collectives and the step equals one big update
+        parallel = ranks.active() and self.ds_engine is None
+        local_tokens = float(sum(sum(masks[j]) for j in keep))
+        total_tokens = ranks.total(local_tokens) if parallel else local_tokens
+        if total_tokens <= 0:
             metrics["seconds"] = time.perf_counter() - t0
             return metrics
         model = self.ds_engine or self.model
         micro = [keep[s : s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
-        total_tokens = float(sum(sum(masks[j]) for j in keep))
         old: dict[int, torch.Tensor] = {}
         ref: dict[int, torch.Tensor] = {}
         self.model.eval()
@@ -195,6 +200,9 @@ class GRPOTrainer:
                 self.ds_engine.step()
                 norms.append(float(self.ds_engine.get_global_grad_norm() or 0.0))
             else:
+                if parallel:
+                    ranks.sum_gradients(self.model)
+                    step_loss = ranks.total(step_loss)
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
                 self.optimizer.step()
                 norms.append(float(norm))
@@ -207,7 +215,7 @@ class GRPOTrainer:
             clip_fraction=float(np.mean(clips)),
             kl=float(np.mean(kls)),
             approx_kl=float(np.mean(approx)),
-            entropy=float(sum(ent_sums) / max(total_tokens, 1.0)),
+            entropy=float(sum(ent_sums) / max(local_tokens, 1.0)),
             seconds=time.perf_counter() - t0,
         )
         metrics["trained_tokens_per_second"] = total_tokens * c.epochs / max(metrics["seconds"], 1e-9)

@@ -2,6 +2,7 @@
 separate process speaking the S3 HTTP API). Tables, artifacts, SQL, the CLI loop and the external
 protocol run there unchanged; a writer killed mid-upload never leaves a partial partition."""
 
+import json
 import os
 import signal
 import socket
@@ -145,6 +146,55 @@ def test_external_protocol_on_an_s3_lake(s3):
             ],
         )
     assert Lake(url).steps("statistics") == [0, 1]
+
+
+def test_step_protocol_cli_and_report_on_an_s3_lake(s3, tmp_path, capsys):
+    url, _ = s3
+    assert main(["--lake", url, *"pool create synthetic --name mini --envs 4 --tasks-per-env 6".split()]) == 0
+    for step in range(2):
+        capsys.readouterr()
+        sel = [
+            "step",
+            "select",
+            "--pool",
+            "mini",
+            "--step",
+            str(step),
+            "--batch-size",
+            "6",
+            "--group-size",
+            "4",
+        ]
+        assert main(["--lake", url, *sel]) == 0
+        picks = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        assert len(picks) == 6
+        f = tmp_path / f"r{step}.jsonl"
+        f.write_text(
+            "\n".join(
+                json.dumps({"task_id": p["task_id"], "rollout": r, "reward": float((r + step) % 2)})
+                for p in picks
+                for r in range(G)
+            )
+        )
+        assert (
+            main(
+                ["--lake", url, "step", "ingest", "--pool", "mini", "--step", str(step), "--rollouts", str(f)]
+            )
+            == 0
+        )
+    lake = Lake(url)
+    assert lake.steps("rollouts") == [0, 1] and lake.read("rollouts").num_rows == 2 * 6 * G
+    assert lake.steps("statistics") == [0]  # step 1 is folded in when step 2 is selected
+    # a bad file is refused and nothing is written to the bucket
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "nope", "rollout": 0, "reward": 2.0}))
+    assert (
+        main(["--lake", url, "step", "ingest", "--pool", "mini", "--step", "2", "--rollouts", str(bad)]) == 2
+    )
+    assert not Lake(url).has("rollouts", step=2)
+    # the report reads the bucket and writes a local page
+    assert main(["--lake", url, "report", "--out", str(tmp_path / "rep"), "--no-baselines"]) == 0
+    assert "envsched run report" in (tmp_path / "rep" / "index.html").read_text()
 
 
 WRITER = textwrap.dedent(

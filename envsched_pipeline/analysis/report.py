@@ -237,7 +237,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
             )
         charts.append({"kind": "line", "title": "Held-out score", "xlabel": "step", "series": series})
 
-    tm = _series(lake, "select step, loss, grad_norm from train_metrics order by step")
+    tm = _series(lake, "select * from train_metrics order by step")  # external trainers report fewer columns
     for key in ("loss", "grad_norm"):
         vals = _finite(tm.get(key, []))
         if any(v is not None for v in vals):

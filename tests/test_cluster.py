@@ -7,9 +7,12 @@ container's command on this machine so the step really trains and reports back t
 Everything else (Dagster, the lake, the trainer, schema validation, hadolint) is real.
 """
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -23,10 +26,13 @@ from kubernetes.client import ApiClient
 
 from envsched_pipeline.deploy import TARGETS, DeployConfig, render
 from envsched_pipeline.errors import ConfigError
+from envsched_pipeline.orchestration.jobs import K8S_TRAIN_CONFIG
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher, trainer_pod_spec
 from envsched_pipeline.run import load_run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 K8S_VERSION = "1.33"
 
@@ -244,3 +250,108 @@ def test_definitions_validate_in_every_trainer_mode(mode, tmp_path):
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+RECORDER = '''
+"""K8sRunLauncher whose Kubernetes API is a recorder (no cluster here): everything else, from the
+daemon's queue to dagster-k8s' own Job construction, is the real code path."""
+import json, os
+from kubernetes.client import ApiClient
+from dagster_k8s import K8sRunLauncher
+
+
+class RecordingBatchApi:
+    def create_namespaced_job(self, body, namespace, **_):
+        out = os.path.join(os.environ["ENVSCHED_K8S_RECORD_DIR"], body.metadata.name + ".json")
+        with open(out, "w") as fh:
+            json.dump({"namespace": namespace, "job": ApiClient().sanitize_for_serialization(body)}, fh)
+        return body
+
+
+class RecordingK8sRunLauncher(K8sRunLauncher):
+    def __init__(self, *args, **kwargs):
+        kwargs["k8s_client_batch_api"] = RecordingBatchApi()
+        super().__init__(*args, **kwargs)
+'''
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+
+
+def test_the_daemon_launches_the_training_step_as_a_gpu_job(small_run, tmp_path):
+    """Under the real dagster-daemon (queued run coordinator + K8sRunLauncher), the sensor's
+    train_job becomes a Kubernetes Job whose run worker asks for a GPU on a GPU node."""
+    from envsched_pipeline.core.select import select_manifest
+
+    select_manifest(small_run, 0)  # the next thing the run needs is the training step
+    (tmp_path / "recorder").mkdir()
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "k8s_recorder.py").write_text(RECORDER)
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    home = tmp_path / "dh"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "telemetry": {"enabled": False},
+                "run_coordinator": {
+                    "module": "dagster.core.run_coordinator",
+                    "class": "QueuedRunCoordinator",
+                },
+                "run_launcher": {
+                    "module": "k8s_recorder",
+                    "class": "RecordingK8sRunLauncher",
+                    "config": {
+                        "service_account_name": "envsched",
+                        "instance_config_map": "dagster-instance",
+                        "dagster_home": "/opt/dagster/dagster_home",
+                        "job_image": "ghcr.io/example/envsched:test",
+                        "load_incluster_config": False,
+                        "kubeconfig_file": str(tmp_path / "kubeconfig"),
+                        "job_namespace": "envsched",
+                    },
+                },
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "ENVSCHED_LAKE": str(small_run.root),
+        "ENVSCHED_K8S_RECORD_DIR": str(tmp_path / "recorder"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), str(ROOT)]),
+    }
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(ROOT / "workspace.yaml")],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "daemon.log", "w"),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list((tmp_path / "recorder").glob("*.json")):
+            time.sleep(2)
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(30)
+    jobs = [json.loads(p.read_text()) for p in (tmp_path / "recorder").glob("*.json")]
+    assert jobs, "the daemon launched nothing: " + (tmp_path / "daemon.log").read_text()[-3000:]
+    rec = jobs[0]
+    job = rec["job"]
+    pod = job["spec"]["template"]["spec"]
+    assert rec["namespace"] == "envsched" and job["metadata"]["labels"]["dagster/job"] == "train_job"
+    container = pod["containers"][0]
+    assert (
+        container["resources"]["limits"]["nvidia.com/gpu"]
+        == K8S_TRAIN_CONFIG["container_config"]["resources"]["limits"]["nvidia.com/gpu"]
+    )
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert container["image"] == "ghcr.io/example/envsched:test" and pod["serviceAccountName"] == "envsched"

@@ -599,7 +599,13 @@ def section_replay(steps: int = 60) -> None:
                 "`envsched_pipeline/analysis/replay.py`, whose reward model now uses only outcomes logged *before* the "
                 "evaluated step (an earlier version averaged a task's variance from steps on both sides, reading the "
                 "learner's future). Real re-run: the scheduler's actual mean batch variance over its first "
-                f"{steps} steps (simulated: 3 seeds re-run here; neural: the 5 seeds of the neural section). Model share = "
+                f"{steps} steps (simulated: 3 seeds re-run here"
+                + (
+                    "; neural: the seeds of the neural section"
+                    if series
+                    else "; neural rows need the neural section's per-step series, not stored by this run"
+                )
+                + "). Model share = "
                 "the share of replayed picks the log never observed at that step, valued by the model alone: with ~2% "
                 "overlap the estimate is mostly the model's, so it tracks what a scheduler would pick, not a measured "
                 "outcome, and it cannot model a scheduler's effect on later states.",

@@ -12,6 +12,7 @@ from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.step import run_step
@@ -70,8 +71,6 @@ def test_grpo_on_real_verifier_rewards_improves_the_trained_tasks(pool):
 
 
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
-    from envsched_pipeline.lake import Lake
-
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
     start_run(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,9 @@ import pytest
 from envs.registry import load_synthetic
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.lease import Lease, current, step_lock
 from envsched_pipeline.core.pools import import_pool
-from envsched_pipeline.errors import LakeError
+from envsched_pipeline.errors import LakeError, StepError
 from envsched_pipeline.lake import Lake
 
 pytest.importorskip("s3fs")
@@ -252,11 +254,6 @@ def test_a_writer_killed_mid_upload_leaves_the_old_partition(s3, tmp_path):
 
 def test_one_driver_and_one_writer_across_machines_sharing_a_bucket(s3, tmp_path, monkeypatch):
     """Leases and step locks live in the bucket (conditional PUT), not on one machine's disk."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from envsched_pipeline.core.lease import Lease, current, step_lock
-    from envsched_pipeline.errors import StepError
-
     url, _ = s3
     here = Lake(url)
     monkeypatch.setenv("ENVSCHED_LOCAL_DIR", str(tmp_path / "other-machine"))

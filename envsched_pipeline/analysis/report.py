@@ -25,6 +25,7 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import run_one
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS
+from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
 
@@ -57,8 +58,6 @@ def _finite(values) -> list[float | None]:
 # ---------------------------------------------------------------------------- baselines
 def pool_from_lake(lake: Lake, pool: str) -> dict | None:
     """The run's own pool, graph and simulator latents in the benchmark's shape (None without latents)."""
-    from envsched_pipeline.graph.store import load_graph
-
     latents = lake.read("task_latents", pool=pool).to_pylist()
     if not latents or "z" not in latents[0]:
         return None

@@ -155,7 +155,7 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
                 f"--user-data-dir={tmp / 'chrome'}",
                 "--window-size=1400,1000"
                 if "graph" in name or "group" in name
-                else "--window-size=1400,2600",
+                else "--window-size=1400,1300",
                 "--virtual-time-budget=20000",
                 f"--screenshot={shot}",
                 f"http://127.0.0.1:{port}{path}",

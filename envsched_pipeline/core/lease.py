@@ -10,8 +10,10 @@
 
 Both live in the lake itself and rest on :meth:`Lake.create`: ``O_EXCL`` on a local lake, a
 conditional PUT (``If-None-Match: *``) on an object-store lake, so drivers on different machines
-sharing one ``s3://`` lake exclude each other too. Taking over a stale lease re-reads it first and
-only removes the very record judged stale.
+sharing one ``s3://`` lake exclude each other too. Taking over a stale lease renames it aside on a
+local lake (one contender wins); an object store has no rename, so there the record is re-read and
+only the very record judged stale is removed (two takers racing within milliseconds of each other
+after a minute of silence is the residual risk).
 """
 
 from __future__ import annotations
@@ -110,8 +112,18 @@ class Lease:
                     f"{self.lake.root}: the run is being driven by {describe(held)}; one driver per "
                     "run (wait for it, stop it, or use another lake)"
                 )
-            # stale: remove that very record (re-read just before), then retry creating ours
-            if _read(self.lake, LEASE_FILE) == held:
+            # stale: move it aside (only one contender's rename succeeds) on a local lake; on an object
+            # store (no rename) remove that very record, re-read just before; then retry creating ours
+            if not self.lake.remote:
+                try:
+                    os.rename(
+                        self.lake.local / LEASE_FILE,
+                        self.lake.local / f".{LEASE_FILE}.stale.{uuid.uuid4().hex[:8]}",
+                    )
+                    self.took_over = held
+                except FileNotFoundError:
+                    pass
+            elif _read(self.lake, LEASE_FILE) == held:
                 self.lake.delete(LEASE_FILE)
                 self.took_over = held
         raise StepError(f"{self.lake.root}: could not take the run's lease (contended)")

@@ -17,8 +17,9 @@ the new one, never half of one, and re-writing a partition replaces it (idempote
 The root may be an object-store URL (``s3://bucket/prefix``; endpoint and credentials from the usual
 ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` included). Object stores have no rename, but every partition
 is one object and a PUT (or a completed multipart upload) becomes visible whole or not at all, so the
-same guarantee holds: a killed writer leaves the old partition or none, never part of one. Files that
-only make sense on one machine (locks, the lease, tracker logs, a resident worker's socket, LM
+same guarantee holds: a killed writer leaves the old partition or none, never part of one. The run's
+lease and step locks live in the lake itself (:meth:`Lake.create`). Files that only make sense on one
+machine (rendered plots, the LLM answer cache, tracker logs, a resident worker's socket, LM
 checkpoints) live under :attr:`Lake.local` (the root itself for a local lake; for a remote one
 ``$ENVSCHED_LOCAL_DIR/<bucket>/<prefix>``, default ``~/.cache/envsched/lakes``).
 
@@ -415,13 +416,14 @@ class Lake:
         return self.store.exists(f"{self._partition_rel(table, **partition)}/part-0.parquet")
 
     def _files(self, table: str) -> list[str]:
-        return [f for f in self.store.glob(f"{table}/**/part-0.parquet") if f.startswith(f"{table}/")]
+        return self.store.glob(f"{table}/**/part-0.parquet")
 
     def read(self, table: str, columns: list[str] | None = None, **partition: Any) -> pa.Table:
         """Read one partition, or the whole table when no partition is given."""
         if partition:
-            rel = f"{self._partition_rel(table, **partition)}/part-0.parquet"
-            files = [rel] if self.store.exists(rel) else []
+            files = [
+                f"{self._partition_rel(table, **partition)}/part-0.parquet"
+            ]  # a missing one is skipped below
         else:
             self._partition_rel(table)
             files = self._files(table)
@@ -432,8 +434,8 @@ class Lake:
         for f in files:
             try:
                 parts.append(self.store.read_parquet(f, columns=columns))
-            except FileNotFoundError:
-                continue  # replaced or archived between listing and reading
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # not written yet, or replaced or archived between listing and reading
             except Exception as exc:  # pyarrow raises several types for corrupt files
                 raise LakeError(
                     f"{self.where(f)}: cannot read Parquet file ({exc}); delete it and re-materialize that partition"

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from envsched_pipeline.analysis.bench import run_one
-from envsched_pipeline.analysis.plots import SCHEDULER_COLORS
+from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
@@ -42,11 +42,6 @@ HEADLINES = (
 
 def colour(name: str) -> str:
     return COLOURS.get(name.split("@")[0], "#d62728")
-
-
-def _series(lake: Lake, query: str) -> dict[str, list]:
-    t = lake.sql(query)
-    return {c: t.column(c).to_pylist() for c in t.column_names}
 
 
 def _finite(values) -> list[float | None]:
@@ -175,7 +170,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     run_name = f"this run ({spec.scheduler})"
     run_colour = colour(spec.scheduler)
 
-    def line(key: str, values, name=run_name, col=run_colour, width=2.6, x=None):
+    def line(values, name=run_name, col=run_colour, width=2.6, x=None):
         return {
             "name": name,
             "color": col,
@@ -186,11 +181,10 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
 
     charts = []
     for key, label, better in HEADLINES:
-        series = [line(key, s[key])]
+        series = [line(s[key])]
         for name, ser in base_series.items():
             series.append(
                 line(
-                    key,
                     ser[key],
                     name=f"{name} (simulated)",
                     col=colour(name),
@@ -226,7 +220,6 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         for name, ser in base_series.items():
             series.append(
                 line(
-                    "heldout",
                     ser["heldout"],
                     name=f"{name} (simulated)",
                     col=colour(name),
@@ -245,7 +238,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
                     "kind": "line",
                     "title": "GRPO loss" if key == "loss" else "Gradient norm",
                     "xlabel": "step",
-                    "series": [line(key, vals, x=tm["step"])],
+                    "series": [line(vals, x=tm["step"])],
                 }
             )
 
@@ -292,10 +285,8 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
                 "title": "Share of informative groups: predicted vs realized",
                 "xlabel": "step",
                 "series": [
-                    line(
-                        "p", yl["predicted_yield"], name="predicted", col="#999999", width=1.5, x=yl["step"]
-                    ),
-                    line("r", yl["realized_yield"], name="this run: realized", x=yl["step"]),
+                    line(yl["predicted_yield"], name="predicted", col="#999999", width=1.5, x=yl["step"]),
+                    line(yl["realized_yield"], name="this run: realized", x=yl["step"]),
                 ],
             }
         )

@@ -36,7 +36,6 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,20 +100,27 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file + fsync + rename."""
+def _atomic_replace(path: Path, fill) -> None:
+    """Create ``path`` whole or not at all: ``fill(tmp)`` writes a temp file beside it, which is
+    fsynced and renamed over ``path`` (then the folder is fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        fill(tmp)
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file + fsync + rename."""
+    _atomic_replace(path, lambda tmp: tmp.write_bytes(data))
 
 
 REMOTE_SCHEMES = ("s3://",)
@@ -172,18 +178,7 @@ class _LocalStore:
         shutil.move(str(self.root / src), str(self.root / dst))
 
     def write_parquet(self, rel: str, data: pa.Table) -> None:
-        target = self.root / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-        try:
-            pq.write_table(data, tmp, compression="zstd")
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-            _fsync_dir(target.parent)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        _atomic_replace(self.root / rel, lambda tmp: pq.write_table(data, tmp, compression="zstd"))
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.root / rel, columns=columns)

@@ -30,6 +30,7 @@ This module imports no Dagster: the scheduler service and the trainer use it dir
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -149,6 +150,22 @@ class _LocalStore:
     def exists(self, rel: str) -> bool:
         return (self.root / rel).exists()
 
+    def discard(self, rel: str, seen: bytes) -> bool:
+        """Remove ``rel`` if it still holds ``seen``. Discards of one folder are serialized by an
+        advisory lock, so of several callers judging the same record stale exactly one removes it, and
+        none removes the record a winner created after it. True if this call removed it."""
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / ".discard.guard", "a+b") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                if path.read_bytes() != seen:
+                    return False
+                path.unlink()
+            except FileNotFoundError:
+                return False
+        return True
+
     def create(self, rel: str, data: bytes) -> bool:
         """Write ``rel`` only if it does not exist (exclusive create); False if it does."""
         path = self.root / rel
@@ -220,6 +237,14 @@ class _ObjectStore:
     def exists(self, rel: str) -> bool:
         self.fs.invalidate_cache()
         return self.fs.exists(self._key(rel))
+
+    def discard(self, rel: str, seen: bytes) -> bool:
+        """Remove ``rel`` if it still holds ``seen``. An object store has no rename: the object is
+        re-read just before the delete, so two callers racing within that gap is the residual risk."""
+        if self.get(rel) != seen:
+            return False
+        self.delete(rel)
+        return True
 
     def create(self, rel: str, data: bytes) -> bool:
         """Conditional PUT (If-None-Match: *): of two writers exactly one creates the object."""
@@ -350,6 +375,11 @@ class Lake:
 
     def delete(self, rel: str) -> None:
         self.store.delete(rel)
+
+    def discard(self, rel: str, seen: bytes) -> bool:
+        """Remove a stale record ``rel`` only if it still holds the bytes ``seen`` (what the caller
+        judged stale): True if this call removed it. Leases and locks take over dead holders with it."""
+        return self.store.discard(rel, seen)
 
     # ----------------------------------------------------------------- writes
     def write(self, table: str, data: pa.Table | Iterable[Mapping[str, Any]], **partition: Any) -> Path:

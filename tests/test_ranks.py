@@ -17,7 +17,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
-from trainer.ranks import group_slice
+from trainer.world import group_slice
 
 
 def free_port() -> int:
@@ -53,6 +53,7 @@ UPDATE = textwrap.dedent(
     import json, sys
     import numpy as np, torch
     from trainer import ranks
+    from trainer.world import group_slice
     from trainer.model import load_policy, qwen3_tokenizer
     from trainer.update import GRPOConfig, GRPOTrainer
 
@@ -67,7 +68,7 @@ UPDATE = textwrap.dedent(
     seqs = [[int(x) for x in rng.integers(10, 5000, size=int(rng.integers(6, 14)))] for _ in range(n * g)]
     masks = [[0] * 3 + [1] * (len(s) - 3) for s in seqs]
     rewards = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5])  # the last group has no spread: no gradient
-    sl = ranks.group_slice(n, r.rank, r.world)
+    sl = group_slice(n, r.rank, r.world)
     lo, hi = sl.start * g, sl.stop * g
     m = trainer.update(seqs[lo:hi], masks[lo:hi], rewards[lo:hi], g)
     if r.main:

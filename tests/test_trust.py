@@ -10,7 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import dagster as dg
 import numpy as np
@@ -22,7 +24,7 @@ from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.gates import check_manifest, halted
 from envsched_pipeline.core.ingest import ingest_rollouts
-from envsched_pipeline.core.lease import Lease, step_lock
+from envsched_pipeline.core.lease import Lease, current, step_lock
 from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -201,6 +203,33 @@ def test_one_driver_per_run_and_stale_leases_are_recovered(small_run):
     lease = Lease(lake).acquire()  # stale (no heartbeat for 10 minutes): taken over
     assert lease.took_over["id"] == "old"
     lease.release()
+
+
+def test_stale_records_are_discarded_once_and_only_as_judged(small_run):
+    """Lake.discard removes a record only if it still holds the bytes judged stale, and of several
+    racing takers of one stale lease exactly one takes it over."""
+    lake = small_run
+    lake.write_bytes("locks/x.lock", b"old")
+    assert not lake.discard("locks/x.lock", b"something else")  # changed since judged: kept
+    assert lake.read_bytes("locks/x.lock") == b"old"
+    assert lake.discard("locks/x.lock", b"old") and lake.read_bytes("locks/x.lock") is None
+    assert not lake.discard("locks/x.lock", b"old")  # already gone
+    stale = {"id": "old", "kind": "envsched train", "pid": 999999, "host": "elsewhere", "heartbeat": 0}
+    (lake.root / "lease.json").write_text(json.dumps(stale))
+    barrier = threading.Barrier(6)
+
+    def take(_):
+        barrier.wait()
+        try:
+            return Lease(lake).acquire()
+        except StepError:
+            return None
+
+    with ThreadPoolExecutor(6) as ex:
+        leases = [x for x in ex.map(take, range(6)) if x is not None]
+    assert len(leases) == 1  # one driver, whichever contender it was
+    assert current(lake)["id"] == leases[0].id
+    leases[0].release()
 
 
 def test_two_train_processes_on_one_lake(tmp_path):

@@ -19,7 +19,7 @@ from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import RunSpec
-from trainer import ranks
+from trainer import ranks, world
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
 from trainer.grpo import group_advantages
@@ -125,7 +125,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     t0 = time.perf_counter()
     all_task_ids = manifest.column("task_id").to_pylist()
     rk = sess.ranks
-    task_ids = all_task_ids[ranks.group_slice(len(all_task_ids), rk.rank, rk.world)]  # this rank's groups
+    task_ids = all_task_ids[world.group_slice(len(all_task_ids), rk.rank, rk.world)]  # this rank's groups
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
     loop = AgentLoop(

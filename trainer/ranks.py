@@ -12,39 +12,16 @@ Launched by ``torchrun`` or the ``deepspeed`` launcher (they set ``RANK``, ``WOR
 * rank 0 gathers the rollouts (in manifest order), writes the lake, saves checkpoints and talks to
   Dagster through Pipes; the other ranks write nothing.
 
-Without those variables (the default) everything is one rank and nothing here does any work.
+Without those variables (the default) everything is one rank and nothing here does any work. Where a
+process sits (``ranks()``, ``group_slice``) is in ``trainer/world.py``, which needs no torch.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Ranks:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def parallel(self) -> bool:
-        return self.world > 1
-
-
-def ranks() -> Ranks:
-    """This process's place, from the launcher's environment (one rank when there is none)."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world <= 1:
-        return Ranks()
-    return Ranks(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+from trainer.world import Ranks, ranks
 
 
 def init(device: str) -> Ranks:
@@ -59,13 +36,6 @@ def init(device: str) -> Ranks:
 
 def active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def group_slice(n_groups: int, rank: int, world: int) -> slice:
-    """Contiguous groups of one rank; slice sizes differ by at most one, every group has one owner."""
-    base, extra = divmod(n_groups, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
 
 
 def sync_parameters(model: torch.nn.Module) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -26,6 +25,7 @@ from envs.rollout_backend import episode_pool
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, require_run, step_rng
+from trainer import world
 from trainer.grpo import group_advantages
 from trainer.realenv import corrupt, episode_rows, tool_names_of
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
@@ -249,14 +249,14 @@ def run_step(lake: Lake, step: int, log=print) -> dict:
     manifest = lake.read("manifests", step=step).sort_by("slot")
     if spec.policy not in ENGINES:
         raise StepError(f"unknown policy {spec.policy!r}; available: {', '.join(ENGINES)}")
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    place = world.ranks()
     if spec.policy_settings().resident:  # the resident worker writes the step's partitions itself
-        if world > 1:
+        if place.parallel:
             raise StepError("--resident runs one process; launch data-parallel ranks per step instead")
         from trainer.resident import run_resident  # its client: sockets only, no torch here
 
         return run_resident(lake, step, log=log)
-    if world > 1 and spec.policy not in ("hf-tiny", "hf", "vllm"):
+    if place.parallel and spec.policy not in ("hf-tiny", "hf", "vllm"):
         raise StepError(
             f"policy {spec.policy!r} runs on one rank; data-parallel ranks are for hf-tiny, hf, vllm"
         )
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
-        under_pipes = under_pipes and os.environ.get("RANK", "0") in ("", "0")  # rank 0 reports
+        under_pipes = under_pipes and world.ranks().main  # rank 0 reports
     except ImportError:  # running without dagster-pipes installed: a plain process
         under_pipes = False
     if under_pipes:

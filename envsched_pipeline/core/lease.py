@@ -10,10 +10,11 @@
 
 Both live in the lake itself and rest on :meth:`Lake.create`: ``O_EXCL`` on a local lake, a
 conditional PUT (``If-None-Match: *``) on an object-store lake, so drivers on different machines
-sharing one ``s3://`` lake exclude each other too. Taking over a stale lease renames it aside on a
-local lake (one contender wins); an object store has no rename, so there the record is re-read and
-only the very record judged stale is removed (two takers racing within milliseconds of each other
-after a minute of silence is the residual risk).
+sharing one ``s3://`` lake exclude each other too. A stale lease or a dead holder's lock is removed
+with :meth:`Lake.discard`, only if it still holds the bytes judged stale: under an advisory folder lock
+on a local lake (one contender wins); an object store has no such lock, so there it is re-read just
+before the delete (two takers racing within milliseconds of each other after a minute of silence is the
+residual risk).
 """
 
 from __future__ import annotations
@@ -52,17 +53,23 @@ def _stale(record: dict, now: float | None = None) -> bool:
     return record.get("host") == socket.gethostname() and not _pid_alive(int(record.get("pid", -1)))
 
 
-def _read(lake: Lake, rel: str) -> dict | None:
+def _read_raw(lake: Lake, rel: str) -> tuple[dict | None, bytes | None]:
+    """The record at ``rel`` (None if there is none) and its bytes; an unreadable record counts as
+    stale."""
     try:
         data = lake.read_bytes(rel)
     except OSError:
-        return {"id": "unreadable", "heartbeat": 0}
+        return {"id": "unreadable", "heartbeat": 0}, None
     if data is None:
-        return None
+        return None, None
     try:
-        return json.loads(data)
+        return json.loads(data), data
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return {"id": "unreadable", "heartbeat": 0}
+        return {"id": "unreadable", "heartbeat": 0}, data
+
+
+def _read(lake: Lake, rel: str) -> dict | None:
+    return _read_raw(lake, rel)[0]
 
 
 def describe(record: dict) -> str:
@@ -104,7 +111,7 @@ class Lease:
                 self._thread = threading.Thread(target=self._beat, daemon=True, name="envsched-lease")
                 self._thread.start()
                 return self
-            held = _read(self.lake, LEASE_FILE)
+            held, raw = _read_raw(self.lake, LEASE_FILE)
             if held is None:
                 continue  # released between our create and our read
             if not _stale(held):
@@ -112,19 +119,8 @@ class Lease:
                     f"{self.lake.root}: the run is being driven by {describe(held)}; one driver per "
                     "run (wait for it, stop it, or use another lake)"
                 )
-            # stale: move it aside (only one contender's rename succeeds) on a local lake; on an object
-            # store (no rename) remove that very record, re-read just before; then retry creating ours
-            if not self.lake.remote:
-                try:
-                    os.rename(
-                        self.lake.local / LEASE_FILE,
-                        self.lake.local / f".{LEASE_FILE}.stale.{uuid.uuid4().hex[:8]}",
-                    )
-                    self.took_over = held
-                except FileNotFoundError:
-                    pass
-            elif _read(self.lake, LEASE_FILE) == held:
-                self.lake.delete(LEASE_FILE)
+            # stale: remove that very record (Lake.discard: one contender wins), then retry ours
+            if raw is not None and self.lake.discard(LEASE_FILE, raw):
                 self.took_over = held
         raise StepError(f"{self.lake.root}: could not take the run's lease (contended)")
 
@@ -164,13 +160,13 @@ def step_lock(lake: Lake, name: str):
     for _ in range(3):
         if lake.create(rel, json.dumps(record).encode()):
             break
-        held = _read(lake, rel) or {}
+        held, raw = _read_raw(lake, rel)
         if held and not _stale({**held, "heartbeat": time.time()}):
             raise StepError(
                 f"{name} is already running ({describe({**held, 'kind': name})}); wait for it to finish"
             )
-        if _read(lake, rel) == held:
-            lake.delete(rel)
+        if raw is not None:
+            lake.discard(rel, raw)  # a dead holder's lock
     else:
         raise StepError(f"could not lock {name}")
     try:

@@ -976,6 +976,12 @@ def main() -> int:
     ap.add_argument("--neural-seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=2, help="parallel neural runs")
     ap.add_argument("--cache", default=str(HERE / ".cache"), help="finished runs (resumable)")
+    ap.add_argument(
+        "--neural-runs",
+        default=str(HERE / "runs" / "neural"),
+        help="finished neural runs, one JSON per (scheduler, seed); committed, so more seeds or "
+        "schedulers extend the table without re-running the others",
+    )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     args = ap.parse_args()
     sections = args.sections.split(",")
@@ -1005,7 +1011,11 @@ def main() -> int:
         section_sim_sweep(args.steps, args.seeds)
     if "neural" in sections:
         section_neural(
-            args.steps, args.neural_seeds, args.jobs, args.cache, [x for x in args.extra.split(",") if x]
+            args.steps,
+            args.neural_seeds,
+            args.jobs,
+            args.neural_runs,
+            [x for x in args.extra.split(",") if x],
         )
     print(f"wrote {RESULTS}")
     return 0

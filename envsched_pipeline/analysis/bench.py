@@ -362,7 +362,12 @@ def _job(args: tuple) -> tuple[str, int, dict]:
     except ImportError:
         pass
     pool = prepare_pool(kw.pop("envs"), kw.pop("tasks_per_env"), seed)
-    return name, seed, run_one(name, pool, seed=seed, **kw)
+    return name, seed, run_one(name, pool, seed=seed, log=_progress, **kw)
+
+
+def _progress(line: str) -> None:
+    """A worker's progress (held-out evaluations of the neural learner): whole lines, at once."""
+    print(line, flush=True)
 
 
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:

@@ -62,7 +62,7 @@ def name_words(name: str) -> list[int]:
     return [word_id(p) for p in parts] or [word_id(name.lower())]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Candidate:
     text: str  # the value as the tool call passes it (before type conversion)
     word: int  # embedding id (shape token for values)
@@ -92,9 +92,18 @@ class EpisodeText:
 
 
 def instruction_candidates(instruction: str) -> tuple[list[int], list[int], list[Candidate]]:
+    """Tokens, shape ids and candidates of an instruction: fresh lists (an episode appends to its
+    own), the parse itself cached (every rollout of a group and every revisit reads the same text;
+    candidates are never mutated)."""
+    tokens, shapes, cands = _parse_instruction(instruction or "")
+    return list(tokens), list(shapes), list(cands)
+
+
+@lru_cache(maxsize=16_384)
+def _parse_instruction(instruction: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Candidate, ...]]:
     tokens, shapes, cands = [], [], []
     prev = PAD
-    for j, m in enumerate(_TOKEN.finditer(instruction or "")):
+    for j, m in enumerate(_TOKEN.finditer(instruction)):
         if j >= MAX_INSTRUCTION:
             break
         raw = m.group(0)
@@ -106,7 +115,7 @@ def instruction_candidates(instruction: str) -> tuple[list[int], list[int], list
         shapes.append(SHAPE[shape])
         cands.append(Candidate(text=text, word=tid, shape=SHAPE[shape], source=0, key=prev, position=j))
         prev = word_id(text) if shape == "word" else tid
-    return tokens, shapes, cands
+    return tuple(tokens), tuple(shapes), tuple(cands)
 
 
 def parse_tools(tools: list[dict]) -> list[Tool]:

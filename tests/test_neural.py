@@ -98,3 +98,61 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
     assert main(["--lake", str(lake.root), "rollouts", "show", "--step", "1", "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert "instruction:" in out and "checks:" in out
+
+
+NEURAL_FIELDS = (
+    "heldout_seen_initial",
+    "heldout_seen_final",
+    "heldout_unseen_initial",
+    "heldout_unseen_final",
+    "heldout_seen_initial_se",
+    "heldout_seen_final_se",
+    "heldout_unseen_initial_se",
+    "heldout_unseen_final_se",
+    "informative_envs",
+    "effective_envs",
+    "distinct_tasks",
+    "max_task_picks",
+)
+
+
+def test_bench_json_on_the_neural_learner(tmp_path):
+    """`envsched bench scheduler --learner neural ... --json` carries the held-out and useful-breadth
+    fields per scheduler, and the paired difference against random."""
+    out = tmp_path / "bench.json"
+    args = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "2"]
+    args += ["--batch-size", "4", "--group-size", "4", "--schedulers", "random,envsched", "--eval-every", "2"]
+    assert main([*args, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["setup"]["learner"] == "neural" and not doc["setup"]["simulated"]
+    for name in ("random", "envsched"):
+        m = doc["schedulers"][name]
+        assert all(k in m for k in NEURAL_FIELDS), sorted(set(NEURAL_FIELDS) - set(m))
+        assert m["seeds"] == 1 and 0.0 <= m["heldout_unseen_final"] <= 1.0 and m["heldout_seen_final_se"] > 0
+        assert 1 <= m["distinct_tasks"] <= 24 and m["max_task_picks"] >= 1
+    paired = doc["paired_vs_random"]["envsched"]["heldout_unseen_final"]
+    m, r = doc["schedulers"]["envsched"], doc["schedulers"]["random"]
+    assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]
+
+
+def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, capsys):
+    """--recorded-only runs nothing: a scheduler is averaged over the seeds it has, and compared with
+    random over the seeds both have."""
+    runs, out = tmp_path / "runs", tmp_path / "bench.json"
+    args = ["bench", "scheduler", "--envs", "4", "--tasks", "6", "--steps", "3", "--batch-size", "4"]
+    args += ["--schedulers", "random,envsched", "--seeds", "3", "--cache", str(runs), "--json", str(out)]
+    assert main(args) == 0
+    full = json.loads(out.read_text())
+    (gone,) = runs.glob("envsched-s1-*.json")
+    gone.unlink()
+    capsys.readouterr()
+    assert main([*args, "--recorded-only"]) == 0
+    assert "not on record (left out): envsched seed 1" in capsys.readouterr().out
+    part = json.loads(out.read_text())
+    assert part["schedulers"]["random"]["seeds"] == 3 and part["schedulers"]["envsched"]["seeds"] == 2
+    d_full = full["paired_vs_random"]["envsched"]["batch_variance"]["per_seed"]
+    d_part = part["paired_vs_random"]["envsched"]["batch_variance"]
+    assert d_part["n"] == 2 and d_part["per_seed"] == [d_full[0], d_full[2]]
+    assert part["schedulers"]["random"] == full["schedulers"]["random"]
+    assert not list(runs.glob("envsched-s1-*.json"))  # nothing was run to fill the gap
+    assert main([*args[:-4], "--schedulers", "dps", "--cache", str(runs), "--recorded-only"]) == 2

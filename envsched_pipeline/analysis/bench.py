@@ -395,9 +395,12 @@ def run_benchmark(
     cache_dir: str | Path | None = None,
     eval_every: int | None = None,
     learner_config: dict | None = None,
+    recorded_only: bool = False,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
-    ``learner_config``: settings of the simulated learner (e.g. the sweep's phenomena)."""
+    ``learner_config``: settings of the simulated learner (e.g. the sweep's phenomena).
+    ``recorded_only``: run nothing; aggregate the runs found in ``cache_dir`` (each scheduler over the
+    seeds it has)."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -435,6 +438,12 @@ def run_benchmark(
                 log(f"  seed {seed + k} {n:<16} (cached)")
             else:
                 todo.append((n, seed + k, kw, f))
+    if recorded_only:
+        if cache is None:
+            raise ValueError("recorded_only needs cache_dir (where the runs are recorded)")
+        if todo:
+            log(f"  not on record (left out): {', '.join(f'{n} seed {s}' for n, s, _, _ in todo)}")
+        todo = []
     t_start = time.perf_counter()
 
     def done(n, s, ser, f):
@@ -486,24 +495,31 @@ def run_benchmark(
 
 
 def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) -> dict:
-    """Means over seeds, paired differences against random, per-step mean series."""
+    """Means over seeds, paired differences against random, per-step mean series. A scheduler is
+    averaged over the seeds it has results for (``seeds`` in its row), and compared with random over
+    the seeds both have (``n`` in each paired difference); one without any result is left out."""
     out = {"schedulers": {}, "series": {}, "paired_vs_random": {}, "setup": setup}
     summaries = {}
     for s in seeds:
         random_best = max(results[("random", s)]["heldout"]) if ("random", s) in results else None
         for n in names:
-            summaries[(n, s)] = summarize(results[(n, s)], random_best)
+            if (n, s) in results:
+                summaries[(n, s)] = summarize(results[(n, s)], random_best)
     for n in names:
+        mine = [s for s in seeds if (n, s) in summaries]
+        if not mine:
+            continue
         agg = {}
         for m in METRICS:
-            vals = [summaries[(n, s)][m] for s in seeds]
+            vals = [summaries[(n, s)][m] for s in mine]
             if m == "steps_to_random_best":
                 agg[m] = float(np.mean(vals)) if vals and all(v is not None for v in vals) else None
             else:
                 agg[m] = float(np.mean(vals))
-        agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in seeds]))
+        agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in mine]))
+        agg["seeds"] = len(mine)
         out["schedulers"][n] = agg
-        runs = [results[(n, s)] for s in seeds]
+        runs = [results[(n, s)] for s in mine]
         out["series"][n] = {
             k: np.mean([r[k] for r in runs], axis=0).tolist()
             for k in runs[0]
@@ -514,7 +530,8 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             for j in range(len(runs[0]["evals"]))
         ]
         out["series"][n]["heldout"] = np.mean([r["heldout"] for r in runs], axis=0).tolist()
-        if "random" in names and n != "random":
+        paired = [s for s in mine if ("random", s) in summaries]
+        if n != "random" and paired:
             diff = {}
             for m in (
                 "heldout_seen_final",
@@ -522,13 +539,14 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
                 "batch_variance",
                 "zero_variance_fraction",
             ):
-                d = np.array([summaries[(n, s)][m] - summaries[("random", s)][m] for s in seeds])
+                d = np.array([summaries[(n, s)][m] - summaries[("random", s)][m] for s in paired])
                 diff[m] = {
                     "mean": float(d.mean()),
                     "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
                     "wins": int((d > 0).sum())
                     if "heldout" in m or m == "batch_variance"
                     else int((d < 0).sum()),
+                    "n": len(d),
                     "per_seed": d.tolist(),
                 }
             out["paired_vs_random"][n] = diff

@@ -62,6 +62,11 @@ def add_parser(sub) -> None:
     bs.add_argument("--jobs", type=int, default=1, help="(scheduler, seed) runs in parallel processes")
     bs.add_argument("--cache", default=None, help="keep finished runs here; a re-run resumes from them")
     bs.add_argument(
+        "--recorded-only",
+        action="store_true",
+        help="run nothing: summarize the runs in --cache (each scheduler over the seeds it has)",
+    )
+    bs.add_argument(
         "--eval-every", type=int, default=None, help="neural: held-out every N steps (default steps/4)"
     )
     bs.set_defaults(func=cmd_bench_scheduler)
@@ -121,6 +126,8 @@ def cmd_bench_scheduler(args) -> int:
         raise UsageError("--steps, --seeds and --jobs must be >= 1")
     if not chosen:
         raise UsageError("--schedulers names no scheduler")
+    if args.recorded_only and not args.cache:
+        raise UsageError("--recorded-only reads the runs recorded in --cache DIR: name it")
     label = "SIMULATED learner" if args.learner == "simulated" else "NEURAL learner (real environments)"
     print(
         f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
@@ -142,6 +149,7 @@ def cmd_bench_scheduler(args) -> int:
             jobs=args.jobs,
             cache_dir=args.cache,
             eval_every=args.eval_every,
+            recorded_only=args.recorded_only,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -156,16 +164,18 @@ def cmd_bench_scheduler(args) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(doc, indent=2))
     base = out["schedulers"].get("random")
+    if not out["schedulers"]:
+        raise UsageError(f"no run of {', '.join(chosen)} is recorded in {args.cache}")
     print(
-        f"{'scheduler':<16} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} {'median_r':>9} "
-        f"{'ho_seen':>8} {'ho_unseen':>9} {'eff_envs':>8} {'sel_ms':>8}"
+        f"{'scheduler':<16} {'seeds':>5} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} "
+        f"{'median_r':>9} {'ho_seen':>8} {'ho_unseen':>9} {'eff_envs':>8} {'sel_ms':>8}"
     )
     for name, m in out["schedulers"].items():
         ratio = (
             m["batch_variance"] / base["batch_variance"] if base and base["batch_variance"] else float("nan")
         )
         print(
-            f"{name:<16} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
+            f"{name:<16} {m['seeds']:>5} {m['batch_variance']:>10.4f} {ratio:>9.2f} {m['zero_variance_fraction']:>9.3f} "
             f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_seen_final']:>8.4f} "
             f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}"
         )

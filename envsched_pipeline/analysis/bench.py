@@ -75,6 +75,8 @@ METRICS = (
     "heldout_unseen_final",
     "heldout_unseen_initial_se",
     "heldout_unseen_final_se",
+    "heldout_seen_auc",
+    "heldout_unseen_auc",
     "informative_envs",
     "effective_envs",
     "distinct_tasks",
@@ -326,6 +328,7 @@ def summarize(series: dict, random_best: float | None) -> dict:
         hit = [s for s, h in curve if h >= random_best - 1e-12]
         steps_to = hit[0] if hit else None
     first, last = evals[0], evals[-1]
+    later = evals[1:] or evals  # every evaluation after the start: how fast held-out rose, not one point
     return {
         "batch_variance": float(np.mean(series["batch_variance"])),
         "zero_variance_fraction": float(np.mean(series["zero_variance_fraction"])),
@@ -346,6 +349,8 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "heldout_unseen_initial_se": first["unseen_se"],
         "heldout_unseen_final": last["unseen_mean"],
         "heldout_unseen_final_se": last["unseen_se"],
+        "heldout_seen_auc": float(np.mean([e["seen_mean"] for e in later])),
+        "heldout_unseen_auc": float(np.mean([e["unseen_mean"] for e in later])),
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
     }
@@ -536,6 +541,8 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             for m in (
                 "heldout_seen_final",
                 "heldout_unseen_final",
+                "heldout_seen_auc",
+                "heldout_unseen_auc",
                 "batch_variance",
                 "zero_variance_fraction",
             ):

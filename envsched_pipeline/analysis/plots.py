@@ -147,10 +147,12 @@ def scheduler_color(name: str) -> str:
 
 def heldout_plots(result: dict, out_path: Path) -> str:
     """Held-out curves per scheduler (seen and unseen environments, mean over seeds, with the
-    standard error band of the evaluation) and per-step batch variance (neural learner)."""
+    standard error band of the evaluation), per-step batch variance, and every seed's final held-out
+    difference against random (neural learner)."""
     plt = _plt()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    seeds = {n: m.get("seeds", result["setup"]["seeds"]) for n, m in result["schedulers"].items()}
     for name, s in result["series"].items():
         ev = s["evals"]
         x = [e["step"] for e in ev]
@@ -159,25 +161,48 @@ def heldout_plots(result: dict, out_path: Path) -> str:
             "lw": 2.4 if name.startswith("envsched") else 1.3,
             "ls": "--" if "@" in name else "-",
         }
+        label = name if len(set(seeds.values())) == 1 else f"{name} ({seeds.get(name)} seeds)"
         for ax, split in zip(axes[:2], ("seen", "unseen"), strict=True):
             y = np.array([e[f"{split}_mean"] for e in ev])
             se = np.array([e[f"{split}_se"] for e in ev])
-            ax.plot(x, y, marker="o", ms=3, label=name, **style)
+            ax.plot(x, y, marker="o", ms=3, label=label, **style)
             ax.fill_between(x, y - 2 * se, y + 2 * se, color=style["color"], alpha=0.08)
         v = np.asarray(s["batch_variance"], dtype=float)
         if len(v) > 10:
             v = np.convolve(v, np.ones(10) / 10, mode="valid")
-        axes[2].plot(v, label=name, **style)
+        axes[2].plot(v, label=label, **style)
+    paired = result.get("paired_vs_random") or {}
+    names = [n for n in result["series"] if n in paired]
+    for j, name in enumerate(names):
+        for k, (split, marker) in enumerate((("seen", "o"), ("unseen", "s"))):
+            d = paired[name].get(f"heldout_{split}_final", {}).get("per_seed", [])
+            xs = j + (k - 0.5) * 0.3 + np.linspace(-0.05, 0.05, len(d)) if d else []
+            axes[3].scatter(
+                xs,
+                d,
+                marker=marker,
+                s=22,
+                color=scheduler_color(name),
+                facecolors=scheduler_color(name) if split == "seen" else "none",
+                label=f"{split} environments" if j == 0 else None,
+            )
+    axes[3].axhline(0.0, color="0.4", lw=0.8)
+    axes[3].set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    axes[3].set_title("final held-out minus random's, per seed")
+    if names:
+        axes[3].legend(fontsize=8)
     axes[0].set_title("held-out reward: unseen tasks, training environments")
     axes[1].set_title("held-out reward: environments never trained on")
     axes[2].set_title("batch reward variance (10-step mean)")
-    for ax in axes:
+    for ax in axes[:3]:
         ax.set_xlabel("step")
     axes[0].legend(fontsize=8)
     setup = result["setup"]
     fig.suptitle(
         f"{setup.get('learner', 'simulated')} learner: {setup['envs']} x {setup['tasks_per_env']} pool, "
-        f"B={setup['batch_size']} G={setup['group_size']}, {setup['steps']} steps, mean of {setup['seeds']} seeds"
+        f"B={setup['batch_size']} G={setup['group_size']}, {setup['steps']} steps, "
+        f"mean of {max(seeds.values(), default=setup['seeds'])} seeds"
+        + ("" if len(set(seeds.values())) <= 1 else " (fewer where marked)")
     )
     fig.tight_layout()
     fig.savefig(out_path, dpi=90)

@@ -57,7 +57,11 @@ def s3_server():
             time.sleep(0.2)
     yield url
     proc.terminate()
-    proc.wait(10)
+    try:  # a loaded machine can take a while to schedule its exit
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -811,6 +811,21 @@ def section_neural(
             es["zero_variance_fraction"] <= 0.6 * rnd["zero_variance_fraction"],
         ),
     ]
+    # what the seeds can resolve: two standard errors of envsched's mean paired difference
+    resolve = []
+    for k, label in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
+        d = pe[k]
+        if d["n"] > 1:
+            resolve.append(
+                f"{label} environments: mean {d['mean']:+.4f}, two standard errors "
+                f"{2 * d['sd'] / np.sqrt(d['n']):.4f} over {d['n']} seeds"
+            )
+    resolution = (
+        "What the seeds can resolve (envsched's paired held-out difference against random; a mean inside "
+        "two standard errors of zero is not distinguishable from no effect): " + "; ".join(resolve) + "."
+        if resolve
+        else ""
+    )
     trows = ["| target | reached | met |", "|---|---|---|"] + [
         f"| {a} | {b} | {'yes' if c else 'no'} |" for a, b, c in targets
     ]
@@ -842,6 +857,8 @@ def section_neural(
                 '"Schedulers at paper scale"), as ratios to random:',
                 "",
                 *side,
+                "",
+                resolution,
                 "",
                 "Targets (issue 17):",
                 "",

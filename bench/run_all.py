@@ -848,6 +848,16 @@ def section_neural(
                 "",
                 *rows,
                 "",
+                *(
+                    [
+                        "Not on record in this table yet (no run of theirs in `bench/runs/neural/`): "
+                        + ", ".join(n for n in names if n not in S)
+                        + ".",
+                        "",
+                    ]
+                    if any(n not in S for n in names)
+                    else []
+                ),
                 "How fast held-out rose: the mean of the evaluations at steps 50, 100, 150 and 200 (the area under "
                 "each held-out curve), which a single final point measures with more noise:",
                 "",

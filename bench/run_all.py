@@ -21,7 +21,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from envsched_pipeline.analysis.bench import prepare_pool, run_benchmark, run_one  # noqa: E402
+from envsched_pipeline.analysis.bench import VARIANTS, prepare_pool, run_benchmark, run_one  # noqa: E402
 from envsched_pipeline.analysis.plots import bench_plots, heldout_plots  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
@@ -848,6 +848,21 @@ def section_neural(
                 "",
                 *rows,
                 "",
+                *(
+                    [
+                        "Variants: "
+                        + "; ".join(
+                            f"`{n}` = {n.split('@')[0]} with "
+                            + ", ".join(f"`{k}={v}`" for k, v in VARIANTS.get(n, {}).items())
+                            for n in S
+                            if "@" in n
+                        )
+                        + " (docs/algorithm.md §5-§6 describe the fields).",
+                        "",
+                    ]
+                    if any("@" in n for n in S)
+                    else []
+                ),
                 *(
                     [
                         "Not on record in this table yet (no run of theirs in `bench/runs/neural/`): "

@@ -679,6 +679,14 @@ def _pm(mean: float, sd: float, nd: int = 4) -> str:
     return f"{mean:+.{nd}f} ± {sd:.{nd}f}"
 
 
+def _paired_cell(p: dict | None, metric: str) -> str:
+    """'Δ ± sd, wins/n' of one paired difference against random (— for random itself)."""
+    if not p:
+        return "—"
+    d = p[metric]
+    return f"{_pm(d['mean'], d['sd'])}, {d['wins']}/{d['n']}"
+
+
 def section_neural(
     steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
 ) -> dict:
@@ -715,19 +723,8 @@ def section_neural(
         "|" + "---|" * 15,
     ]
     for n, m in S.items():
-        p = P.get(n)
-        dseen = (
-            f"{_pm(p['heldout_seen_final']['mean'], p['heldout_seen_final']['sd'])}, "
-            f"{p['heldout_seen_final']['wins']}/{p['heldout_seen_final']['n']}"
-            if p
-            else "—"
-        )
-        dun = (
-            f"{_pm(p['heldout_unseen_final']['mean'], p['heldout_unseen_final']['sd'])}, "
-            f"{p['heldout_unseen_final']['wins']}/{p['heldout_unseen_final']['n']}"
-            if p
-            else "—"
-        )
+        dseen = _paired_cell(P.get(n), "heldout_seen_final")
+        dun = _paired_cell(P.get(n), "heldout_unseen_final")
         rows.append(
             f"| {n} | {m['seeds']} | {m['batch_variance']:.4f} | {m['batch_variance'] / rnd['batch_variance']:.2f} | "
             f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / rnd['zero_variance_fraction']:.2f} | "
@@ -743,11 +740,7 @@ def section_neural(
         "|---|---|---|---|---|---|",
     ]
     for n, m in S.items():
-        p = P.get(n)
-        cells = [
-            f"{_pm(p[k]['mean'], p[k]['sd'])}, {p[k]['wins']}/{p[k]['n']}" if p else "—"
-            for k in ("heldout_seen_auc", "heldout_unseen_auc")
-        ]
+        cells = [_paired_cell(P.get(n), k) for k in ("heldout_seen_auc", "heldout_unseen_auc")]
         speed.append(
             f"| {n} | {m['seeds']} | {m['heldout_seen_auc']:.4f} | {cells[0]} | {m['heldout_unseen_auc']:.4f} | {cells[1]} |"
         )

@@ -155,4 +155,11 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     assert d_part["n"] == 2 and d_part["per_seed"] == [d_full[0], d_full[2]]
     assert part["schedulers"]["random"] == full["schedulers"]["random"]
     assert not list(runs.glob("envsched-s1-*.json"))  # nothing was run to fill the gap
-    assert main([*args[:-4], "--schedulers", "dps", "--cache", str(runs), "--recorded-only"]) == 2
+    none = tmp_path / "none.json"
+    assert (
+        main(
+            [*args[:-4], "--schedulers", "dps", "--cache", str(runs), "--recorded-only", "--json", str(none)]
+        )
+        == 2
+    )
+    assert not none.exists()  # refused: nothing written

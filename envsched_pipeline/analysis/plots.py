@@ -153,6 +153,7 @@ def heldout_plots(result: dict, out_path: Path) -> str:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     seeds = {n: m.get("seeds", result["setup"]["seeds"]) for n, m in result["schedulers"].items()}
+    mixed = len(set(seeds.values())) > 1  # rows averaged over different numbers of seeds are marked
     for name, s in result["series"].items():
         ev = s["evals"]
         x = [e["step"] for e in ev]
@@ -161,7 +162,7 @@ def heldout_plots(result: dict, out_path: Path) -> str:
             "lw": 2.4 if name.startswith("envsched") else 1.3,
             "ls": "--" if "@" in name else "-",
         }
-        label = name if len(set(seeds.values())) == 1 else f"{name} ({seeds.get(name)} seeds)"
+        label = f"{name} ({seeds.get(name)} seeds)" if mixed else name
         for ax, split in zip(axes[:2], ("seen", "unseen"), strict=True):
             y = np.array([e[f"{split}_mean"] for e in ev])
             se = np.array([e[f"{split}_se"] for e in ev])
@@ -202,7 +203,7 @@ def heldout_plots(result: dict, out_path: Path) -> str:
         f"{setup.get('learner', 'simulated')} learner: {setup['envs']} x {setup['tasks_per_env']} pool, "
         f"B={setup['batch_size']} G={setup['group_size']}, {setup['steps']} steps, "
         f"mean of {max(seeds.values(), default=setup['seeds'])} seeds"
-        + ("" if len(set(seeds.values())) <= 1 else " (fewer where marked)")
+        + (" (fewer where marked)" if mixed else "")
     )
     fig.tight_layout()
     fig.savefig(out_path, dpi=90)

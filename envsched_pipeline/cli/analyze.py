@@ -153,6 +153,8 @@ def cmd_bench_scheduler(args) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if not out["schedulers"]:
+        raise UsageError(f"no run of {', '.join(chosen)} is recorded in {args.cache}")
     doc = {
         "schedulers": out["schedulers"],
         "paired_vs_random": out["paired_vs_random"],
@@ -164,8 +166,6 @@ def cmd_bench_scheduler(args) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(doc, indent=2))
     base = out["schedulers"].get("random")
-    if not out["schedulers"]:
-        raise UsageError(f"no run of {', '.join(chosen)} is recorded in {args.cache}")
     print(
         f"{'scheduler':<16} {'seeds':>5} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} "
         f"{'median_r':>9} {'ho_seen':>8} {'ho_unseen':>9} {'eff_envs':>8} {'sel_ms':>8}"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from tests.procs import free_port, wait_for_port
 
 
 def _bin(name: str) -> str:
@@ -21,12 +21,6 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Postgres:
     def __init__(self, root: Path | None = None):
         # its own folder under the system temp dir: pytest's tmp folders are private to root, and
@@ -34,7 +28,7 @@ class Postgres:
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="envsched-pg-"))
         os.chmod(self.root, 0o755)
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
     def _run(self, *cmd: str) -> None:
@@ -56,12 +50,7 @@ class Postgres:
             "-o",
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
         )
-        for _ in range(50):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for_port(self.port, what="PostgreSQL")
         self._run(_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "dagster")
         return self
 

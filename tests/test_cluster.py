@@ -9,7 +9,6 @@ Everything else (Dagster, the lake, the trainer, schema validation, hadolint) is
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.resources.trainer import TrainerLauncher, trainer_pod_spec
 from envsched_pipeline.run import load_run
+from tests.procs import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -339,8 +339,7 @@ def test_the_daemon_launches_the_training_step_as_a_gpu_job(small_run, tmp_path)
         while time.time() < deadline and not list((tmp_path / "recorder").glob("*.json")):
             time.sleep(2)
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(30)
+        stop(daemon)
     jobs = [json.loads(p.read_text()) for p in (tmp_path / "recorder").glob("*.json")]
     assert jobs, "the daemon launched nothing: " + (tmp_path / "daemon.log").read_text()[-3000:]
     rec = jobs[0]

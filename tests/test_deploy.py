@@ -18,6 +18,7 @@ from envsched_pipeline.orchestration.schedules import advance_run, refresh_pool
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import load_run
 from tests.postgres_server import Postgres
+from tests.procs import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,8 +120,7 @@ def test_postgres_instance_stores_runs_and_the_daemon_drives_the_loop(postgres, 
             time.sleep(2)
         assert Lake(lake).has("statistics", step=2), "the daemon's sensor did not drive step 2"
     finally:
-        os.killpg(daemon.pid, 15)
-        daemon.wait(30)
+        stop(daemon)
     with psycopg2.connect(host="127.0.0.1", port=postgres.port, user="postgres", dbname="dagster") as conn:
         with conn.cursor() as cur:
             cur.execute(

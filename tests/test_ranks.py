@@ -4,7 +4,6 @@ correctly ordered step from rank 0. NCCL on GPUs is the same code with another b
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,13 +16,8 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
+from tests.procs import free_port
 from trainer.world import group_slice
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(n: int, args: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -5,7 +5,6 @@ protocol run there unchanged; a writer killed mid-upload never leaves a partial 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from envsched_pipeline.core.lease import Lease, current, step_lock
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import LakeError, StepError
 from envsched_pipeline.lake import Lake
+from tests.procs import free_port, stop, wait_for_port
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -30,38 +30,17 @@ pytest.importorskip("moto")
 G = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_server():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:  # a loaded machine can take a while to schedule its exit
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    wait_for_port(port, proc, "moto's S3 server")
+    yield f"http://127.0.0.1:{port}"
+    stop(proc)
 
 
 @pytest.fixture

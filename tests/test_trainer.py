@@ -12,6 +12,7 @@ import torch
 
 from envs.registry import episode_spec, load_synthetic
 from envs.sandbox import SandboxPool
+from tests.procs import stop
 from trainer.agent import AgentLoop, Episode
 from trainer.chat import parse_assistant, render_assistant, render_system
 from trainer.engines import ScriptedEngine
@@ -350,12 +351,7 @@ def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
         traj = json.loads(rows[0]["trajectory"])
         assert traj["engine"] == "openai" and traj["messages"][0]["role"] == "system"
     finally:
-        proc.terminate()
-        try:  # a loaded machine can take a while to schedule its exit
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 # ---------------------------------------------------------------------------- vLLM up to the CUDA boundary

@@ -5,8 +5,6 @@ itself, and a headless Chromium screenshot of the asset graph that must not be b
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +18,10 @@ from envs.registry import load_synthetic
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
+from tests.procs import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def graphql(port: int, query: str) -> dict:
@@ -76,11 +69,7 @@ def dagster_dev(tmp_path):
             )
         yield port, lake, tmp_path
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop(proc)
 
 
 def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):

@@ -1,0 +1,57 @@
+"""Server processes the tests start (an S3 endpoint, Dagster's daemon and webserver, an
+OpenAI-API server, PostgreSQL): a free loopback port, waiting until a port answers, and a stop that
+still works on a loaded machine, where a process can take a while to be scheduled for its exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen | None = None, what: str = "server", timeout: float = 30):
+    """Until ``127.0.0.1:port`` accepts a connection; raises if ``proc`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                if proc is not None:
+                    stop(proc, grace=5)
+                raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s") from None
+            time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds. A process started with
+    ``start_new_session=True`` leads its own group: the signals go to the whole group (Dagster's
+    daemon and webserver start children)."""
+    if proc.poll() is not None:
+        return
+    try:
+        group = os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:  # exited between the poll and here
+        return
+
+    def send(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    send(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait()

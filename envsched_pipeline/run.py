@@ -83,6 +83,8 @@ class PolicyConfig:
     max_actions: int | None = None
     # LM policies (trainer/update.py, trainer/engines.py)
     lr: float | None = None  # learning rate (neural and LM policies)
+    # informative | batch: what the GRPO loss averages over (neural and LM policies; docs/algorithm.md §8b)
+    loss_denominator: str | None = None
     model_path: str | None = None
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None
@@ -102,10 +104,11 @@ class PolicyConfig:
             "memorization",
             "learning_signal",
         ),
-        "neural": ("workers", "lr", "warm_start_steps", "temperature", "max_actions"),
+        "neural": ("workers", "lr", "loss_denominator", "warm_start_steps", "temperature", "max_actions"),
         "hf-tiny": (
             "workers",
             "lr",
+            "loss_denominator",
             "max_new_tokens",
             "temperature",
             "max_actions",
@@ -116,6 +119,7 @@ class PolicyConfig:
         "hf": (
             "workers",
             "lr",
+            "loss_denominator",
             "model_path",
             "max_new_tokens",
             "temperature",
@@ -127,6 +131,7 @@ class PolicyConfig:
         "vllm": (
             "workers",
             "lr",
+            "loss_denominator",
             "model_path",
             "max_new_tokens",
             "temperature",
@@ -156,6 +161,10 @@ class PolicyConfig:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
         if self.mode is not None and self.mode not in ("latent", "real"):
             raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
+        if self.loss_denominator is not None and self.loss_denominator not in ("informative", "batch"):
+            raise ConfigError(
+                f"policy_config.loss_denominator: expected informative or batch, got {self.loss_denominator!r}"
+            )
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers is not None and self.workers < 1:

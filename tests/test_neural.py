@@ -14,6 +14,7 @@ from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
+from tests.gradients import GradientTaker, assert_scaled
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.step import run_step
 
@@ -70,6 +71,30 @@ def test_grpo_on_real_verifier_rewards_improves_the_trained_tasks(pool):
         lrn.close()
 
 
+def test_the_loss_can_average_over_the_whole_batch(pool):
+    """loss_denominator "batch": the step is the informative-only step times the share of the batch's
+    decisions that carry an advantage, so a batch of mostly zero-variance groups moves the policy less."""
+    with pytest.raises(ValueError, match="loss_denominator"):
+        NeuralConfig(loss_denominator="everything")
+    grads, infos = {}, {}
+    for denominator in ("informative", "batch"):
+        lrn = learner(pool, minibatches=1, grad_clip=1e9, loss_denominator=denominator)
+        try:
+            lrn.optimizer = GradientTaker(lrn.model.parameters())
+            out = lrn.rollout(pool.tasks, 4, seed=7)
+            infos[denominator] = lrn.learn()
+            grads[denominator] = lrn.optimizer.grads
+        finally:
+            lrn.close()
+    spread = np.ptp(out["reward"].reshape(len(pool.tasks), 4), axis=1) > 1e-6
+    assert spread.any() and not spread.all()  # some groups informative, some not
+    share = infos["batch"]["informative_decision_share"]
+    assert (
+        0 < share < 1 and infos["batch"]["loss_scale"] == share and infos["informative"]["loss_scale"] == 1.0
+    )
+    assert_scaled(grads["informative"], grads["batch"], share)
+
+
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
@@ -81,7 +106,7 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
             batch_size=4,
             group_size=4,
             max_steps=2,
-            policy_config={"warm_start_steps": 5},
+            policy_config={"warm_start_steps": 5, "loss_denominator": "batch"},
         ),
     )
     for t in range(2):
@@ -91,6 +116,9 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
     assert lake.read("rollouts").num_rows == 2 * 4 * 4
     tm = lake.read("train_metrics", step=1).to_pylist()[0]
     assert tm["policy"] == "neural"
+    for t in range(2):  # the whole-batch denominator: the step shrinks with the informative share
+        m = lake.read("train_metrics", step=t).to_pylist()[0]
+        assert 0 <= m["loss_scale"] < 1 and (m["loss_scale"] > 0) == (m["trained_groups"] > 0)
     benches = set(lake.read("evals").column("benchmark").to_pylist())
     assert any("seen" in b for b in benches) and any("unseen" in b for b in benches), benches
     assert lake.read_bytes("checkpoints/step=1/neural.pt") is not None
@@ -163,3 +191,20 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
         == 2
     )
     assert not none.exists()  # refused: nothing written
+    # learner settings are part of a run's key: runs of other settings are never taken for these
+    other = [*args[:-2], "--learner-config", '{"forget": 0.01}', "--recorded-only", "--json", str(none)]
+    assert main(other) == 2 and not none.exists()
+
+
+def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    base = ["bench", "scheduler", "--learner", "neural", "--steps", "1", "--json", str(out)]
+    for bad, says in (
+        ('{"loss_denominator": "all"}', "loss_denominator: 'all' is not one of informative, batch"),
+        ('{"lr": 1e-3, "momentum": 0.9}', "unknown neural learner setting(s): momentum"),
+        ("[1]", "a JSON object of settings"),
+        ("{lr: 1}", "--learner-config: not JSON"),
+    ):
+        assert main([*base, "--learner-config", bad]) == 2
+        assert says in capsys.readouterr().err
+    assert not out.exists()

@@ -12,6 +12,7 @@ import torch
 
 from envs.registry import episode_spec, load_synthetic
 from envs.sandbox import SandboxPool
+from tests.gradients import GradientTaker, assert_scaled
 from tests.procs import stop
 from trainer.agent import AgentLoop, Episode
 from trainer.chat import parse_assistant, render_assistant, render_system
@@ -205,6 +206,32 @@ def test_tiny_qwen3_update_lowers_the_loss(tok):
     assert margin() > before + 0.5  # the rewarded answer became more likely
     zero = trainer.update(seqs, masks, np.array([0.5, 0.5, 0.5, 0.5]), group_size=2)
     assert zero["trained_sequences"] == 0  # zero-variance groups: no gradient, no compute
+
+
+def test_the_loss_can_average_over_the_whole_batch(tok):
+    """loss_denominator "batch": zero-advantage sequences join the token-mean's denominator, so the
+    gradient is the informative-only one times the informative share of the batch's policy tokens."""
+    from trainer.model import tiny_qwen3
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    prompt = tok.encode(
+        "<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    good, bad = (tok.encode(x + "<|im_end|>", add_special_tokens=False) for x in ("yes yes", "no no no"))
+    seqs = [prompt + good, prompt + bad, prompt + bad, prompt + bad]
+    masks = [[0] * len(prompt) + [1] * (len(s) - len(prompt)) for s in seqs]
+    rewards = np.array([1.0, 0.0, 0.0, 0.0])  # group 1 informative, group 2 all failed
+    grads = {}
+    for denominator in ("informative", "batch"):
+        model = tiny_qwen3(seed=0)
+        cfg = GRPOConfig(micro_batch=1, grad_clip=1e9, loss_denominator=denominator)
+        tr = GRPOTrainer(model, tok, cfg)
+        tr.optimizer = GradientTaker(model.parameters())
+        tr.update(seqs, masks, rewards, group_size=2)
+        grads[denominator] = tr.optimizer.grads
+    share = sum(sum(m) for m in masks[:2]) / sum(sum(m) for m in masks)
+    assert 0 < share < 1
+    assert_scaled(grads["informative"], grads["batch"], share)
 
 
 def test_checkpoint_roundtrip(tok, tmp_path):

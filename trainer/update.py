@@ -28,6 +28,9 @@ class GRPOConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # no KL by default; > 0 keeps a frozen reference copy
     aggregation: str = "token-mean"  # token-mean | seq-mean (see trainer.loss)
+    # informative: the mean is over the sequences with a non-zero advantage; batch: over the whole
+    # batch, zero-advantage sequences included (they add no gradient, only to the denominator)
+    loss_denominator: str = "informative"
     micro_batch: int = 4  # sequences per forward/backward (gradient accumulation over the batch)
     epochs: int = 1  # passes over the batch per step (ratio != 1 only from the second pass)
     grad_clip: float = 1.0
@@ -41,6 +44,16 @@ class GRPOConfig:
     )
     world_size: int = 1
     sequences_per_step: int = 512
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("aggregation", ("token-mean", "seq-mean")),
+            ("loss_denominator", ("informative", "batch")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"trainer setting {name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}"
+                )
 
     @classmethod
     def from_dict(cls, d: dict) -> GRPOConfig:
@@ -150,6 +163,15 @@ class GRPOTrainer:
         parallel = ranks.active() and self.ds_engine is None
         local_tokens = float(sum(sum(masks[j]) for j in keep))
         total_tokens = ranks.total(local_tokens) if parallel else local_tokens
+        # the loss's denominator: tokens (token-mean) or sequences (seq-mean) it averages over
+        whole = c.loss_denominator == "batch"
+        if whole:
+            every = float(sum(sum(m) for m in masks))
+            denom_tokens = ranks.total(every) if parallel else every
+        else:
+            denom_tokens = total_tokens
+        seqs_here = float(len(seqs) if whole else len(keep))
+        denom_seqs = ranks.total(seqs_here) if parallel else seqs_here
         if total_tokens <= 0:
             metrics["seconds"] = time.perf_counter() - t0
             return metrics
@@ -178,9 +200,9 @@ class GRPOTrainer:
                 loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
                 # scale so the accumulated gradient equals the full-batch aggregation
                 weight = (
-                    (msk.sum().item() / total_tokens)
+                    (msk.sum().item() / denom_tokens)
                     if c.aggregation == "token-mean"
-                    else len(mb) / len(keep)
+                    else len(mb) / denom_seqs
                 )
                 scaled = loss * weight
                 if self.ds_engine is not None:

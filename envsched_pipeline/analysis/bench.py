@@ -149,10 +149,17 @@ class NeuralBench:
 
     name = "neural"
 
-    def __init__(self, pool: dict, seed: int, **_):
-        from trainer.neural.testbed import NeuralTestbed  # torch: loaded only for the neural learner
+    def __init__(self, pool: dict, seed: int, learner_config: dict | None = None):
+        # torch: loaded only for the neural learner
+        from trainer.neural.learner import NeuralConfig
+        from trainer.neural.testbed import NeuralTestbed
 
-        self.testbed = NeuralTestbed(pool["environments"] + pool["eval_environments"], pool["heldout"], seed)
+        self.testbed = NeuralTestbed(
+            pool["environments"] + pool["eval_environments"],
+            pool["heldout"],
+            seed,
+            neural=NeuralConfig.from_dict(learner_config or {}),
+        )
         self.rows = {t["task_id"]: t for t in pool["tasks"]}
         self.true_variance = None
 
@@ -167,6 +174,21 @@ class NeuralBench:
 
     def close(self) -> None:
         self.testbed.close()
+
+
+def check_learner_config(kind: str, config: dict) -> None:
+    """Refuse unknown or invalid learner settings before any run starts (ValueError naming them)."""
+    if kind == "neural":
+        from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
+
+        NeuralConfig.from_dict(config)
+        return
+    bad = sorted(set(config) - set(SimLearnerConfig.__dataclass_fields__))
+    if bad:
+        raise ValueError(
+            f"unknown simulated learner setting(s): {', '.join(bad)}; "
+            f"known: {', '.join(sorted(SimLearnerConfig.__dataclass_fields__))}"
+        )
 
 
 def make_learner(kind: str, pool: dict, seed: int, **kw):
@@ -208,7 +230,7 @@ def run_one(
     kw = (
         {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
         if learner == "simulated"
-        else {}
+        else {"learner_config": learner_config}
     )
     lrn = make_learner(learner, pool, seed, **kw)
     try:
@@ -403,7 +425,8 @@ def run_benchmark(
     recorded_only: bool = False,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
-    ``learner_config``: settings of the simulated learner (e.g. the sweep's phenomena).
+    ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
+    ``loss_denominator``); part of each recorded run's key.
     ``recorded_only``: run nothing; aggregate the runs found in ``cache_dir`` (each scheduler over the
     seeds it has)."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
@@ -419,6 +442,8 @@ def run_benchmark(
         raise ValueError(
             "the oracle reads the simulator's true variance: it exists for the simulated learner only"
         )
+    if learner_config:
+        check_learner_config(learner, learner_config)
     names = list(dict.fromkeys(schedulers))
     cache = Path(cache_dir) if cache_dir else None
     if cache:
@@ -495,6 +520,7 @@ def run_benchmark(
             "seeds": seeds,
             "batch_size": batch_size,
             "group_size": group_size,
+            "learner_config": learner_config or {},
         },
     )
 

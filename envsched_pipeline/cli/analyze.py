@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -45,7 +46,11 @@ def add_parser(sub) -> None:
     bs.add_argument("--steps", type=int, default=200, help="training steps per run")
     bs.add_argument("--seed", type=int, default=0, help="first seed")
     bs.add_argument("--seeds", type=int, default=1, help="average over seeds seed..seed+N-1")
-    bs.add_argument("--schedulers", default=ALL, help="comma-separated scheduler names")
+    bs.add_argument(
+        "--schedulers",
+        default=None,
+        help=f"comma-separated scheduler names (default: {ALL}; the oracle only with the simulated learner)",
+    )
     bs.add_argument("--envs", type=int, default=51, help="environments in the generated pool")
     bs.add_argument("--tasks", type=int, default=50, help="tasks per environment")
     bs.add_argument("--batch-size", type=int, default=64, help="B")
@@ -58,6 +63,13 @@ def add_parser(sub) -> None:
         choices=["simulated", "neural"],
         help="simulated: fast model of learning (mechanics only); neural: a pointer policy trained with "
         "GRPO in the real sandboxed environments (the held-out evidence)",
+    )
+    bs.add_argument(
+        "--learner-config",
+        default=None,
+        metavar="JSON",
+        help='learner settings as a JSON object, e.g. \'{"loss_denominator": "batch"}\' (neural) or '
+        "'{\"env_skill_share\": 0.5}' (simulated); part of each recorded run's key",
     )
     bs.add_argument("--jobs", type=int, default=1, help="(scheduler, seed) runs in parallel processes")
     bs.add_argument("--cache", default=None, help="keep finished runs here; a re-run resumes from them")
@@ -121,13 +133,24 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench_scheduler(args) -> int:
-    chosen = names(args.schedulers)
+    default = ALL if args.learner == "simulated" else ALL.removesuffix(",oracle")
+    chosen = names(args.schedulers or default)
     if args.steps < 1 or args.seeds < 1 or args.jobs < 1:
         raise UsageError("--steps, --seeds and --jobs must be >= 1")
     if not chosen:
         raise UsageError("--schedulers names no scheduler")
     if args.recorded_only and not args.cache:
         raise UsageError("--recorded-only reads the runs recorded in --cache DIR: name it")
+    learner_config = None
+    if args.learner_config:
+        try:
+            learner_config = json.loads(args.learner_config)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--learner-config: not JSON ({exc.msg} at character {exc.pos})") from exc
+        if not isinstance(learner_config, dict):
+            raise UsageError(
+                '--learner-config: a JSON object of settings, e.g. \'{"loss_denominator": "batch"}\''
+            )
     label = "SIMULATED learner" if args.learner == "simulated" else "NEURAL learner (real environments)"
     print(
         f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
@@ -150,6 +173,7 @@ def cmd_bench_scheduler(args) -> int:
             cache_dir=args.cache,
             eval_every=args.eval_every,
             recorded_only=args.recorded_only,
+            learner_config=learner_config,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -71,6 +71,13 @@ def add_parser(sub) -> None:
     t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (LM policies)")
     t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
     t.add_argument(
+        "--loss-denominator",
+        choices=["informative", "batch"],
+        default=None,
+        help="what the GRPO loss averages over: the informative episodes (default) or the whole batch "
+        "(neural and LM policies; docs/algorithm.md §8b)",
+    )
+    t.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
     )
     t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
@@ -123,7 +130,15 @@ def policy_config(args) -> dict:
         pc["model_path"] = str(Path(args.model_path).resolve())
     if args.resident:
         pc["resident"] = True
-    for key in ("max_new_tokens", "lr", "base_url", "model", "api_key_env", "checkpoint_every"):
+    for key in (
+        "max_new_tokens",
+        "lr",
+        "loss_denominator",
+        "base_url",
+        "model",
+        "api_key_env",
+        "checkpoint_every",
+    ):
         if getattr(args, key) is not None:
             pc[key] = getattr(args, key)
     return pc

@@ -39,6 +39,7 @@ from trainer.neural.text import (
 
 MAX_PARAMS = 3
 MAX_WORDS = 6
+LOSS_DENOMINATORS = ("informative", "batch")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ class NeuralConfig:
     clip_eps: float = 0.2
     grad_clip: float = 1.0
     minibatches: int = 2  # optimizer steps per training step (ratio != 1 from the second on)
+    # what the decision-mean loss divides by: "informative" = the decisions of the episodes with a
+    # non-zero advantage (zero-advantage groups do not dilute the step); "batch" = every decision of
+    # the step's batch, zero-advantage episodes included (a whole-batch token mean: a batch with
+    # fewer informative groups takes a proportionally smaller step)
+    loss_denominator: str = "informative"
     max_actions: int = 8  # tool calls per episode before it is stopped and verified
     temperature: float = 1.0
     warm_start_steps: int = 60  # behaviour-cloning gradient steps on the warm-start pool
@@ -57,6 +63,13 @@ class NeuralConfig:
     warm_start_lr: float = 1e-3
     workers: int = 2  # sandbox workers
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self):
+        if self.loss_denominator not in LOSS_DENOMINATORS:
+            raise ValueError(
+                f"neural learner setting loss_denominator: {self.loss_denominator!r} is not one of "
+                f"{', '.join(LOSS_DENOMINATORS)}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict) -> NeuralConfig:
@@ -449,6 +462,10 @@ class NeuralLearner:
         traces, rewards = self.last["traces"], self.last["rewards"]
         adv = group_advantages(rewards).reshape(-1)
         keep = [j for j in range(len(traces)) if abs(adv[j]) > 1e-8 and traces[j].tool_choice]
+        # share of the batch's decisions that carry a gradient: the loss scale of the "batch" denominator
+        decisions = [sum(len(step) for step in t.logp) for t in traces]
+        share = sum(decisions[j] for j in keep) / max(sum(decisions), 1)
+        scale = share if self.config.loss_denominator == "batch" else 1.0
         info = {
             "trained_groups": int((np.ptp(rewards, axis=1) > 1e-6).sum()),
             "trained_episodes": len(keep),
@@ -458,15 +475,17 @@ class NeuralLearner:
             "kl": float("nan"),
             "entropy": float("nan"),
             "lr": self.config.lr,
+            "informative_decision_share": share,
+            "loss_scale": scale,
         }
         if keep:
-            info.update(self._update([traces[j] for j in keep], adv[keep]))
+            info.update(self._update([traces[j] for j in keep], adv[keep], scale))
         self.version += 1
         info["update_seconds"] = time.perf_counter() - t0
         self.last = None
         return info
 
-    def _update(self, traces: list[Trace], adv: np.ndarray) -> dict:
+    def _update(self, traces: list[Trace], adv: np.ndarray, scale: float = 1.0) -> dict:
         c, model = self.config, self.model
         # log-probabilities the decisions had when they were sampled (the "old" policy of the ratio)
         K = max(len(t.tool_choice) for t in traces)
@@ -491,7 +510,7 @@ class NeuralLearner:
                 clip_eps=c.clip_eps,
             )
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * scale).backward()
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)))
             self.optimizer.step()
             losses.append(float(loss.detach()))

@@ -148,6 +148,7 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
                     "lr",
                     "update_seconds",
                     "trained_groups",
+                    "loss_scale",
                 )
             },
         }

@@ -76,9 +76,11 @@ class NeuralTestbed:
         self._warm_start(neural, log)
 
     def _warm_start(self, neural: NeuralConfig, log) -> None:
+        # the loss denominator acts on GRPO updates only: the warm start (and its cache) ignore it
+        settings = {k: v for k, v in asdict(neural).items() if k != "loss_denominator"}
         key = hashlib.sha256(
             json.dumps(
-                {"seed": self.seed, "testbed": asdict(self.config), "neural": asdict(neural), "v": 1},
+                {"seed": self.seed, "testbed": asdict(self.config), "neural": settings, "v": 1},
                 sort_keys=True,
             ).encode()
         ).hexdigest()[:16]

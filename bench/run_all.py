@@ -32,13 +32,26 @@ PAPER = {  # Qwen3-4B, 200 steps (paper's table)
     "coverage-only": {"batch_variance": 0.0357, "envs_touched": 51.00},
 }
 PAPER_SELECT_SECONDS = 34.93
+# the eight schedulers of every comparison (the paper's ablation and the published baselines)
+COMPARED = [
+    "random",
+    "envsched",
+    "exploit-only",
+    "coverage-only",
+    "variance-greedy",
+    "greso",
+    "mopps",
+    "dps",
+]
 
 
 def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> None:
+def write_section(name: str, body: str, after: str | None = None) -> None:
+    """Replace section ``name`` between its markers; a new one goes right after section ``after``
+    (when that exists) or at the end."""
     text = (
         RESULTS.read_text()
         if RESULTS.exists()
@@ -50,6 +63,9 @@ def write_section(name: str, body: str) -> None:
     block = f"{start}\n{body.rstrip()}\n{end}"
     if start in text:
         text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    elif after and f"<!-- {after}:end -->" in text:
+        anchor = f"<!-- {after}:end -->"
+        text = text.replace(anchor, f"{anchor}\n\n{block}", 1)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
@@ -64,17 +80,7 @@ def fmt(v, nd=4):
 
 
 def section_schedulers(steps: int, seeds: int) -> None:
-    names = [
-        "random",
-        "envsched",
-        "exploit-only",
-        "coverage-only",
-        "variance-greedy",
-        "greso",
-        "mopps",
-        "dps",
-        "oracle",
-    ]
+    names = [*COMPARED, "oracle"]  # the same eight baselines, plus the simulator's oracle
     t0 = time.perf_counter()
     out = run_benchmark(names, steps=steps, seed=0, seeds=seeds)
     (HERE / "scheduler_results.json").write_text(
@@ -657,16 +663,6 @@ def section_graph() -> None:
     )
 
 
-NEURAL_SCHEDULERS = [
-    "random",
-    "envsched",
-    "exploit-only",
-    "coverage-only",
-    "variance-greedy",
-    "greso",
-    "mopps",
-    "dps",
-]
 PAPER_HELDOUT = {
     "random": 28.83,
     "exploit-only": 29.17,
@@ -687,34 +683,9 @@ def _paired_cell(p: dict | None, metric: str) -> str:
     return f"{_pm(d['mean'], d['sd'])}, {d['wins']}/{d['n']}"
 
 
-def section_neural(
-    steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
-) -> dict:
-    """The paper's ablation on the neural learner (plus any extra scheduler variants). With
-    ``recorded_only`` the table is built from the runs on record (each row over the seeds it has)."""
-    names = NEURAL_SCHEDULERS + (extra or [])
-    t0 = time.perf_counter()
-    out = run_benchmark(
-        names,
-        steps=steps,
-        seed=0,
-        seeds=seeds,
-        learner="neural",
-        jobs=jobs,
-        cache_dir=cache,
-        eval_every=50,
-        recorded_only=recorded_only,
-    )
-    (HERE / "neural_results.json").write_text(
-        json.dumps({k: out[k] for k in ("schedulers", "paired_vs_random", "setup")}, indent=2)
-    )
-    plot = heldout_plots(out, HERE / "neural_heldout.png")
-    sim = (
-        json.loads((HERE / "scheduler_results.json").read_text())["schedulers"]
-        if (HERE / "scheduler_results.json").exists()
-        else {}
-    )
-    S, P = out["schedulers"], out["paired_vs_random"]
+def _neural_tables(S: dict, P: dict) -> tuple[list[str], list[str]]:
+    """The neural learner's main table (variance, breadth, final held-out with paired differences)
+    and its learning-speed table (held-out averaged over the evaluations after the start)."""
     rnd = S["random"]
     rows = [
         "| scheduler | seeds | batch var | × random | zero-var frac | × random | envs touched | informative envs | "
@@ -733,7 +704,6 @@ def section_neural(
             f"{m['heldout_seen_final']:.4f} ± {m['heldout_seen_final_se']:.4f} | {dseen} | "
             f"{m['heldout_unseen_final']:.4f} ± {m['heldout_unseen_final_se']:.4f} | {dun} |"
         )
-    # learning speed: held-out averaged over every evaluation after the start (area under the curve)
     speed = [
         "| scheduler | seeds | held-out seen, mean over steps 50..200 | Δ vs random (± sd), wins | "
         "held-out unseen, mean over steps 50..200 | Δ vs random (± sd), wins |",
@@ -744,42 +714,14 @@ def section_neural(
         speed.append(
             f"| {n} | {m['seeds']} | {m['heldout_seen_auc']:.4f} | {cells[0]} | {m['heldout_unseen_auc']:.4f} | {cells[1]} |"
         )
-    # beside the paper's real-model ablation and the simulated learner
-    side = [
-        "| scheduler | neural: held-out seen × random | neural: held-out unseen × random | neural: batch var × "
-        "random | paper (Qwen3-4B): held-out BFCL × random | paper: batch var × random | simulated: held-out × "
-        "random | simulated: batch var × random |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for n in (
-        "random",
-        "envsched",
-        "exploit-only",
-        "coverage-only",
-        "variance-greedy",
-        "greso",
-        "mopps",
-        "dps",
-    ):
-        if n not in S:
-            continue
-        m = S[n]
-        ph = PAPER_HELDOUT.get(n)
-        pv = PAPER.get(n, {}).get("batch_variance")
-        sm = sim.get(n)
-        side.append(
-            f"| {n} | {m['heldout_seen_final'] / rnd['heldout_seen_final']:.3f} | "
-            f"{m['heldout_unseen_final'] / rnd['heldout_unseen_final']:.3f} | "
-            f"{m['batch_variance'] / rnd['batch_variance']:.2f} | "
-            f"{fmt(ph / PAPER_HELDOUT['random'] if ph else None, 3)} | "
-            f"{fmt(pv / PAPER['random']['batch_variance'] if pv else None, 2)} | "
-            f"{fmt(sm['heldout_final'] / sim['random']['heldout_final'] if sm and 'random' in sim else None, 3)} | "
-            f"{fmt(sm['batch_variance'] / sim['random']['batch_variance'] if sm and 'random' in sim else None, 2)} |"
-        )
-    es = S["envsched"]
+    return rows, speed
+
+
+def _neural_targets(S: dict, P: dict) -> tuple[list[str], str]:
+    """Issue 17's targets for envsched (each marked met or not) and what the seeds can resolve."""
+    rnd, es, pe = S["random"], S["envsched"], P["envsched"]
     best_seen = max(S, key=lambda n: S[n]["heldout_seen_final"])
     best_unseen = max(S, key=lambda n: S[n]["heldout_unseen_final"])
-    pe = P["envsched"]
     targets = [
         (
             "held-out seen above random in every seed",
@@ -822,6 +764,63 @@ def section_neural(
     trows = ["| target | reached | met |", "|---|---|---|"] + [
         f"| {a} | {b} | {'yes' if c else 'no'} |" for a, b, c in targets
     ]
+    return trows, resolution
+
+
+def section_neural(
+    steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
+) -> dict:
+    """The paper's ablation on the neural learner (plus any extra scheduler variants). With
+    ``recorded_only`` the table is built from the runs on record (each row over the seeds it has)."""
+    names = COMPARED + (extra or [])
+    t0 = time.perf_counter()
+    out = run_benchmark(
+        names,
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        jobs=jobs,
+        cache_dir=cache,
+        eval_every=50,
+        recorded_only=recorded_only,
+    )
+    (HERE / "neural_results.json").write_text(
+        json.dumps({k: out[k] for k in ("schedulers", "paired_vs_random", "setup")}, indent=2)
+    )
+    plot = heldout_plots(out, HERE / "neural_heldout.png")
+    sim = (
+        json.loads((HERE / "scheduler_results.json").read_text())["schedulers"]
+        if (HERE / "scheduler_results.json").exists()
+        else {}
+    )
+    S, P = out["schedulers"], out["paired_vs_random"]
+    rnd = S["random"]
+    rows, speed = _neural_tables(S, P)
+    # beside the paper's real-model ablation and the simulated learner
+    side = [
+        "| scheduler | neural: held-out seen × random | neural: held-out unseen × random | neural: batch var × "
+        "random | paper (Qwen3-4B): held-out BFCL × random | paper: batch var × random | simulated: held-out × "
+        "random | simulated: batch var × random |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in COMPARED:
+        if n not in S:
+            continue
+        m = S[n]
+        ph = PAPER_HELDOUT.get(n)
+        pv = PAPER.get(n, {}).get("batch_variance")
+        sm = sim.get(n)
+        side.append(
+            f"| {n} | {m['heldout_seen_final'] / rnd['heldout_seen_final']:.3f} | "
+            f"{m['heldout_unseen_final'] / rnd['heldout_unseen_final']:.3f} | "
+            f"{m['batch_variance'] / rnd['batch_variance']:.2f} | "
+            f"{fmt(ph / PAPER_HELDOUT['random'] if ph else None, 3)} | "
+            f"{fmt(pv / PAPER['random']['batch_variance'] if pv else None, 2)} | "
+            f"{fmt(sm['heldout_final'] / sim['random']['heldout_final'] if sm and 'random' in sim else None, 3)} | "
+            f"{fmt(sm['batch_variance'] / sim['random']['batch_variance'] if sm and 'random' in sim else None, 2)} |"
+        )
+    trows, resolution = _neural_targets(S, P)
     setup = out["setup"]
     write_section(
         "neural",
@@ -885,6 +884,94 @@ def section_neural(
                 f"![held-out curves]({Path(plot).name})",
             ]
         ),
+    )
+    return out
+
+
+def section_neural_denominator(seeds: int, runs: str, baseline_runs: str, steps: int = 200) -> dict | None:
+    """The experiment with the whole-batch loss denominator (docs/algorithm.md §8b): the schedulers
+    recorded in ``runs`` under ``loss_denominator=batch``, their own paired table and targets, and
+    what the denominator did to each of them against the default (informative) runs in
+    ``baseline_runs``, paired by seed. Built from recorded runs only."""
+    cfg = {"loss_denominator": "batch"}
+    names = [n for n in COMPARED if any(Path(runs).glob(f"{n}-s*.json"))]
+    if "random" not in names or "envsched" not in names:
+        print(f"neural_denominator: random and envsched runs are needed in {runs}; section left as it was")
+        return None
+    quiet = lambda _m: None  # noqa: E731
+    kw = dict(
+        steps=steps, seed=0, seeds=seeds, learner="neural", eval_every=50, recorded_only=True, log=quiet
+    )
+    out = run_benchmark(names, cache_dir=runs, learner_config=cfg, **kw)
+    base = run_benchmark(names, cache_dir=baseline_runs, **kw)
+    plot = heldout_plots(out, HERE / "neural_batch_heldout.png")
+    S, P = out["schedulers"], out["paired_vs_random"]
+    rows, speed = _neural_tables(S, P)
+    trows, resolution = _neural_targets(S, P)
+    # the denominator's own effect on each scheduler: batch minus informative, same seed
+    effect = [
+        "| scheduler | seeds | held-out seen: batch − informative (± sd), higher in | held-out unseen: batch − "
+        "informative, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
+        "zero-var frac: batch / informative |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        a, b = out["per_seed"].get(n, {}), base["per_seed"].get(n, {})
+        common = sorted(set(a) & set(b))
+        cells = []
+        for metric in (
+            "heldout_seen_final",
+            "heldout_unseen_final",
+            "heldout_seen_auc",
+            "heldout_unseen_auc",
+        ):
+            d = [a[s][metric] - b[s][metric] for s in common]
+            cells.append(
+                f"{np.mean(d):+.4f} ± {np.std(d, ddof=1) if len(d) > 1 else 0.0:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
+                if d
+                else "—"
+            )
+        zv = (
+            S[n]["zero_variance_fraction"] / base["schedulers"][n]["zero_variance_fraction"]
+            if n in base["schedulers"]
+            else None
+        )
+        effect.append(f"| {n} | {len(common)} | {' | '.join(cells)} | {fmt(zv, 2)} |")
+    setup = out["setup"]
+    write_section(
+        "neural_denominator",
+        "\n".join(
+            [
+                "## Experiment: the neural learner with a whole-batch loss denominator",
+                "",
+                "The learner of the table above averages its loss over the decisions of informative episodes "
+                "only, so a batch with more informative groups takes a less noisy step, never a larger one. "
+                "Common GRPO trainers average over every token of the batch instead (zero-advantage episodes "
+                "add no gradient but count in the denominator), so there a batch's step grows with its "
+                "informative share, which is what a scheduler buys in the paper's setting. Same pool, seeds, "
+                f"warm start and schedulers, `loss_denominator=batch` (docs/algorithm.md §8b); {setup['steps']} "
+                f"steps, B = {setup['batch_size']}, G = {setup['group_size']}; runs in `bench/runs/neural-batch/`. "
+                "Columns as in the table above.",
+                "",
+                *rows,
+                "",
+                *speed,
+                "",
+                "What the denominator did to each scheduler (this table's runs minus the default learner's, same "
+                "seed):",
+                "",
+                *effect,
+                "",
+                resolution,
+                "",
+                'Targets (issue 17) under this learner setting ("all schedulers" = the rows of this table):',
+                "",
+                *trows,
+                "",
+                f"![held-out curves, whole-batch denominator]({Path(plot).name})",
+            ]
+        ),
+        after="neural",
     )
     return out
 
@@ -1033,7 +1120,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--sections",
-        default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural",
+        default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
+        "neural_denominator",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1047,6 +1135,11 @@ def main() -> int:
         default=str(HERE / "runs" / "neural"),
         help="finished neural runs, one JSON per (scheduler, seed); committed, so more seeds or "
         "schedulers extend the table without re-running the others",
+    )
+    ap.add_argument(
+        "--neural-batch-runs",
+        default=str(HERE / "runs" / "neural-batch"),
+        help="recorded neural runs with the whole-batch loss denominator (section neural_denominator)",
     )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
@@ -1089,6 +1182,8 @@ def main() -> int:
             [x for x in args.extra.split(",") if x],
             recorded_only=args.neural_recorded_only,
         )
+    if "neural_denominator" in sections:
+        section_neural_denominator(args.neural_seeds, args.neural_batch_runs, args.neural_runs, args.steps)
     print(f"wrote {RESULTS}")
     return 0
 

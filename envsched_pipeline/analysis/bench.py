@@ -528,8 +528,9 @@ def run_benchmark(
 def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) -> dict:
     """Means over seeds, paired differences against random, per-step mean series. A scheduler is
     averaged over the seeds it has results for (``seeds`` in its row), and compared with random over
-    the seeds both have (``n`` in each paired difference); one without any result is left out."""
-    out = {"schedulers": {}, "series": {}, "paired_vs_random": {}, "setup": setup}
+    the seeds both have (``n`` in each paired difference); one without any result is left out.
+    ``per_seed``: each scheduler's summary per seed (for pairings across runs of other settings)."""
+    out = {"schedulers": {}, "series": {}, "paired_vs_random": {}, "per_seed": {}, "setup": setup}
     summaries = {}
     for s in seeds:
         random_best = max(results[("random", s)]["heldout"]) if ("random", s) in results else None
@@ -550,6 +551,7 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
         agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in mine]))
         agg["seeds"] = len(mine)
         out["schedulers"][n] = agg
+        out["per_seed"][n] = {s: summaries[(n, s)] for s in mine}
         runs = [results[(n, s)] for s in mine]
         out["series"][n] = {
             k: np.mean([r[k] for r in runs], axis=0).tolist()

@@ -150,9 +150,8 @@ class NeuralBench:
     name = "neural"
 
     def __init__(self, pool: dict, seed: int, learner_config: dict | None = None):
-        # torch: loaded only for the neural learner
-        from trainer.neural.learner import NeuralConfig
-        from trainer.neural.testbed import NeuralTestbed
+        from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
+        from trainer.neural.testbed import NeuralTestbed  # torch as well
 
         self.testbed = NeuralTestbed(
             pool["environments"] + pool["eval_environments"],

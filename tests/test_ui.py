@@ -69,7 +69,7 @@ def dagster_dev(tmp_path):
             )
         yield port, lake, tmp_path
     finally:
-        stop(proc)
+        stop(proc, grace=20)  # dagster dev may ignore SIGTERM for a while; its group is killed after
 
 
 def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):

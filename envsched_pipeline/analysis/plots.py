@@ -204,6 +204,7 @@ def heldout_plots(result: dict, out_path: Path) -> str:
         f"B={setup['batch_size']} G={setup['group_size']}, {setup['steps']} steps, "
         f"mean of {max(seeds.values(), default=setup['seeds'])} seeds"
         + (" (fewer where marked)" if mixed else "")
+        + "".join(f", {k}={v}" for k, v in sorted((setup.get("learner_config") or {}).items()))
     )
     fig.tight_layout()
     fig.savefig(out_path, dpi=90)

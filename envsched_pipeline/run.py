@@ -64,6 +64,10 @@ def from_mapping(cls, data: dict | None, where: str):
     return obj
 
 
+# what the GRPO loss averages over (docs/algorithm.md §8b): the informative episodes, or the whole batch
+LOSS_DENOMINATORS = ("informative", "batch")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Settings of the policy being trained. ``None`` means "the component's own default" (each
@@ -161,9 +165,10 @@ class PolicyConfig:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
         if self.mode is not None and self.mode not in ("latent", "real"):
             raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
-        if self.loss_denominator is not None and self.loss_denominator not in ("informative", "batch"):
+        if self.loss_denominator is not None and self.loss_denominator not in LOSS_DENOMINATORS:
             raise ConfigError(
-                f"policy_config.loss_denominator: expected informative or batch, got {self.loss_denominator!r}"
+                f"policy_config.loss_denominator: expected {' or '.join(LOSS_DENOMINATORS)}, "
+                f"got {self.loss_denominator!r}"
             )
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")

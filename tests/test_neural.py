@@ -208,3 +208,16 @@ def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
         assert main([*base, "--learner-config", bad]) == 2
         assert says in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_run_refuses_a_bad_loss_denominator():
+    from envsched_pipeline.errors import ConfigError
+    from trainer.update import GRPOConfig
+
+    with pytest.raises(ConfigError, match="policy_config.loss_denominator: expected informative or batch"):
+        RunSpec(pool="synthetic", policy="neural", policy_config={"loss_denominator": "all"}).validate()
+    with pytest.raises(ConfigError, match="does not use loss_denominator"):
+        RunSpec(pool="synthetic", policy="simulated", policy_config={"loss_denominator": "batch"}).validate()
+    RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"loss_denominator": "batch"}).validate()
+    with pytest.raises(ValueError, match="loss_denominator: 'all'"):
+        GRPOConfig(loss_denominator="all")

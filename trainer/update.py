@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from envsched_pipeline.run import LOSS_DENOMINATORS
 from trainer import ranks
 from trainer.grpo import group_advantages
 from trainer.loss import grpo_loss, token_logprobs
@@ -48,7 +49,7 @@ class GRPOConfig:
     def __post_init__(self):
         for name, allowed in (
             ("aggregation", ("token-mean", "seq-mean")),
-            ("loss_denominator", ("informative", "batch")),
+            ("loss_denominator", LOSS_DENOMINATORS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(

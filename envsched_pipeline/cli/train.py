@@ -13,7 +13,7 @@ from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import POLICIES, RunSpec
+from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec
 from envsched_pipeline.scheduler import SCHEDULERS
 
 STEP_COLUMNS = (
@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
     t.add_argument(
         "--loss-denominator",
-        choices=["informative", "batch"],
+        choices=LOSS_DENOMINATORS,
         default=None,
         help="what the GRPO loss averages over: the informative episodes (default) or the whole batch "
         "(neural and LM policies; docs/algorithm.md §8b)",

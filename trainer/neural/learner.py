@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from envs.sandbox import SandboxPool
+from envsched_pipeline.run import LOSS_DENOMINATORS
 from trainer.grpo import group_advantages
 from trainer.loss import grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -39,7 +40,6 @@ from trainer.neural.text import (
 
 MAX_PARAMS = 3
 MAX_WORDS = 6
-LOSS_DENOMINATORS = ("informative", "batch")
 
 
 @dataclass(frozen=True)

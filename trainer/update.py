@@ -164,15 +164,16 @@ class GRPOTrainer:
         parallel = ranks.active() and self.ds_engine is None
         local_tokens = float(sum(sum(masks[j]) for j in keep))
         total_tokens = ranks.total(local_tokens) if parallel else local_tokens
-        # the loss's denominator: tokens (token-mean) or sequences (seq-mean) it averages over
-        whole = c.loss_denominator == "batch"
-        if whole:
-            every = float(sum(sum(m) for m in masks))
-            denom_tokens = ranks.total(every) if parallel else every
+        # the loss's denominator: the tokens (token-mean) or sequences (seq-mean) it averages over,
+        # of the informative sequences or of the whole batch; one more collective only when needed
+        token_mean, whole = c.aggregation == "token-mean", c.loss_denominator == "batch"
+        if token_mean and not whole:
+            denom = total_tokens
         else:
-            denom_tokens = total_tokens
-        seqs_here = float(len(seqs) if whole else len(keep))
-        denom_seqs = ranks.total(seqs_here) if parallel else seqs_here
+            here = (
+                float(sum(sum(m) for m in masks)) if token_mean else float(len(seqs) if whole else len(keep))
+            )
+            denom = ranks.total(here) if parallel else here
         if total_tokens <= 0:
             metrics["seconds"] = time.perf_counter() - t0
             return metrics
@@ -200,11 +201,7 @@ class GRPOTrainer:
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
                 loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
                 # scale so the accumulated gradient equals the full-batch aggregation
-                weight = (
-                    (msk.sum().item() / denom_tokens)
-                    if c.aggregation == "token-mean"
-                    else len(mb) / denom_seqs
-                )
+                weight = (msk.sum().item() if token_mean else len(mb)) / denom
                 scaled = loss * weight
                 if self.ds_engine is not None:
                     # the step ends after the last micro-batch, however many there are; the loss is

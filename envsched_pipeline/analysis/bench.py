@@ -54,6 +54,8 @@ VARIANTS: dict[str, dict] = {
     "envsched@cost": {"cost_aware": True},
     "envsched@no-graph": {"use_graph": False},
     "envsched@rho0.25": {"rho": 0.25},
+    # a stronger per-task repetition discount (exposure c0 = 4 groups instead of the paper's 16)
+    "envsched@exposure4": {"c0": 4.0},
 }
 METRICS = (
     "batch_variance",

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from envs.registry import load_synthetic
 from envsched_pipeline.cli import main
@@ -93,6 +94,32 @@ def test_the_loss_can_average_over_the_whole_batch(pool):
         0 < share < 1 and infos["batch"]["loss_scale"] == share and infos["informative"]["loss_scale"] == 1.0
     )
     assert_scaled(grads["informative"], grads["batch"], share)
+
+
+def test_a_non_finite_gradient_skips_the_update_instead_of_poisoning_the_weights(pool):
+    """A decision whose probability grew by more than e^88 since it was sampled overflows the ratio;
+    with a negative advantage the loss and the gradient are infinite. The optimizer step is skipped
+    (and counted): before, one such step turned every weight into NaN and the policy into a constant
+    that still scored 0.36 on held-out, which read as a late learning collapse."""
+    lrn = learner(pool, warm_start_steps=0)
+    try:
+        out = lrn.rollout(pool.tasks, 4, seed=7)
+        assert (np.ptp(out["reward"].reshape(len(pool.tasks), 4), axis=1) > 1e-6).any()
+        for t in lrn.last["traces"]:  # as if every decision had been sampled at probability e^-200
+            t.logp = [[-200.0 for _ in step] for step in t.logp]
+        before = [p.detach().clone() for p in lrn.model.parameters()]
+        info = lrn.learn()
+        assert info["skipped_updates"] == lrn.config.minibatches
+        for a, b in zip(before, lrn.model.parameters(), strict=True):
+            assert torch.isfinite(b).all() and torch.equal(a, b)
+        lrn.rollout(pool.tasks, 4, seed=8)  # the policy still acts and learns
+        assert lrn.learn()["skipped_updates"] == 0
+        with torch.no_grad():  # and a policy with NaN weights fails loudly instead of picking option 0
+            next(lrn.model.parameters()).fill_(float("nan"))
+        with pytest.raises(FloatingPointError, match="NaN"):
+            lrn.rollout(pool.tasks[:3], 4, seed=9)
+    finally:
+        lrn.close()
 
 
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):

@@ -234,6 +234,37 @@ def test_the_loss_can_average_over_the_whole_batch(tok):
     assert_scaled(grads["informative"], grads["batch"], share)
 
 
+def test_a_non_finite_gradient_is_not_applied(tok):
+    """An overflowing ratio (here: the sampling-time log-probs shifted by -200) makes the gradient
+    infinite; the optimizer step is skipped, the weights stay as they were, and an update that
+    skipped every epoch fails with the reason instead of leaving NaN weights behind."""
+    from trainer.model import tiny_qwen3
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    class Overflowing(GRPOTrainer):
+        def _logprobs(self, model, *a, **kw):
+            lp = super()._logprobs(model, *a, **kw)
+            return lp if torch.is_grad_enabled() else lp - 200.0  # the "old" pass runs without grad
+
+    prompt = tok.encode(
+        "<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    good, bad = (tok.encode(x + "<|im_end|>", add_special_tokens=False) for x in ("yes", "no"))
+    seqs = [prompt + good, prompt + bad]
+    masks = [[0] * len(prompt) + [1] * (len(s) - len(prompt)) for s in seqs]
+    model = tiny_qwen3(seed=0)
+    tr = Overflowing(model, tok, GRPOConfig(micro_batch=2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="not finite in all 1 epoch"):
+        tr.update(seqs, masks, np.array([1.0, 0.0]), group_size=2)
+    for k, v in model.state_dict().items():
+        assert torch.isfinite(v).all() and torch.equal(v, before[k]), k
+    metrics = GRPOTrainer(model, tok, GRPOConfig(micro_batch=2)).update(
+        seqs, masks, np.array([1.0, 0.0]), group_size=2
+    )
+    assert metrics["skipped_updates"] == 0 and math.isfinite(metrics["grad_norm"])
+
+
 def test_checkpoint_roundtrip(tok, tmp_path):
     from trainer.model import load_policy, tiny_qwen3
     from trainer.update import GRPOConfig, GRPOTrainer

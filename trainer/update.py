@@ -191,6 +191,7 @@ class GRPOTrainer:
                     ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
         self.model.train()
         losses, norms, clips, kls, approx = [], [], [], [], []
+        skipped = 0
         for _ in range(c.epochs):
             if self.ds_engine is None:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -223,14 +224,19 @@ class GRPOTrainer:
                 if parallel:
                     ranks.sum_gradients(self.model)
                     step_loss = ranks.total(step_loss)
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-                self.optimizer.step()
-                norms.append(float(norm))
+                norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip))
+                if math.isfinite(norm):
+                    self.optimizer.step()
+                    norms.append(norm)
+                else:  # one non-finite gradient would make every weight NaN: skip this epoch's step
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
             losses.append(step_loss)
         self.version += 1
         metrics.update(
             loss=float(np.mean(losses)),
-            grad_norm=float(np.mean(norms)),
+            grad_norm=float(np.mean(norms)) if norms else float("nan"),
+            skipped_updates=skipped,
             epoch_losses=losses,
             clip_fraction=float(np.mean(clips)),
             kl=float(np.mean(kls)),
@@ -239,8 +245,13 @@ class GRPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         metrics["trained_tokens_per_second"] = total_tokens * c.epochs / max(metrics["seconds"], 1e-9)
-        if not math.isfinite(metrics["loss"]):
-            raise FloatingPointError("GRPO loss is not finite; refusing to write a broken checkpoint")
+        if skipped == c.epochs:
+            # every epoch's gradient was non-finite: the weights are unchanged, but the batch taught
+            # nothing and a run that keeps doing this is broken, so the step fails (and says why)
+            raise FloatingPointError(
+                f"GRPO update skipped: the gradient was not finite in all {c.epochs} epoch(s) "
+                f"(loss {metrics['loss']}); the weights were left unchanged"
+            )
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

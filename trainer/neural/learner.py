@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -353,8 +354,11 @@ class NeuralLearner:
                 len(sub[a].text.tools[int(j[r])].params[:MAX_PARAMS]) if int(tool[r]) > 0 else 0
                 for r, a in enumerate(active)
             ]
+            # a parameter with no candidate to copy (nothing visible yet) is left out of the call
+            # rather than sampled from an empty distribution
+            can = ct["exists"].any(-1)
             for p in range(MAX_PARAMS):
-                need = torch.tensor([n > p for n in n_params])
+                need = torch.tensor([n > p for n in n_params]) & can
                 if not need.any():
                     break
                 cv = model.mark_used(cv_k, used_t)
@@ -477,6 +481,7 @@ class NeuralLearner:
             "lr": self.config.lr,
             "informative_decision_share": share,
             "loss_scale": scale,
+            "skipped_updates": 0,
         }
         if keep:
             info.update(self._update([traces[j] for j in keep], adv[keep], scale))
@@ -498,6 +503,7 @@ class NeuralLearner:
         order = np.arange(len(traces))
         parts = [order[j :: c.minibatches] for j in range(c.minibatches) if len(order[j :: c.minibatches])]
         losses, norms, clips, kls, ents = [], [], [], [], []
+        skipped = 0
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)
@@ -511,8 +517,16 @@ class NeuralLearner:
             )
             self.optimizer.zero_grad(set_to_none=True)
             (loss * scale).backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)))
-            self.optimizer.step()
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip))
+            if math.isfinite(norm):
+                self.optimizer.step()
+                norms.append(norm)
+            else:
+                # an overflowing ratio (a decision whose probability grew by e^88 since it was
+                # sampled) gives an infinite or NaN gradient; clipping cannot mend it and one such
+                # step turns every weight into NaN, so the policy would act as a constant from then on
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
             losses.append(float(loss.detach()))
             clips.append(stats["clip_fraction"])
             with torch.no_grad():
@@ -522,7 +536,8 @@ class NeuralLearner:
         model.eval()
         return {
             "loss": float(np.mean(losses)),
-            "grad_norm": float(np.mean(norms)),
+            "grad_norm": float(np.mean(norms)) if norms else float("nan"),
+            "skipped_updates": skipped,
             "clip_fraction": float(np.mean(clips)),
             "kl": float(np.mean(kls)),
             "entropy": float(np.mean(ents)),
@@ -642,10 +657,11 @@ class NeuralLearner:
 def _sample(logits: torch.Tensor, gen: torch.Generator, temperature: float, greedy: bool) -> torch.Tensor:
     if greedy or temperature <= 0:
         return logits.argmax(-1)
+    if torch.isnan(logits).any():
+        # never sample a stand-in action: a NaN here means non-finite weights, and a policy that
+        # quietly always picks option 0 looks like a learning collapse in every metric
+        raise FloatingPointError("the neural policy's logits are NaN (its weights are not finite)")
     probs = torch.softmax(logits / temperature, -1)
-    probs = torch.nan_to_num(probs, nan=0.0)
-    bad = probs.sum(-1) <= 0
-    probs[bad, 0] = 1.0
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 

@@ -142,7 +142,7 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
         statistics_step(lake, t)
     assert lake.read("rollouts").num_rows == 2 * 4 * 4
     tm = lake.read("train_metrics", step=1).to_pylist()[0]
-    assert tm["policy"] == "neural"
+    assert tm["policy"] == "neural" and tm["skipped_updates"] == 0
     for t in range(2):  # the whole-batch denominator: the step shrinks with the informative share
         m = lake.read("train_metrics", step=t).to_pylist()[0]
         assert 0 <= m["loss_scale"] < 1 and (m["loss_scale"] > 0) == (m["trained_groups"] > 0)
@@ -188,6 +188,20 @@ def test_bench_json_on_the_neural_learner(tmp_path):
     paired = doc["paired_vs_random"]["envsched"]["heldout_unseen_final"]
     m, r = doc["schedulers"]["envsched"], doc["schedulers"]["random"]
     assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]
+
+
+def test_runs_recorded_before_a_new_field_still_aggregate():
+    """A run recorded by an older version lacks fields added since (here the neural runs' total of
+    skipped updates): the table averages the per-step series every run has instead of failing."""
+    from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one
+
+    pool = prepare_pool(4, 6, 0)
+    new = {s: run_one(n, pool, steps=3, seed=s, batch_size=4) for n in ("random",) for s in (0, 1)}
+    new[0]["skipped_updates"] = 0  # recorded by this version; seed 1 by an older one
+    doc = aggregate(["random"], [0, 1], {("random", s): r for s, r in new.items()}, {})
+    assert doc["schedulers"]["random"]["seeds"] == 2
+    assert "skipped_updates" not in doc["series"]["random"]
+    assert len(doc["series"]["random"]["batch_variance"]) == 3
 
 
 def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, capsys):

@@ -245,6 +245,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "policy": spec.policy,
         "loss": upd["loss"],
         "grad_norm": upd["grad_norm"],
+        "skipped_updates": int(upd.get("skipped_updates", 0)),
         "lr": cfg.lr,
         "clip_fraction": upd.get("clip_fraction", float("nan")),
         "approx_kl": upd.get("approx_kl", float("nan")),

@@ -270,6 +270,7 @@ def run_one(
         picks_per_task = np.zeros(state.n_tasks, dtype=np.int64)
         informative_per_env = np.zeros(state.n_envs)
         points = set(eval_points(steps, learner, eval_every))
+        skipped = 0  # optimizer steps the learner did not apply (non-finite gradient)
         for t in range(steps + 1):
             if t in points:
                 ev = lrn.evaluate(seed=10_000 + t)
@@ -292,7 +293,7 @@ def run_one(
             idx = np.array([p.index for p in picks])
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
-            lrn.learn(ids, r)
+            skipped += int(lrn.learn(ids, r).get("skipped_updates", 0))
             obs = Observations.from_groups(t, idx, list(r))
             obs.cost = np.asarray(out["seconds"]).mean(axis=1)
             obs.halves = np.array([p.half for p in picks])
@@ -321,6 +322,8 @@ def run_one(
         else:
             series["heldout"] = [e["seen_mean"] for e in series["evals"]]
         series["breadth"] = breadth(picks_per_task, informative_per_env)
+        if learner != "simulated":
+            series["skipped_updates"] = skipped
         if return_state:
             series["_state"] = state
         return series
@@ -557,7 +560,10 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
         out["series"][n] = {
             k: np.mean([r[k] for r in runs], axis=0).tolist()
             for k in runs[0]
-            if not k.startswith("_") and k not in ("evals", "breadth", "heldout")
+            # per-step series only, and only those every run has (older records lack newer ones)
+            if not k.startswith("_")
+            and k not in ("evals", "breadth", "heldout")
+            and all(isinstance(r.get(k), list) for r in runs)
         }
         out["series"][n]["evals"] = [
             {k: float(np.mean([r["evals"][j][k] for r in runs])) for k in runs[0]["evals"][j]}

@@ -149,6 +149,7 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
                     "update_seconds",
                     "trained_groups",
                     "loss_scale",
+                    "skipped_updates",
                 )
             },
         }

@@ -720,8 +720,10 @@ def _neural_tables(S: dict, P: dict) -> tuple[list[str], list[str]]:
 def _neural_targets(S: dict, P: dict) -> tuple[list[str], str]:
     """Issue 17's targets for envsched (each marked met or not) and what the seeds can resolve."""
     rnd, es, pe = S["random"], S["envsched"], P["envsched"]
-    best_seen = max(S, key=lambda n: S[n]["heldout_seen_final"])
-    best_unseen = max(S, key=lambda n: S[n]["heldout_unseen_final"])
+    # "all schedulers" = the ablation's rows; a variant (name@setting) is an experiment, not a scheduler
+    ranked = [n for n in S if n in COMPARED]
+    best_seen = max(ranked, key=lambda n: S[n]["heldout_seen_final"])
+    best_unseen = max(ranked, key=lambda n: S[n]["heldout_unseen_final"])
     missing = [n for n in COMPARED if n not in S]
     among = f" of the {len(COMPARED) - len(missing)} measured" if missing else ""
 
@@ -901,13 +903,15 @@ def section_neural(
     return out
 
 
-def section_neural_denominator(seeds: int, runs: str, baseline_runs: str, steps: int = 200) -> dict | None:
+def section_neural_denominator(
+    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
+) -> dict | None:
     """The experiment with the whole-batch loss denominator (docs/algorithm.md §8b): the schedulers
     recorded in ``runs`` under ``loss_denominator=batch``, their own paired table and targets, and
     what the denominator did to each of them against the default (informative) runs in
     ``baseline_runs``, paired by seed. Built from recorded runs only."""
     cfg = {"loss_denominator": "batch"}
-    names = [n for n in COMPARED if any(Path(runs).glob(f"{n}-s*.json"))]
+    names = [n for n in COMPARED + (extra or []) if any(Path(runs).glob(f"{n}-s*.json"))]
     if "random" not in names or "envsched" not in names:
         print(f"neural_denominator: random and envsched runs are needed in {runs}; section left as it was")
         return None
@@ -999,7 +1003,7 @@ def section_neural_denominator(seeds: int, runs: str, baseline_runs: str, steps:
                 "",
                 resolution,
                 "",
-                'Targets (issue 17) under this learner setting ("all schedulers" = the rows of this table):',
+                'Targets (issue 17) under this learner setting ("all schedulers" = the ablation rows of this table, variants aside):',
                 "",
                 *trows,
                 "",
@@ -1218,7 +1222,13 @@ def main() -> int:
             recorded_only=args.neural_recorded_only,
         )
     if "neural_denominator" in sections:
-        section_neural_denominator(args.neural_seeds, args.neural_batch_runs, args.neural_runs, args.steps)
+        section_neural_denominator(
+            args.neural_seeds,
+            args.neural_batch_runs,
+            args.neural_runs,
+            args.steps,
+            [x for x in args.extra.split(",") if x],
+        )
     print(f"wrote {RESULTS}")
     return 0
 

@@ -45,6 +45,9 @@ LEARNERS = ("simulated", "neural")
 VARIANTS: dict[str, dict] = {
     "envsched@adaptive": {"adaptive_rho": True},
     "envsched@retire2": {"retire_on": "dispersion", "retire_window": 2, "return_rule": "neighbour-mean"},
+    # a zero-variance filter like GRESO's, inside envsched: one group without spread retires a task
+    # (both halves skip it) until a neighbourhood heats up or it is drawn back (return_prob)
+    "envsched@retire1": {"retire_on": "dispersion", "retire_window": 1, "return_rule": "neighbour-mean"},
     "envsched@adaptive+retire2": {
         "adaptive_rho": True,
         "retire_on": "dispersion",

@@ -683,7 +683,10 @@ def _paired_cell(p: dict | None, metric: str) -> str:
     return f"{_pm(d['mean'], d['sd'])}, {d['wins']}/{d['n']}"
 
 
-def _neural_tables(S: dict, P: dict) -> tuple[list[str], list[str]]:
+LATE_DECLINE = 0.02  # held-out (seen) points lost after an earlier evaluation that count as a decline
+
+
+def _neural_tables(S: dict, P: dict, per_seed: dict) -> tuple[list[str], list[str]]:
     """The neural learner's main table (variance, breadth, final held-out with paired differences)
     and its learning-speed table (held-out averaged over the evaluations after the start)."""
     rnd = S["random"]
@@ -706,14 +709,23 @@ def _neural_tables(S: dict, P: dict) -> tuple[list[str], list[str]]:
         )
     speed = [
         "| scheduler | seeds | held-out seen, mean over steps 50..200 | Δ vs random (± sd), wins | "
-        "held-out unseen, mean over steps 50..200 | Δ vs random (± sd), wins |",
-        "|---|---|---|---|---|---|",
+        "held-out unseen, mean over steps 50..200 | Δ vs random (± sd), wins | late declines (seeds) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n, m in S.items():
         cells = [_paired_cell(P.get(n), k) for k in ("heldout_seen_auc", "heldout_unseen_auc")]
+        runs = per_seed.get(n, {})
+        fell = [str(s) for s, x in sorted(runs.items()) if x.get("heldout_seen_drop", 0.0) > LATE_DECLINE]
+        late = f"{len(fell)}/{len(runs)}" + (f" ({', '.join(fell)})" if fell else "")
         speed.append(
-            f"| {n} | {m['seeds']} | {m['heldout_seen_auc']:.4f} | {cells[0]} | {m['heldout_unseen_auc']:.4f} | {cells[1]} |"
+            f"| {n} | {m['seeds']} | {m['heldout_seen_auc']:.4f} | {cells[0]} | {m['heldout_unseen_auc']:.4f} | "
+            f"{cells[1]} | {late} |"
         )
+    speed += [
+        "",
+        f"*Late declines*: runs whose last held-out (seen) is more than {LATE_DECLINE} below an earlier "
+        "evaluation of the same run: the learner unlearned, whatever the scheduler did before.",
+    ]
     return rows, speed
 
 
@@ -811,7 +823,7 @@ def section_neural(
     )
     S, P = out["schedulers"], out["paired_vs_random"]
     rnd = S["random"]
-    rows, speed = _neural_tables(S, P)
+    rows, speed = _neural_tables(S, P, out["per_seed"])
     # beside the paper's real-model ablation and the simulated learner
     side = [
         "| scheduler | neural: held-out seen × random | neural: held-out unseen × random | neural: batch var × "
@@ -923,7 +935,7 @@ def section_neural_denominator(
     base = run_benchmark(names, cache_dir=baseline_runs, **kw)
     plot = heldout_plots(out, HERE / "neural_batch_heldout.png")
     S, P = out["schedulers"], out["paired_vs_random"]
-    rows, speed = _neural_tables(S, P)
+    rows, speed = _neural_tables(S, P, out["per_seed"])
     trows, resolution = _neural_targets(S, P)
     # the denominator's own effect on each scheduler: batch minus informative, same seed
     effect = [

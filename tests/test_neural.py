@@ -193,7 +193,7 @@ def test_bench_json_on_the_neural_learner(tmp_path):
 def test_runs_recorded_before_a_new_field_still_aggregate():
     """A run recorded by an older version lacks fields added since (here the neural runs' total of
     skipped updates): the table averages the per-step series every run has instead of failing."""
-    from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one
+    from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one, summarize
 
     pool = prepare_pool(4, 6, 0)
     new = {s: run_one(n, pool, steps=3, seed=s, batch_size=4) for n in ("random",) for s in (0, 1)}
@@ -202,6 +202,11 @@ def test_runs_recorded_before_a_new_field_still_aggregate():
     assert doc["schedulers"]["random"]["seeds"] == 2
     assert "skipped_updates" not in doc["series"]["random"]
     assert len(doc["series"]["random"]["batch_variance"]) == 3
+    # a late decline: the last evaluation against the best earlier one (0 when the last is the best)
+    run = dict(new[0], evals=[dict(new[0]["evals"][0], seen_mean=x) for x in (0.5, 0.9, 0.8)])
+    assert summarize(run, None)["heldout_seen_drop"] == pytest.approx(0.1)
+    run["evals"][-1]["seen_mean"] = 0.95
+    assert summarize(run, None)["heldout_seen_drop"] == 0.0
 
 
 def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, capsys):

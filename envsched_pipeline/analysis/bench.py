@@ -380,6 +380,11 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "heldout_unseen_final_se": last["unseen_se"],
         "heldout_seen_auc": float(np.mean([e["seen_mean"] for e in later])),
         "heldout_unseen_auc": float(np.mean([e["unseen_mean"] for e in later])),
+        # how far the last evaluation fell below the best earlier one (0 when it is the best): a
+        # learner that unlearns late shows here, whatever the scheduler did before
+        "heldout_seen_drop": max(0.0, max(e["seen_mean"] for e in evals[:-1]) - last["seen_mean"])
+        if len(evals) > 1
+        else 0.0,
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
     }

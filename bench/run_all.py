@@ -983,7 +983,7 @@ def section_neural_denominator(
             f"{label} environments: envsched {d['mean']:+.4f} against random under this setting (two standard "
             f"errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise); the denominator "
             f"moved random by {moved.get(('random', k), float('nan')):+.4f} and envsched by "
-            f"{moved.get(('envsched', k), float('nan')):+.4f}; the best absolute held-out of both settings is "
+            f"{moved.get(('envsched', k), float('nan')):+.4f}; the best absolute held-out of both settings among this table's schedulers is "
             f"{best[0]} with the {best[1]} denominator ({both[best][k]:.4f})"
         )
     setup = out["setup"]

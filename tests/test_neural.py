@@ -196,7 +196,7 @@ def test_runs_recorded_before_a_new_field_still_aggregate():
     from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one, summarize
 
     pool = prepare_pool(4, 6, 0)
-    new = {s: run_one(n, pool, steps=3, seed=s, batch_size=4) for n in ("random",) for s in (0, 1)}
+    new = {s: run_one("random", pool, steps=3, seed=s, batch_size=4) for s in (0, 1)}
     new[0]["skipped_updates"] = 0  # recorded by this version; seed 1 by an older one
     doc = aggregate(["random"], [0, 1], {("random", s): r for s, r in new.items()}, {})
     assert doc["schedulers"]["random"]["seeds"] == 2

@@ -11,6 +11,8 @@ over sequences.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -65,3 +67,18 @@ def grpo_loss(
             "ratio_mean": float((ratio * mask).sum() / n),
         }
     return loss, stats
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> float:
+    """Clip the gradient norm to ``max_norm`` and take the optimizer step, only if the norm is finite.
+
+    Returns the norm before clipping. A non-finite norm (an overflowing ratio: a token or decision
+    whose probability grew by more than e^88 since it was sampled) cannot be clipped into a usable
+    step, and one such step makes every weight NaN: the gradient is dropped instead and the
+    weights stay as they were. Callers count the non-finite returns as skipped updates."""
+    norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    if math.isfinite(norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return norm

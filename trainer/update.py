@@ -19,7 +19,7 @@ import torch
 from envsched_pipeline.run import LOSS_DENOMINATORS
 from trainer import ranks
 from trainer.grpo import group_advantages
-from trainer.loss import grpo_loss, token_logprobs
+from trainer.loss import clipped_step, grpo_loss, token_logprobs
 
 
 @dataclass
@@ -224,12 +224,10 @@ class GRPOTrainer:
                 if parallel:
                     ranks.sum_gradients(self.model)
                     step_loss = ranks.total(step_loss)
-                norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip))
+                norm = clipped_step(self.optimizer, self.model.parameters(), c.grad_clip)
                 if math.isfinite(norm):
-                    self.optimizer.step()
                     norms.append(norm)
-                else:  # one non-finite gradient would make every weight NaN: skip this epoch's step
-                    self.optimizer.zero_grad(set_to_none=True)
+                else:  # this epoch's step was not applied (non-finite gradient)
                     skipped += 1
             losses.append(step_loss)
         self.version += 1

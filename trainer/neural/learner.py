@@ -26,7 +26,7 @@ import torch
 from envs.sandbox import SandboxPool
 from envsched_pipeline.run import LOSS_DENOMINATORS
 from trainer.grpo import group_advantages
-from trainer.loss import grpo_loss
+from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
 from trainer.neural.text import (
     PAD,
@@ -517,15 +517,10 @@ class NeuralLearner:
             )
             self.optimizer.zero_grad(set_to_none=True)
             (loss * scale).backward()
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip))
+            norm = clipped_step(self.optimizer, model.parameters(), c.grad_clip)
             if math.isfinite(norm):
-                self.optimizer.step()
                 norms.append(norm)
-            else:
-                # an overflowing ratio (a decision whose probability grew by e^88 since it was
-                # sampled) gives an infinite or NaN gradient; clipping cannot mend it and one such
-                # step turns every weight into NaN, so the policy would act as a constant from then on
-                self.optimizer.zero_grad(set_to_none=True)
+            else:  # not applied: NaN weights would make the policy act as a constant from then on
                 skipped += 1
             losses.append(float(loss.detach()))
             clips.append(stats["clip_fraction"])
@@ -562,8 +557,7 @@ class NeuralLearner:
             loss = -(lp * mask).sum() / mask.sum().clamp_min(1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-            opt.step()
+            clipped_step(opt, self.model.parameters(), c.grad_clip)
             losses.append(float(loss.detach()))
             if log and (step + 1) % max(1, c.warm_start_steps // 4) == 0:
                 log(f"warm start {step + 1}/{c.warm_start_steps}: loss {np.mean(losses[-10:]):.3f}")

@@ -89,6 +89,10 @@ class PolicyConfig:
     lr: float | None = None  # learning rate (neural and LM policies)
     # informative | batch: what the GRPO loss averages over (neural and LM policies; docs/algorithm.md §8b)
     loss_denominator: str | None = None
+    # dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM policies)
+    dual_clip: float | None = None
+    # neural: train on the stop the max_actions cap forces (true, the default) or leave it out
+    train_forced_stop: bool | None = None
     model_path: str | None = None
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None
@@ -108,11 +112,21 @@ class PolicyConfig:
             "memorization",
             "learning_signal",
         ),
-        "neural": ("workers", "lr", "loss_denominator", "warm_start_steps", "temperature", "max_actions"),
+        "neural": (
+            "workers",
+            "lr",
+            "loss_denominator",
+            "dual_clip",
+            "train_forced_stop",
+            "warm_start_steps",
+            "temperature",
+            "max_actions",
+        ),
         "hf-tiny": (
             "workers",
             "lr",
             "loss_denominator",
+            "dual_clip",
             "max_new_tokens",
             "temperature",
             "max_actions",
@@ -124,6 +138,7 @@ class PolicyConfig:
             "workers",
             "lr",
             "loss_denominator",
+            "dual_clip",
             "model_path",
             "max_new_tokens",
             "temperature",
@@ -136,6 +151,7 @@ class PolicyConfig:
             "workers",
             "lr",
             "loss_denominator",
+            "dual_clip",
             "model_path",
             "max_new_tokens",
             "temperature",
@@ -170,6 +186,8 @@ class PolicyConfig:
                 f"policy_config.loss_denominator: expected {' or '.join(LOSS_DENOMINATORS)}, "
                 f"got {self.loss_denominator!r}"
             )
+        if self.dual_clip is not None and self.dual_clip != 0 and self.dual_clip <= 1:
+            raise ConfigError(f"policy_config.dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers is not None and self.workers < 1:

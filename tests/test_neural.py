@@ -122,6 +122,45 @@ def test_a_non_finite_gradient_skips_the_update_instead_of_poisoning_the_weights
         lrn.close()
 
 
+def test_dual_clip_and_untrained_forced_stops_keep_an_overflowing_update_finite(pool):
+    """With dual_clip set, the decisions whose ratio overflowed are held (no gradient) instead of
+    skipping the whole update; with train_forced_stop off, the stop that the max_actions cap forced
+    carries no gradient at all (it was not sampled from the policy)."""
+    with pytest.raises(ValueError, match="dual_clip"):
+        NeuralConfig(dual_clip=0.5)
+    lrn = learner(pool, warm_start_steps=0, dual_clip=3.0, minibatches=1)
+    try:
+        lrn.rollout(pool.tasks, 4, seed=7)
+        for t in lrn.last["traces"][::2]:  # half the episodes overflow, the other half still teach
+            t.logp = [[-200.0 for _ in step] for step in t.logp]
+        before = [p.detach().clone() for p in lrn.model.parameters()]
+        info = lrn.learn()
+        assert info["skipped_updates"] == 0 and np.isfinite(info["grad_norm"])
+        assert all(torch.isfinite(p).all() for p in lrn.model.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, lrn.model.parameters(), strict=True))
+    finally:
+        lrn.close()
+    # without a warm start most episodes run into the max_actions cap
+    grads = {}
+    for train_forced_stop in (True, False):
+        lrn = learner(
+            pool, warm_start_steps=0, minibatches=1, grad_clip=1e9, train_forced_stop=train_forced_stop
+        )
+        try:
+            lrn.optimizer = GradientTaker(lrn.model.parameters())
+            lrn.rollout(pool.tasks, 4, seed=7)
+            traces = lrn.last["traces"]
+            info = lrn.learn()
+            grads[train_forced_stop] = lrn.optimizer.grads
+        finally:
+            lrn.close()
+        capped = np.mean([len(t.tool_choice) > lrn.config.max_actions for t in traces])
+        assert 0 < capped and info["forced_stop_share"] == pytest.approx(capped)
+        assert info["trained_episodes"] > 0
+    # the forced stop's tool logits are the only difference: the two gradients differ
+    assert any(not torch.allclose(a, b) for a, b in zip(grads[True], grads[False], strict=True))
+
+
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
@@ -133,7 +172,12 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
             batch_size=4,
             group_size=4,
             max_steps=2,
-            policy_config={"warm_start_steps": 5, "loss_denominator": "batch"},
+            policy_config={
+                "warm_start_steps": 5,
+                "loss_denominator": "batch",
+                "dual_clip": 3.0,
+                "train_forced_stop": False,
+            },
         ),
     )
     for t in range(2):
@@ -142,7 +186,7 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
         statistics_step(lake, t)
     assert lake.read("rollouts").num_rows == 2 * 4 * 4
     tm = lake.read("train_metrics", step=1).to_pylist()[0]
-    assert tm["policy"] == "neural" and tm["skipped_updates"] == 0
+    assert tm["policy"] == "neural" and tm["skipped_updates"] == 0 and 0 <= tm["forced_stop_share"] <= 1
     for t in range(2):  # the whole-batch denominator: the step shrinks with the informative share
         m = lake.read("train_metrics", step=t).to_pylist()[0]
         assert 0 <= m["loss_scale"] < 1 and (m["loss_scale"] > 0) == (m["trained_groups"] > 0)
@@ -267,3 +311,9 @@ def test_a_run_refuses_a_bad_loss_denominator():
     RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"loss_denominator": "batch"}).validate()
     with pytest.raises(ValueError, match="loss_denominator: 'all'"):
         GRPOConfig(loss_denominator="all")
+    with pytest.raises(ConfigError, match="policy_config.dual_clip must be > 1"):
+        RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"dual_clip": 0.9}).validate()
+    with pytest.raises(ConfigError, match="does not use train_forced_stop"):
+        RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"train_forced_stop": False}).validate()
+    with pytest.raises(ValueError, match="dual_clip: must be > 1"):
+        GRPOConfig(dual_clip=1.0)

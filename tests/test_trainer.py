@@ -55,6 +55,29 @@ def test_loss_clips_large_ratios():
     assert st["clip_fraction"] == 1.0
 
 
+def test_dual_clip_bounds_a_negative_advantage_and_survives_an_overflowing_ratio():
+    old = torch.zeros(1, 3)
+    lp = torch.tensor([[math.log(2.0), math.log(5.0), 200.0]], requires_grad=True)
+    mask = torch.ones(1, 3)
+    with pytest.raises(ValueError, match="dual_clip"):
+        grpo_loss(lp, old, torch.tensor([-1.0]), mask, dual_clip=1.0)
+    neg, st = grpo_loss(lp, old, torch.tensor([-1.0]), mask, clip_eps=0.2, dual_clip=3.0)
+    # A < 0: max(min(-r, -clip(r)), -3) -> -2 for r = 2, -3 for r = 5 and for r = e^200
+    assert neg.item() == pytest.approx((2.0 + 3.0 + 3.0) / 3)
+    assert st["dual_clip_fraction"] == pytest.approx(2 / 3)
+    neg.backward()
+    # only the r = 2 token moves; the held ones give no gradient (and no NaN from exp(200))
+    assert (
+        torch.isfinite(lp.grad).all()
+        and lp.grad[0, 0] == pytest.approx(2.0 / 3)
+        and (lp.grad[0, 1:] == 0).all()
+    )
+    pos, _ = grpo_loss(lp.detach(), old, torch.tensor([1.0]), mask, clip_eps=0.2, dual_clip=3.0)
+    assert pos.item() == pytest.approx(-1.2)  # A > 0 unchanged: min(r, clip(r)) = 1.2 for all three
+    plain, _ = grpo_loss(lp.detach()[:, :2], old[:, :2], torch.tensor([-1.0]), mask[:, :2])
+    assert plain.item() == pytest.approx((2.0 + 5.0) / 2)  # off by default: -r unbounded
+
+
 def test_kl_term_is_zero_at_reference_and_positive_away():
     lp = torch.tensor([[0.0, -1.0]])
     m = torch.ones(1, 2)

@@ -33,17 +33,34 @@ def grpo_loss(
     kl_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     aggregation: str = "token-mean",
+    dual_clip: float = 0.0,
 ) -> tuple[torch.Tensor, dict]:
     """logprobs, old_logprobs, mask: (B, T); advantages: (B,) per sequence (broadcast over tokens).
 
     per-token loss = -min(r * A, clip(r, 1 - eps, 1 + eps) * A) [+ kl_coef * KL_k3], r = exp(lp - old).
+
+    ``dual_clip`` = c > 1 bounds the surrogate of a negative advantage from below by c * A (dual-clip
+    PPO): PPO's min() leaves -r * A unbounded as r grows when A < 0, so one token whose probability
+    rose a lot since it was sampled can dominate (or overflow) the step. With it set, r is also
+    capped at c before the exp (past c the loss is flat for either sign of A, so the cap changes no
+    value or gradient and an overflowing ratio cannot turn the backward pass into NaN). 0 = off.
     """
+    if dual_clip and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {dual_clip}")
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
-    ratio = torch.exp(logprobs - old_logprobs)
+    log_ratio = logprobs - old_logprobs
+    # tokens the dual clip holds (A < 0 and r >= c): they give no gradient this pass
+    held = (adv < 0) & (log_ratio.detach() >= math.log(dual_clip)) if dual_clip else None
+    if dual_clip:
+        log_ratio = log_ratio.clamp(max=math.log(dual_clip))
+    ratio = torch.exp(log_ratio)
     surr1 = ratio * adv
     surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
-    per_token = -torch.minimum(surr1, surr2)
+    surr = torch.minimum(surr1, surr2)
+    if dual_clip:
+        surr = torch.where(adv < 0, torch.maximum(surr, dual_clip * adv), surr)
+    per_token = -surr
     kl = torch.zeros_like(per_token)
     if kl_coef > 0:
         if ref_logprobs is None:
@@ -63,6 +80,7 @@ def grpo_loss(
         clipped = ((ratio - 1.0).abs() > clip_eps).to(mask.dtype)
         stats = {
             "clip_fraction": float((clipped * mask).sum() / n),
+            "dual_clip_fraction": float((held.to(mask.dtype) * mask).sum() / n) if dual_clip else 0.0,
             "kl": float((kl * mask).sum() / n),
             "ratio_mean": float((ratio * mask).sum() / n),
         }

@@ -27,6 +27,7 @@ class GRPOConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     clip_eps: float = 0.2
+    dual_clip: float = 0.0  # dual-clip PPO bound c > 1 for negative advantages; 0 = off (trainer.loss)
     kl_coef: float = 0.0  # no KL by default; > 0 keeps a frozen reference copy
     aggregation: str = "token-mean"  # token-mean | seq-mean (see trainer.loss)
     # informative: the mean is over the sequences with a non-zero advantage; batch: over the whole
@@ -47,6 +48,8 @@ class GRPOConfig:
     sequences_per_step: int = 512
 
     def __post_init__(self):
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ValueError(f"trainer setting dual_clip: must be > 1 (or 0 = off), got {self.dual_clip}")
         for name, allowed in (
             ("aggregation", ("token-mean", "seq-mean")),
             ("loss_denominator", LOSS_DENOMINATORS),
@@ -200,7 +203,9 @@ class GRPOTrainer:
                 ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
                 lp = self._logprobs(model, ids, att, msk)
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
-                loss, st = grpo_loss(lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation)
+                loss, st = grpo_loss(
+                    lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation, c.dual_clip
+                )
                 # scale so the accumulated gradient equals the full-batch aggregation
                 weight = (msk.sum().item() if token_mean else len(mb)) / denom
                 scaled = loss * weight

@@ -296,7 +296,10 @@ def run_one(
             idx = np.array([p.index for p in picks])
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
-            skipped += int(lrn.learn(ids, r).get("skipped_updates", 0))
+            info = lrn.learn(ids, r)
+            skipped += int(info.get("skipped_updates", 0))
+            if "forced_stop_share" in info:  # neural: episodes the max_actions cap ended
+                series.setdefault("forced_stop_share", []).append(float(info["forced_stop_share"]))
             obs = Observations.from_groups(t, idx, list(r))
             obs.cost = np.asarray(out["seconds"]).mean(axis=1)
             obs.halves = np.array([p.half for p in picks])

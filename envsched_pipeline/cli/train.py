@@ -78,6 +78,13 @@ def add_parser(sub) -> None:
         "(neural and LM policies; docs/algorithm.md §8b)",
     )
     t.add_argument(
+        "--dual-clip",
+        type=float,
+        default=None,
+        help="dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM "
+        "policies; docs/algorithm.md §8b)",
+    )
+    t.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
     )
     t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
@@ -134,6 +141,7 @@ def policy_config(args) -> dict:
         "max_new_tokens",
         "lr",
         "loss_denominator",
+        "dual_clip",
         "base_url",
         "model",
         "api_key_env",

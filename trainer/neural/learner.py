@@ -50,6 +50,8 @@ class NeuralConfig:
     lr: float = 3e-4
     weight_decay: float = 0.0
     clip_eps: float = 0.2
+    # dual-clip PPO bound c (> 1) on the surrogate of a negative advantage; 0 = off (trainer.loss)
+    dual_clip: float = 0.0
     grad_clip: float = 1.0
     minibatches: int = 2  # optimizer steps per training step (ratio != 1 from the second on)
     # what the decision-mean loss divides by: "informative" = the decisions of the episodes with a
@@ -58,6 +60,9 @@ class NeuralConfig:
     # fewer informative groups takes a proportionally smaller step)
     loss_denominator: str = "informative"
     max_actions: int = 8  # tool calls per episode before it is stopped and verified
+    # whether the stop that ends an episode at the max_actions cap is trained on like a decision
+    # the policy made (it is forced, not sampled; its log-probability is often very low)
+    train_forced_stop: bool = True
     temperature: float = 1.0
     warm_start_steps: int = 60  # behaviour-cloning gradient steps on the warm-start pool
     warm_start_batch: int = 64
@@ -66,6 +71,10 @@ class NeuralConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self):
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ValueError(
+                f"neural learner setting dual_clip: must be > 1 (or 0 = off), got {self.dual_clip}"
+            )
         if self.loss_denominator not in LOSS_DENOMINATORS:
             raise ValueError(
                 f"neural learner setting loss_denominator: {self.loss_denominator!r} is not one of "
@@ -482,6 +491,10 @@ class NeuralLearner:
             "informative_decision_share": share,
             "loss_scale": scale,
             "skipped_updates": 0,
+            # episodes ended by the max_actions cap rather than by the policy's own stop
+            "forced_stop_share": float(
+                np.mean([len(t.tool_choice) > self.config.max_actions for t in traces])
+            ),
         }
         if keep:
             info.update(self._update([traces[j] for j in keep], adv[keep], scale))
@@ -507,6 +520,10 @@ class NeuralLearner:
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)
+            forced = c.max_actions * (1 + MAX_PARAMS)  # the tool decision of the capped action
+            if not c.train_forced_stop and mask.shape[1] > forced:
+                mask = mask.clone()
+                mask[:, forced] = False
             idx = torch.as_tensor(part)
             loss, stats = grpo_loss(
                 lp,
@@ -514,6 +531,7 @@ class NeuralLearner:
                 torch.as_tensor(adv[part], dtype=torch.float32),
                 mask.float(),
                 clip_eps=c.clip_eps,
+                dual_clip=c.dual_clip,
             )
             self.optimizer.zero_grad(set_to_none=True)
             (loss * scale).backward()

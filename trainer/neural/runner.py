@@ -150,6 +150,7 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
                     "trained_groups",
                     "loss_scale",
                     "skipped_updates",
+                    "forced_stop_share",
                 )
             },
         }

@@ -33,6 +33,8 @@ PAPER = {  # Qwen3-4B, 200 steps (paper's table)
 }
 PAPER_SELECT_SECONDS = 34.93
 # the eight schedulers of every comparison (the paper's ablation and the published baselines)
+# the steadier neural learner of section neural_steady (docs/algorithm.md §8b)
+STEADY = {"dual_clip": 3.0, "train_forced_stop": False}
 COMPARED = [
     "random",
     "envsched",
@@ -915,17 +917,26 @@ def section_neural(
     return out
 
 
-def section_neural_denominator(
-    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
+def _learner_experiment(
+    name: str,
+    cfg: dict,
+    label: str,
+    runs: str,
+    baseline_runs: str,
+    seeds: int,
+    steps: int,
+    extra: list[str] | None,
+    title: str,
+    intro: str,
+    plot_file: str,
 ) -> dict | None:
-    """The experiment with the whole-batch loss denominator (docs/algorithm.md §8b): the schedulers
-    recorded in ``runs`` under ``loss_denominator=batch``, their own paired table and targets, and
-    what the denominator did to each of them against the default (informative) runs in
-    ``baseline_runs``, paired by seed. Built from recorded runs only."""
-    cfg = {"loss_denominator": "batch"}
+    """A neural-learner setting tried on every recorded scheduler: the schedulers recorded in ``runs``
+    under learner settings ``cfg``, their own paired table and targets, and what the setting did to
+    each of them against the default learner's runs in ``baseline_runs``, paired by seed. Built from
+    recorded runs only; written as section ``name`` (``label`` names the setting in the tables)."""
     names = [n for n in COMPARED + (extra or []) if any(Path(runs).glob(f"{n}-s*.json"))]
     if "random" not in names or "envsched" not in names:
-        print(f"neural_denominator: random and envsched runs are needed in {runs}; section left as it was")
+        print(f"{name}: random and envsched runs are needed in {runs}; section left as it was")
         return None
     quiet = lambda _m: None  # noqa: E731
     kw = dict(
@@ -933,18 +944,18 @@ def section_neural_denominator(
     )
     out = run_benchmark(names, cache_dir=runs, learner_config=cfg, **kw)
     base = run_benchmark(names, cache_dir=baseline_runs, **kw)
-    plot = heldout_plots(out, HERE / "neural_batch_heldout.png")
+    plot = heldout_plots(out, HERE / plot_file)
     S, P = out["schedulers"], out["paired_vs_random"]
     rows, speed = _neural_tables(S, P, out["per_seed"])
     trows, resolution = _neural_targets(S, P)
-    # the denominator's own effect on each scheduler: batch minus informative, same seed
+    # the setting's own effect on each scheduler: this setting minus the default learner, same seed
     effect = [
-        "| scheduler | seeds | held-out seen: batch − informative (± sd), higher in | held-out unseen: batch − "
-        "informative, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
-        "zero-var frac: batch / informative |",
+        f"| scheduler | seeds | held-out seen: {label} − default (± sd), higher in | held-out unseen: {label} − "
+        "default, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
+        f"zero-var frac: {label} / default |",
         "|---|---|---|---|---|---|---|",
     ]
-    moved: dict[tuple[str, str], float] = {}  # (scheduler, metric) -> mean change from the denominator
+    moved: dict[tuple[str, str], float] = {}  # (scheduler, metric) -> mean change from the setting
     for n in names:
         a, b = out["per_seed"].get(n, {}), base["per_seed"].get(n, {})
         common = sorted(set(a) & set(b))
@@ -969,45 +980,42 @@ def section_neural_denominator(
             else None
         )
         effect.append(f"| {n} | {len(common)} | {' | '.join(cells)} | {fmt(zv, 2)} |")
-    # reading: envsched's gain under this setting, how much of it is random slowing down, and which
+    # reading: envsched's gain under this setting, how much of it is random moving, and which
     # (setting, scheduler) has the best absolute held-out
     pe = P["envsched"]
-    both = {(n, "informative"): m for n, m in base["schedulers"].items() if n in S}
-    both.update({(n, "batch"): m for n, m in S.items()})
+    both = {(n, "default"): m for n, m in base["schedulers"].items() if n in S}
+    both.update({(n, label): m for n, m in S.items()})
     reading = []
-    for k, label in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
+    for k, kind in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
         d = pe[k]
         se2 = 2 * d["sd"] / np.sqrt(d["n"]) if d["n"] > 1 else float("nan")
         best = max(both, key=lambda x: both[x][k])
         reading.append(
-            f"{label} environments: envsched {d['mean']:+.4f} against random under this setting (two standard "
-            f"errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise); the denominator "
+            f"{kind} environments: envsched {d['mean']:+.4f} against random under this setting (two standard "
+            f"errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise); the setting "
             f"moved random by {moved.get(('random', k), float('nan')):+.4f} and envsched by "
-            f"{moved.get(('envsched', k), float('nan')):+.4f}; the best absolute held-out of both settings among this table's schedulers is "
-            f"{best[0]} with the {best[1]} denominator ({both[best][k]:.4f})"
+            f"{moved.get(('envsched', k), float('nan')):+.4f}; the best absolute held-out of both settings among "
+            f"this table's schedulers is {best[0]} with the {best[1]} learner ({both[best][k]:.4f})"
         )
     setup = out["setup"]
+    settings = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in cfg.items())
     write_section(
-        "neural_denominator",
+        name,
         "\n".join(
             [
-                "## Experiment: the neural learner with a whole-batch loss denominator",
+                f"## Experiment: {title}",
                 "",
-                "The learner of the table above averages its loss over the decisions of informative episodes "
-                "only, so a batch with more informative groups takes a less noisy step, never a larger one. "
-                "Common GRPO trainers average over every token of the batch instead (zero-advantage episodes "
-                "add no gradient but count in the denominator), so there a batch's step grows with its "
-                "informative share, which is what a scheduler buys in the paper's setting. Same pool, seeds, "
-                f"warm start and schedulers, `loss_denominator=batch` (docs/algorithm.md §8b); {setup['steps']} "
-                f"steps, B = {setup['batch_size']}, G = {setup['group_size']}; runs in `bench/runs/neural-batch/`. "
-                "Columns as in the table above.",
+                intro,
+                f"Same pool, seeds, warm start and schedulers as the table above, learner settings {settings} "
+                f"(docs/algorithm.md §8b); {setup['steps']} steps, B = {setup['batch_size']}, G = "
+                f"{setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`. Columns as in the table above.",
                 "",
                 *rows,
                 "",
                 *speed,
                 "",
-                "What the denominator did to each scheduler (this table's runs minus the default learner's, same "
-                "seed):",
+                f"What the setting did to each scheduler (this table's runs minus the default learner's, same seed; "
+                f'"{label}" = this setting):',
                 "",
                 *effect,
                 "",
@@ -1015,16 +1023,63 @@ def section_neural_denominator(
                 "",
                 resolution,
                 "",
-                'Targets (issue 17) under this learner setting ("all schedulers" = the ablation rows of this table, variants aside):',
+                'Targets (issue 17) under this learner setting ("all schedulers" = the ablation rows of this '
+                "table, variants aside):",
                 "",
                 *trows,
                 "",
-                f"![held-out curves, whole-batch denominator]({Path(plot).name})",
+                f"![held-out curves, {title}]({Path(plot).name})",
             ]
         ),
         after="neural",
     )
     return out
+
+
+def section_neural_denominator(
+    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
+) -> dict | None:
+    """The experiment with the whole-batch loss denominator (docs/algorithm.md §8b)."""
+    return _learner_experiment(
+        "neural_denominator",
+        {"loss_denominator": "batch"},
+        "batch",
+        runs,
+        baseline_runs,
+        seeds,
+        steps,
+        extra,
+        "the neural learner with a whole-batch loss denominator",
+        "The learner of the table above averages its loss over the decisions of informative episodes "
+        "only, so a batch with more informative groups takes a less noisy step, never a larger one. "
+        "Common GRPO trainers average over every token of the batch instead (zero-advantage episodes "
+        "add no gradient but count in the denominator), so there a batch's step grows with its "
+        "informative share, which is what a scheduler buys in the paper's setting.",
+        "neural_batch_heldout.png",
+    )
+
+
+def section_neural_steady(
+    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
+) -> dict | None:
+    """The experiment with dual-clip PPO and untrained forced stops (docs/algorithm.md §8b)."""
+    return _learner_experiment(
+        "neural_steady",
+        STEADY,
+        "steady",
+        runs,
+        baseline_runs,
+        seeds,
+        steps,
+        extra,
+        "a steadier neural learner (dual-clip PPO, forced stops left out of the loss)",
+        "The default learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
+        "grown, which produced non-finite updates (skipped since) and, in the concentrating schedulers, "
+        "late declines of held-out; and it trains on the stop that the 8-action cap forces, a decision "
+        "the policy never sampled. This setting bounds the first (dual clip, c = 3) and leaves the "
+        "second out of the loss.",
+        "neural_steady_heldout.png",
+    )
 
 
 def section_resident(steps: int = 5) -> None:
@@ -1172,7 +1227,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_denominator",
+        "neural_denominator,neural_steady",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1191,6 +1246,11 @@ def main() -> int:
         "--neural-batch-runs",
         default=str(HERE / "runs" / "neural-batch"),
         help="recorded neural runs with the whole-batch loss denominator (section neural_denominator)",
+    )
+    ap.add_argument(
+        "--neural-steady-runs",
+        default=str(HERE / "runs" / "neural-steady"),
+        help="recorded neural runs with dual_clip=3 and train_forced_stop=false (section neural_steady)",
     )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
@@ -1237,6 +1297,14 @@ def main() -> int:
         section_neural_denominator(
             args.neural_seeds,
             args.neural_batch_runs,
+            args.neural_runs,
+            args.steps,
+            [x for x in args.extra.split(",") if x],
+        )
+    if "neural_steady" in sections:
+        section_neural_steady(
+            args.neural_seeds,
+            args.neural_steady_runs,
             args.neural_runs,
             args.steps,
             [x for x in args.extra.split(",") if x],

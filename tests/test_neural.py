@@ -300,6 +300,17 @@ def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_grpo_only_settings_share_the_warm_start():
+    from trainer.neural.testbed import TestbedConfig, warm_start_key
+
+    tb = TestbedConfig()
+    default = warm_start_key(0, tb, NeuralConfig())
+    steady = NeuralConfig(dual_clip=3.0, train_forced_stop=False, loss_denominator="batch")
+    assert warm_start_key(0, tb, steady) == default
+    assert warm_start_key(0, tb, NeuralConfig(warm_start_steps=10)) != default
+    assert warm_start_key(1, tb, NeuralConfig()) != default
+
+
 def test_a_run_refuses_a_bad_loss_denominator():
     from envsched_pipeline.errors import ConfigError
     from trainer.update import GRPOConfig

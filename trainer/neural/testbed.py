@@ -51,6 +51,21 @@ def _cache_dir() -> Path:
     return d
 
 
+GRPO_ONLY = ("loss_denominator", "dual_clip", "train_forced_stop")
+
+
+def warm_start_key(seed: int, testbed: TestbedConfig, neural: NeuralConfig) -> str:
+    """The warm-start cache key. The GRPO_ONLY settings act on GRPO updates only, so the warm start
+    (and its cache) ignore them: every such setting of a seed starts from the same weights (and the
+    keys of caches written before a new GRPO-only setting existed still hold)."""
+    settings = {k: v for k, v in asdict(neural).items() if k not in GRPO_ONLY}
+    return hashlib.sha256(
+        json.dumps(
+            {"seed": seed, "testbed": asdict(testbed), "neural": settings, "v": 1}, sort_keys=True
+        ).encode()
+    ).hexdigest()[:16]
+
+
 class NeuralTestbed:
     def __init__(
         self,
@@ -76,14 +91,7 @@ class NeuralTestbed:
         self._warm_start(neural, log)
 
     def _warm_start(self, neural: NeuralConfig, log) -> None:
-        # the loss denominator acts on GRPO updates only: the warm start (and its cache) ignore it
-        settings = {k: v for k, v in asdict(neural).items() if k != "loss_denominator"}
-        key = hashlib.sha256(
-            json.dumps(
-                {"seed": self.seed, "testbed": asdict(self.config), "neural": settings, "v": 1},
-                sort_keys=True,
-            ).encode()
-        ).hexdigest()[:16]
+        key = warm_start_key(self.seed, self.config, neural)
         path = _cache_dir() / f"{key}.pt"
         if path.exists():
             self.learner.load_bytes(path.read_bytes())

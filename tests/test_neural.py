@@ -286,6 +286,18 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     assert main(other) == 2 and not none.exists()
 
 
+def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
+    from envsched_pipeline.analysis.bench import canonical_learner_config
+
+    given = {"dual_clip": 3, "train_forced_stop": False, "loss_denominator": "batch", "max_actions": 8}
+    c = canonical_learner_config("neural", given)
+    assert json.dumps(c, sort_keys=True) == json.dumps(
+        {"dual_clip": 3.0, "train_forced_stop": False, "loss_denominator": "batch", "max_actions": 8},
+        sort_keys=True,
+    )
+    assert type(c["max_actions"]) is int and c["train_forced_stop"] is False
+
+
 def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "bench.json"
     base = ["bench", "scheduler", "--learner", "neural", "--steps", "1", "--json", str(out)]

@@ -180,6 +180,26 @@ class NeuralBench:
         self.testbed.close()
 
 
+def canonical_learner_config(kind: str, config: dict) -> dict:
+    """The settings as recorded runs are keyed: a whole number given for a float setting becomes a
+    float, so ``{"dual_clip": 3}`` and ``{"dual_clip": 3.0}`` find the same recorded runs."""
+    if kind == "neural":
+        from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
+
+        fields = NeuralConfig.__dataclass_fields__
+    else:
+        fields = SimLearnerConfig.__dataclass_fields__
+    return {
+        k: float(v)
+        if k in fields
+        and fields[k].type in ("float", float)
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        else v
+        for k, v in config.items()
+    }
+
+
 def check_learner_config(kind: str, config: dict) -> None:
     """Refuse unknown or invalid learner settings before any run starts (ValueError naming them)."""
     if kind == "neural":
@@ -459,6 +479,7 @@ def run_benchmark(
         )
     if learner_config:
         check_learner_config(learner, learner_config)
+        learner_config = canonical_learner_config(learner, learner_config)
     names = list(dict.fromkeys(schedulers))
     cache = Path(cache_dir) if cache_dir else None
     if cache:

@@ -327,9 +327,12 @@ def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
         "12",
         "--lr",
         "1e-4",
+        "--dual-clip",
+        "3",
     ]
     p = subprocess.run(cmd + ["--steps", "1"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((lake / "run.json").read_text())["policy_config"]["dual_clip"] == 3.0
     lk = Lake(lake)
     r = lk.read("rollouts", step=0)
     assert r.num_rows == 4 and min(r.column("tokens").to_pylist()) > 100

@@ -157,6 +157,31 @@ def test_env_window_cap_counts_previous_two_steps():
     assert cons.eligible()[5:].all()
 
 
+def test_proportional_exploitation_draws_by_score_and_records_the_propensity():
+    with pytest.raises(ValueError, match="exploit_sampling: 'softmax'"):
+        SchedulerConfig(exploit_sampling="softmax")
+    st_ = make_state(n_envs=4, per_env=6)
+    # half the tasks of each environment had spread, the other half were solved
+    observe(st_, 0, {i: ([0.0, 1.0, 0.0, 1.0] if i % 6 < 3 else [1.0] * 4) for i in range(24)})
+    spread = np.array([i % 6 < 3 for i in range(24)])
+    seen = {}
+    for sampling in ("greedy", "proportional"):
+        sched = EnvSched(SchedulerConfig(rho=0.0, exploit_sampling=sampling, lambda_sim=0.0))
+        counts = np.zeros(24)
+        for seed in range(40):
+            picks = sched.select(st_, 4, np.random.default_rng(seed), 1).picks
+            assert all(p.half == "exploit" for p in picks)
+            props = [p.propensity for p in picks]
+            assert all(0 < q <= 1 for q in props) and (sampling == "proportional" or props == [1.0] * 4)
+            counts[[p.index for p in picks]] += 1
+        seen[sampling] = counts
+    assert (seen["greedy"] > 0).sum() == 4 and seen["greedy"][~spread].sum() == 0  # the same top four
+    prop = seen["proportional"]
+    assert (prop > 0).sum() > 8  # spread over many tasks, most often over those with spread
+    # (the solved ones keep some score from the shrinkage towards their environment's prior)
+    assert prop[spread].sum() > 1.5 * prop[~spread].sum()
+
+
 # ---------------------------------------------------------------------------- §5.6 retirement
 def test_retirement_after_three_solved_groups_and_return():
     cfg = SchedulerConfig(return_prob=0.0)
@@ -282,9 +307,12 @@ def test_every_scheduler_returns_distinct_picks_with_reasons():
     steps=st.integers(1, 5),
     rho=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
     seed=st.integers(0, 10_000),
+    sampling=st.sampled_from(["greedy", "proportional"]),
 )
-def test_batches_never_repeat_and_respect_caps_unless_relaxed(n_envs, per_env, batch, steps, rho, seed):
-    cfg = SchedulerConfig(batch_size=batch, rho=rho)
+def test_batches_never_repeat_and_respect_caps_unless_relaxed(
+    n_envs, per_env, batch, steps, rho, seed, sampling
+):
+    cfg = SchedulerConfig(batch_size=batch, rho=rho, exploit_sampling=sampling)
     state = make_state(n_envs, per_env)
     sched = EnvSched(cfg)
     rng = np.random.default_rng(seed)

@@ -59,6 +59,9 @@ VARIANTS: dict[str, dict] = {
     "envsched@rho0.25": {"rho": 0.25},
     # a stronger per-task repetition discount (exposure c0 = 4 groups instead of the paper's 16)
     "envsched@exposure4": {"c0": 4.0},
+    # the exploitation half drawn in proportion to the score instead of its top (GRESO-like breadth
+    # over the likely-informative tasks, keeping envsched's predictions)
+    "envsched@sampled": {"exploit_sampling": "proportional"},
 }
 METRICS = (
     "batch_variance",

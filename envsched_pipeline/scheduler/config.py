@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+EXPLOIT_SAMPLING = ("greedy", "proportional")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -57,6 +59,17 @@ class SchedulerConfig:
     rho_min: float = 0.125  # ... never below this share
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
+    # exploitation half: "greedy" takes the highest score - similarity penalty (paper); "proportional"
+    # draws each pick with probability proportional to that value (clipped at 0), so the half spreads
+    # over many likely-informative tasks instead of always the top ones
+    exploit_sampling: str = "greedy"
+
+    def __post_init__(self):
+        if self.exploit_sampling not in EXPLOIT_SAMPLING:
+            raise ValueError(
+                f"scheduler config exploit_sampling: {self.exploit_sampling!r} is not one of "
+                f"{', '.join(EXPLOIT_SAMPLING)}"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -207,9 +207,12 @@ class EnvSched(Scheduler):
             if not ok.any():
                 break
             val = np.where(ok, score - c.lambda_sim * penalty, -np.inf)
-            i = int(np.argmax(val))
+            if c.exploit_sampling == "proportional":
+                i, prop = _draw_proportional(val, ok, rng)
+            else:
+                i, prop = int(np.argmax(val)), 1.0
             snap = cons.take(i)
-            picks.append(self._pick(state, i, "exploit", pred, inf, snap, 1.0, float(penalty[i])))
+            picks.append(self._pick(state, i, "exploit", pred, inf, snap, prop, float(penalty[i])))
             if sym is not None:
                 self._add_penalty(sym, i, penalty)
         return Selection(picks, cons.relaxations, quarantined)
@@ -335,3 +338,14 @@ class EnvSched(Scheduler):
             reason=reason,
             index=i,
         )
+
+
+def _draw_proportional(val: np.ndarray, ok: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
+    """One eligible task drawn with probability proportional to ``val`` clipped at 0 (uniformly among
+    the eligible when none is positive); returns (index, its probability: the pick's propensity)."""
+    w = np.where(ok, np.maximum(np.nan_to_num(val, neginf=0.0), 0.0), 0.0)
+    if w.sum() <= 0:
+        w = ok.astype(float)
+    p = w / w.sum()
+    i = int(rng.choice(len(p), p=p))
+    return i, float(p[i])

@@ -33,8 +33,8 @@ PAPER = {  # Qwen3-4B, 200 steps (paper's table)
 }
 PAPER_SELECT_SECONDS = 34.93
 # the eight schedulers of every comparison (the paper's ablation and the published baselines)
-# the steadier neural learner of section neural_steady (docs/algorithm.md §8b)
-STEADY = {"dual_clip": 3.0, "train_forced_stop": False}
+# the neural learner of section neural_dualclip (docs/algorithm.md §8b)
+DUAL_CLIP = {"dual_clip": 3.0}
 COMPARED = [
     "random",
     "envsched",
@@ -1059,26 +1059,25 @@ def section_neural_denominator(
     )
 
 
-def section_neural_steady(
+def section_neural_dualclip(
     seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
 ) -> dict | None:
-    """The experiment with dual-clip PPO and untrained forced stops (docs/algorithm.md §8b)."""
+    """The experiment with dual-clip PPO (docs/algorithm.md §8b)."""
     return _learner_experiment(
-        "neural_steady",
-        STEADY,
-        "steady",
+        "neural_dualclip",
+        DUAL_CLIP,
+        "dual-clip",
         runs,
         baseline_runs,
         seeds,
         steps,
         extra,
-        "a steadier neural learner (dual-clip PPO, forced stops left out of the loss)",
+        "the neural learner with dual-clip PPO",
         "The default learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
-        "grown, which produced non-finite updates (skipped since) and, in the concentrating schedulers, "
-        "late declines of held-out; and it trains on the stop that the 8-action cap forces, a decision "
-        "the policy never sampled. This setting bounds the first (dual clip, c = 3) and leaves the "
-        "second out of the loss.",
-        "neural_steady_heldout.png",
+        "grown: the source of the non-finite updates (skipped since) and a suspect for the late "
+        "declines of held-out in the concentrating schedulers. This setting bounds it at c * A with "
+        "c = 3 (an overflowing ratio then holds one decision instead of skipping the update).",
+        "neural_dualclip_heldout.png",
     )
 
 
@@ -1227,7 +1226,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_denominator,neural_steady",
+        "neural_denominator,neural_dualclip",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1248,9 +1247,9 @@ def main() -> int:
         help="recorded neural runs with the whole-batch loss denominator (section neural_denominator)",
     )
     ap.add_argument(
-        "--neural-steady-runs",
-        default=str(HERE / "runs" / "neural-steady"),
-        help="recorded neural runs with dual_clip=3 and train_forced_stop=false (section neural_steady)",
+        "--neural-dualclip-runs",
+        default=str(HERE / "runs" / "neural-dualclip"),
+        help="recorded neural runs with dual_clip=3 (section neural_dualclip)",
     )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
@@ -1301,10 +1300,10 @@ def main() -> int:
             args.steps,
             [x for x in args.extra.split(",") if x],
         )
-    if "neural_steady" in sections:
-        section_neural_steady(
+    if "neural_dualclip" in sections:
+        section_neural_dualclip(
             args.neural_seeds,
-            args.neural_steady_runs,
+            args.neural_dualclip_runs,
             args.neural_runs,
             args.steps,
             [x for x in args.extra.split(",") if x],

@@ -101,6 +101,12 @@ def _prctl(option: int, value: int) -> None:
         pass  # not Linux: the supervisor still kills the worker's process group
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux; elsewhere a
+    no-op). For pool workers: a killed parent then leaves no orphan computing on."""
+    _prctl(_PR_SET_PDEATHSIG, sig)
+
+
 def scrubbed_env(home: str) -> dict[str, str]:
     """The worker's whole environment: an allow-list, the import path, private HOME and TMPDIR."""
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}

@@ -116,3 +116,36 @@ def test_sql_works_while_a_step_writes(tmp_path):
         stop.set()
         t.join()
     assert not errors and seen > 5
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+def test_a_pool_worker_dies_with_its_killed_parent():
+    """Bench workers call die_with_parent: a bench killed by a signal leaves no run computing on."""
+    child = (
+        "from envs.isolation import die_with_parent; import os, time; die_with_parent(); "
+        "print(os.getpid(), flush=True); time.sleep(120)"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pid = int(parent.stdout.readline())  # printed once the death signal is set
+    assert not _gone(pid)
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while not _gone(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _gone(pid)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from envs.isolation import die_with_parent
 from envs.registry import load_synthetic
 from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import informative
@@ -532,7 +533,10 @@ def run_benchmark(
         )
 
     if jobs > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        # a bench killed by a signal takes its workers (and their runs) with it
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=get_context("spawn"), initializer=die_with_parent
+        ) as ex:
             futs = {ex.submit(_job, (n, s, dict(kw))): (n, s, f) for n, s, kw, f in todo}
             for fut in as_completed(futs):
                 n, s, f = futs[fut]

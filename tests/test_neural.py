@@ -42,6 +42,27 @@ def test_small_and_deterministic_given_the_seed(pool):
         b.close()
 
 
+def test_results_do_not_depend_on_the_callers_torch_threads(pool):
+    """The bench's parallel workers run one torch thread and its serial path the caller's setting:
+    both must give the same run (they once differed after a few updates)."""
+    before, weights = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            lrn = learner(pool, warm_start_steps=0, lr=3e-3)
+            try:
+                for step in range(3):
+                    lrn.rollout(pool.tasks, 8, seed=step)
+                    lrn.learn()
+                weights.append([p.detach().clone() for p in lrn.model.parameters()])
+            finally:
+                lrn.close()
+            assert torch.get_num_threads() == threads  # the caller's setting is restored
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
 def test_it_acts_without_the_answer_key(pool):
     """Gold actions (the generator's answer key) are never read at rollout time: garbling them
     changes nothing the policy does."""

@@ -14,6 +14,7 @@ from the shared parameters of one small network. Deterministic given the seeds (
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -111,6 +112,24 @@ class Trace:
     def candidates_at(self, k: int) -> list[Candidate]:
         """Candidates visible at action k (0-based): the instruction + outputs of actions 1..k."""
         return [c for c in self.text.candidates if c.source <= k]
+
+
+def one_torch_thread(fn):
+    """Run ``fn`` with one torch thread. The learner's results must not depend on the caller's
+    thread setting or the machine's cores (a float sum split over two threads rounds differently,
+    and one rounding difference changes every sampled episode after it); a model this small gains
+    nothing from more threads."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
 
 
 # ---------------------------------------------------------------------------- tensors
@@ -295,6 +314,7 @@ class NeuralLearner:
             cache[env_id] = parse_tools(schemas)
         return cache[env_id]
 
+    @one_torch_thread
     @torch.no_grad()
     def act(self, tasks: list[dict], seed: int, greedy: bool = False) -> list[Trace]:
         """Run one episode per task row (lock-step over all of them); returns their traces."""
@@ -467,6 +487,7 @@ class NeuralLearner:
             "rollout_seconds": seconds,
         }
 
+    @one_torch_thread
     def learn(self, out: dict | None = None) -> dict:
         """One GRPO update on the groups of the last rollout (zero-advantage episodes skipped)."""
         if self.last is None:
@@ -557,6 +578,7 @@ class NeuralLearner:
         }
 
     # ------------------------------------------------------------------ warm start
+    @one_torch_thread
     def warm_start(self, tasks: list[dict], envs: dict[str, dict] | None = None, log=None) -> dict:
         """Behaviour cloning on gold action sequences of a *disjoint* pool: the gold actions are run in
         the sandbox (so lookups see real outputs), each decision becomes a cross-entropy target."""

@@ -101,9 +101,12 @@ def _prctl(option: int, value: int) -> None:
         pass  # not Linux: the supervisor still kills the worker's process group
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux; elsewhere a
-    no-op). For pool workers: a killed parent then leaves no orphan computing on."""
+    no-op). For pool workers: a killed parent then leaves no orphan computing on. SIGKILL by
+    default: a process inherits ignored and blocked signals from whoever started it (started from
+    inside the full test suite, a child with SIGTERM as its death signal outlived its parent), and
+    SIGKILL can be neither."""
     _prctl(_PR_SET_PDEATHSIG, sig)
 
 

@@ -32,9 +32,9 @@ PAPER = {  # Qwen3-4B, 200 steps (paper's table)
     "coverage-only": {"batch_variance": 0.0357, "envs_touched": 51.00},
 }
 PAPER_SELECT_SECONDS = 34.93
-# the eight schedulers of every comparison (the paper's ablation and the published baselines)
 # the neural learner of section neural_dualclip (docs/algorithm.md §8b)
 DUAL_CLIP = {"dual_clip": 3.0}
+# the eight schedulers of every comparison (the paper's ablation and the published baselines)
 COMPARED = [
     "random",
     "envsched",

@@ -68,6 +68,14 @@ def from_mapping(cls, data: dict | None, where: str):
 LOSS_DENOMINATORS = ("informative", "batch")
 
 
+def dual_clip_problem(value: float | None) -> str | None:
+    """What is wrong with a dual-clip bound (None when it is unset, 0 = off, or > 1): one rule for
+    the run's policy_config, the neural learner's and the LM trainer's settings."""
+    if value is None or value == 0 or value > 1:
+        return None
+    return f"must be > 1 (or 0 = off), got {value}"
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Settings of the policy being trained. ``None`` means "the component's own default" (each
@@ -186,8 +194,8 @@ class PolicyConfig:
                 f"policy_config.loss_denominator: expected {' or '.join(LOSS_DENOMINATORS)}, "
                 f"got {self.loss_denominator!r}"
             )
-        if self.dual_clip is not None and self.dual_clip != 0 and self.dual_clip <= 1:
-            raise ConfigError(f"policy_config.dual_clip must be > 1 (or 0 = off), got {self.dual_clip}")
+        if problem := dual_clip_problem(self.dual_clip):
+            raise ConfigError(f"policy_config.dual_clip {problem}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers is not None and self.workers < 1:

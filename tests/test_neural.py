@@ -308,10 +308,10 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
 
 
 def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
-    from envsched_pipeline.analysis.bench import canonical_learner_config
+    from envsched_pipeline.analysis.bench import check_learner_config
 
     given = {"dual_clip": 3, "train_forced_stop": False, "loss_denominator": "batch", "max_actions": 8}
-    c = canonical_learner_config("neural", given)
+    c = check_learner_config("neural", given)
     assert json.dumps(c, sort_keys=True) == json.dumps(
         {"dual_clip": 3.0, "train_forced_stop": False, "loss_denominator": "batch", "max_actions": 8},
         sort_keys=True,

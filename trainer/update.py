@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envsched_pipeline.run import LOSS_DENOMINATORS
+from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem
 from trainer import ranks
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss, token_logprobs
@@ -48,8 +48,8 @@ class GRPOConfig:
     sequences_per_step: int = 512
 
     def __post_init__(self):
-        if self.dual_clip and self.dual_clip <= 1.0:
-            raise ValueError(f"trainer setting dual_clip: must be > 1 (or 0 = off), got {self.dual_clip}")
+        if problem := dual_clip_problem(self.dual_clip):
+            raise ValueError(f"trainer setting dual_clip: {problem}")
         for name, allowed in (
             ("aggregation", ("token-mean", "seq-mean")),
             ("loss_denominator", LOSS_DENOMINATORS),

@@ -184,39 +184,28 @@ class NeuralBench:
         self.testbed.close()
 
 
-def canonical_learner_config(kind: str, config: dict) -> dict:
-    """The settings as recorded runs are keyed: a whole number given for a float setting becomes a
-    float, so ``{"dual_clip": 3}`` and ``{"dual_clip": 3.0}`` find the same recorded runs."""
-    if kind == "neural":
-        from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
-
-        fields = NeuralConfig.__dataclass_fields__
-    else:
-        fields = SimLearnerConfig.__dataclass_fields__
-    return {
-        k: float(v)
-        if k in fields
-        and fields[k].type in ("float", float)
-        and isinstance(v, int)
-        and not isinstance(v, bool)
-        else v
-        for k, v in config.items()
-    }
-
-
-def check_learner_config(kind: str, config: dict) -> None:
-    """Refuse unknown or invalid learner settings before any run starts (ValueError naming them)."""
+def check_learner_config(kind: str, config: dict) -> dict:
+    """Refuse unknown or invalid learner settings before any run starts (ValueError naming them).
+    Returns the settings as recorded runs are keyed: a whole number given for a float setting
+    becomes a float, so ``{"dual_clip": 3}`` and ``{"dual_clip": 3.0}`` find the same runs."""
     if kind == "neural":
         from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
 
         NeuralConfig.from_dict(config)
-        return
-    bad = sorted(set(config) - set(SimLearnerConfig.__dataclass_fields__))
-    if bad:
-        raise ValueError(
-            f"unknown simulated learner setting(s): {', '.join(bad)}; "
-            f"known: {', '.join(sorted(SimLearnerConfig.__dataclass_fields__))}"
-        )
+        fields = NeuralConfig.__dataclass_fields__
+    else:
+        fields = SimLearnerConfig.__dataclass_fields__
+        bad = sorted(set(config) - set(fields))
+        if bad:
+            raise ValueError(
+                f"unknown simulated learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(fields))}"
+            )
+    return {
+        k: float(v)
+        if fields[k].type in ("float", float) and isinstance(v, int) and not isinstance(v, bool)
+        else v
+        for k, v in config.items()
+    }
 
 
 def make_learner(kind: str, pool: dict, seed: int, **kw):
@@ -482,8 +471,7 @@ def run_benchmark(
             "the oracle reads the simulator's true variance: it exists for the simulated learner only"
         )
     if learner_config:
-        check_learner_config(learner, learner_config)
-        learner_config = canonical_learner_config(learner, learner_config)
+        learner_config = check_learner_config(learner, learner_config)
     names = list(dict.fromkeys(schedulers))
     cache = Path(cache_dir) if cache_dir else None
     if cache:

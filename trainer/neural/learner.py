@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from envs.sandbox import SandboxPool
-from envsched_pipeline.run import LOSS_DENOMINATORS
+from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -72,10 +72,8 @@ class NeuralConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self):
-        if self.dual_clip and self.dual_clip <= 1.0:
-            raise ValueError(
-                f"neural learner setting dual_clip: must be > 1 (or 0 = off), got {self.dual_clip}"
-            )
+        if problem := dual_clip_problem(self.dual_clip):
+            raise ValueError(f"neural learner setting dual_clip: {problem}")
         if self.loss_denominator not in LOSS_DENOMINATORS:
             raise ValueError(
                 f"neural learner setting loss_denominator: {self.loss_denominator!r} is not one of "
@@ -538,10 +536,10 @@ class NeuralLearner:
         parts = [order[j :: c.minibatches] for j in range(c.minibatches) if len(order[j :: c.minibatches])]
         losses, norms, clips, kls, ents = [], [], [], [], []
         skipped = 0
+        forced = c.max_actions * (1 + MAX_PARAMS)  # the tool decision of the capped action
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)
-            forced = c.max_actions * (1 + MAX_PARAMS)  # the tool decision of the capped action
             if not c.train_forced_stop and mask.shape[1] > forced:
                 mask = mask.clone()
                 mask[:, forced] = False

@@ -63,6 +63,21 @@ VARIANTS: dict[str, dict] = {
     # the exploitation half drawn in proportion to the score instead of its top (GRESO-like breadth
     # over the likely-informative tasks, keeping envsched's predictions)
     "envsched@sampled": {"exploit_sampling": "proportional"},
+    # GRESO's filter on the solved side only: one all-solved group retires a task (both halves skip
+    # it; all-failed tasks stay eligible) until its neighbourhood heats up or it is drawn back
+    "envsched@solved1": {
+        "retire_on": "mean",
+        "retire_window": 1,
+        "retire_failed": -1.0,
+        "return_rule": "neighbour-mean",
+    },
+    "envsched@sampled+solved1": {
+        "exploit_sampling": "proportional",
+        "retire_on": "mean",
+        "retire_window": 1,
+        "retire_failed": -1.0,
+        "return_rule": "neighbour-mean",
+    },
 }
 METRICS = (
     "batch_variance",

@@ -207,6 +207,21 @@ def test_retired_task_with_spread_comes_back():
     assert st_.arrays["retired"][0] == 0
 
 
+def test_solved_side_retirement_variant():
+    from envsched_pipeline.analysis.bench import VARIANTS  # bench module; only this test needs it
+
+    cfg = SchedulerConfig(return_prob=0.0).with_overrides(**VARIANTS["envsched@solved1"])
+    st_ = make_state(n_envs=1, per_env=6)
+    observe(st_, 0, {0: [1.0] * 8, 1: [0.0] * 8, 2: [0.5] * 8, 3: [0.0, 1.0] * 4}, cfg)
+    # one all-solved group retires; all-failed, partial-credit-without-spread and spread do not
+    assert st_.arrays["retired"][:4].tolist() == [1, 0, 0, 0]
+    for t in range(1, 4):
+        observe(st_, t, {1: [0.0] * 8}, cfg)
+    assert st_.arrays["retired"][1] == 0
+    picks = EnvSched(cfg).select(st_, 5, np.random.default_rng(0), 4).picks
+    assert "e0-t0" not in {p.task_id for p in picks} and "e0-t1" in {p.task_id for p in picks}
+
+
 # ---------------------------------------------------------------------------- §5.7 hack guard
 def test_identifier_shapes():
     assert is_identifier("BO-104") and is_identifier("m_003") and is_identifier("E7013")

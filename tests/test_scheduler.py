@@ -180,6 +180,17 @@ def test_proportional_exploitation_draws_by_score_and_records_the_propensity():
     assert (prop > 0).sum() > 8  # spread over many tasks, most often over those with spread
     # (the solved ones keep some score from the shrinkage towards their environment's prior)
     assert prop[spread].sum() > 1.5 * prop[~spread].sum()
+    # a power below 1 flattens the draw: the solved tasks get a larger share than at power 1
+    flat = EnvSched(
+        SchedulerConfig(rho=0.0, exploit_sampling="proportional", exploit_power=0.25, lambda_sim=0.0)
+    )
+    counts = np.zeros(24)
+    for seed in range(40):
+        counts[[p.index for p in flat.select(st_, 4, np.random.default_rng(seed), 1).picks]] += 1
+    assert counts[~spread].sum() > prop[~spread].sum() and counts[spread].sum() > counts[~spread].sum()
+    for bad in (0.0, -1.0, "2", float("nan")):
+        with pytest.raises(ValueError, match="exploit_power"):
+            SchedulerConfig(exploit_power=bad)
 
 
 # ---------------------------------------------------------------------------- §5.6 retirement

@@ -78,6 +78,15 @@ VARIANTS: dict[str, dict] = {
         "retire_failed": -1.0,
         "return_rule": "neighbour-mean",
     },
+    # ... with the draw flattened (value ** 0.5): closer to uniform over the likely-informative tasks
+    "envsched@flat+solved1": {
+        "exploit_sampling": "proportional",
+        "exploit_power": 0.5,
+        "retire_on": "mean",
+        "retire_window": 1,
+        "retire_failed": -1.0,
+        "return_rule": "neighbour-mean",
+    },
 }
 METRICS = (
     "batch_variance",

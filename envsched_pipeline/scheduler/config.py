@@ -63,12 +63,19 @@ class SchedulerConfig:
     # draws each pick with probability proportional to that value (clipped at 0), so the half spreads
     # over many likely-informative tasks instead of always the top ones
     exploit_sampling: str = "greedy"
+    # "proportional" only: draw in proportion to value ** exploit_power (below 1 flattens the draw
+    # towards uniform over the eligible tasks with a positive value, above 1 sharpens it towards greedy)
+    exploit_power: float = 1.0
 
     def __post_init__(self):
         if self.exploit_sampling not in EXPLOIT_SAMPLING:
             raise ValueError(
                 f"scheduler config exploit_sampling: {self.exploit_sampling!r} is not one of "
                 f"{', '.join(EXPLOIT_SAMPLING)}"
+            )
+        if not (isinstance(self.exploit_power, (int, float)) and 0 < self.exploit_power <= 16):
+            raise ValueError(
+                f"scheduler config exploit_power: {self.exploit_power!r} must be a number in (0, 16]"
             )
 
     def to_dict(self) -> dict:

@@ -208,7 +208,7 @@ class EnvSched(Scheduler):
                 break
             val = np.where(ok, score - c.lambda_sim * penalty, -np.inf)
             if c.exploit_sampling == "proportional":
-                i, prop = _draw_proportional(val, ok, rng)
+                i, prop = _draw_proportional(val, ok, rng, c.exploit_power)
             else:
                 i, prop = int(np.argmax(val)), 1.0
             snap = cons.take(i)
@@ -340,10 +340,13 @@ class EnvSched(Scheduler):
         )
 
 
-def _draw_proportional(val: np.ndarray, ok: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
-    """One eligible task drawn with probability proportional to ``val`` clipped at 0 (uniformly among
-    the eligible when none is positive); returns (index, its probability: the pick's propensity)."""
-    w = np.where(ok, np.maximum(np.nan_to_num(val, neginf=0.0), 0.0), 0.0)
+def _draw_proportional(
+    val: np.ndarray, ok: np.ndarray, rng: np.random.Generator, power: float = 1.0
+) -> tuple[int, float]:
+    """One eligible task drawn with probability proportional to ``val`` clipped at 0, to the power
+    ``power`` (uniformly among the eligible when none is positive); returns (index, its probability:
+    the pick's propensity)."""
+    w = np.where(ok, np.maximum(np.nan_to_num(val, neginf=0.0), 0.0) ** power, 0.0)
     if w.sum() <= 0:
         w = ok.astype(float)
     p = w / w.sum()

@@ -87,6 +87,14 @@ VARIANTS: dict[str, dict] = {
         "retire_failed": -1.0,
         "return_rule": "neighbour-mean",
     },
+    "envsched@flatter+solved1": {
+        "exploit_sampling": "proportional",
+        "exploit_power": 0.25,
+        "retire_on": "mean",
+        "retire_window": 1,
+        "retire_failed": -1.0,
+        "return_rule": "neighbour-mean",
+    },
 }
 METRICS = (
     "batch_variance",

@@ -188,7 +188,7 @@ def test_proportional_exploitation_draws_by_score_and_records_the_propensity():
     for seed in range(40):
         counts[[p.index for p in flat.select(st_, 4, np.random.default_rng(seed), 1).picks]] += 1
     assert counts[~spread].sum() > prop[~spread].sum() and counts[spread].sum() > counts[~spread].sum()
-    for bad in (0.0, -1.0, "2", float("nan")):
+    for bad in (0.0, -1.0, "2", float("nan"), True, 17.0):
         with pytest.raises(ValueError, match="exploit_power"):
             SchedulerConfig(exploit_power=bad)
 

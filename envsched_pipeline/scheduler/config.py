@@ -73,7 +73,8 @@ class SchedulerConfig:
                 f"scheduler config exploit_sampling: {self.exploit_sampling!r} is not one of "
                 f"{', '.join(EXPLOIT_SAMPLING)}"
             )
-        if not (isinstance(self.exploit_power, (int, float)) and 0 < self.exploit_power <= 16):
+        p = self.exploit_power
+        if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0 < p <= 16):
             raise ValueError(
                 f"scheduler config exploit_power: {self.exploit_power!r} must be a number in (0, 16]"
             )

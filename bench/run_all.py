@@ -800,6 +800,45 @@ def _neural_targets(S: dict, P: dict, who: str = "envsched") -> tuple[list[str],
     return trows, resolution
 
 
+GAIN_FEATURES = (
+    ("zero_variance_fraction", "zero-variance fraction"),
+    ("batch_variance", "batch variance"),
+    ("mean_reward", "batch mean reward"),
+    ("distinct_tasks", "distinct tasks trained"),
+    ("effective_envs", "effective environments"),
+    ("max_task_picks", "most picks of one task"),
+)
+
+
+def _gain_correlations(per_seed: dict) -> list[str]:
+    """What held-out gain goes with: over every recorded (scheduler or variant, seed) run, the Pearson
+    correlation between its paired held-out difference against random and its paired difference in
+    each batch statistic."""
+    base = per_seed.get("random", {})
+    pairs = [
+        (x, base[s]) for n, runs in per_seed.items() if n != "random" for s, x in runs.items() if s in base
+    ]
+    if len(pairs) < 8:
+        return []
+
+    def diff(k):
+        return np.array([float(x[k]) - float(r[k]) for x, r in pairs])
+
+    seen, unseen = diff("heldout_seen_final"), diff("heldout_unseen_final")
+    rows = [
+        f"What held-out gain goes with, over all {len(pairs)} recorded runs (every scheduler and variant, "
+        "each paired with random in its seed): Pearson r between the run's held-out difference against "
+        "random and its difference in each batch statistic.",
+        "",
+        "| batch statistic (paired difference) | r with held-out seen gain | r with held-out unseen gain |",
+        "|---|---|---|",
+    ]
+    for k, label in GAIN_FEATURES:
+        d = diff(k)
+        rows.append(f"| {label} | {np.corrcoef(d, seen)[0, 1]:+.2f} | {np.corrcoef(d, unseen)[0, 1]:+.2f} |")
+    return rows + [""]
+
+
 def _variant_targets(S: dict, P: dict) -> list[str]:
     """One row per envsched variant with 5+ seeds: issue 17's targets with the variant in envsched's place."""
     variants = [
@@ -877,6 +916,7 @@ def section_neural(
         )
     trows, resolution = _neural_targets(S, P)
     vrows = _variant_targets(S, P)
+    gain = _gain_correlations(out["per_seed"])
     setup = out["setup"]
     write_section(
         "neural",
@@ -948,6 +988,7 @@ def section_neural(
                     if vrows
                     else []
                 ),
+                *gain,
                 f"![held-out curves]({Path(plot).name})",
             ]
         ),

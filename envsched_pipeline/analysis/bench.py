@@ -42,6 +42,8 @@ from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
+# the solved-side retirement every "solved1" variant below shares
+_SOLVED1 = {"retire_on": "mean", "retire_window": 1, "retire_failed": -1.0, "return_rule": "neighbour-mean"}
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
 VARIANTS: dict[str, dict] = {
     "envsched@adaptive": {"adaptive_rho": True},
@@ -65,36 +67,11 @@ VARIANTS: dict[str, dict] = {
     "envsched@sampled": {"exploit_sampling": "proportional"},
     # GRESO's filter on the solved side only: one all-solved group retires a task (both halves skip
     # it; all-failed tasks stay eligible) until its neighbourhood heats up or it is drawn back
-    "envsched@solved1": {
-        "retire_on": "mean",
-        "retire_window": 1,
-        "retire_failed": -1.0,
-        "return_rule": "neighbour-mean",
-    },
-    "envsched@sampled+solved1": {
-        "exploit_sampling": "proportional",
-        "retire_on": "mean",
-        "retire_window": 1,
-        "retire_failed": -1.0,
-        "return_rule": "neighbour-mean",
-    },
-    # ... with the draw flattened (value ** 0.5): closer to uniform over the likely-informative tasks
-    "envsched@flat+solved1": {
-        "exploit_sampling": "proportional",
-        "exploit_power": 0.5,
-        "retire_on": "mean",
-        "retire_window": 1,
-        "retire_failed": -1.0,
-        "return_rule": "neighbour-mean",
-    },
-    "envsched@flatter+solved1": {
-        "exploit_sampling": "proportional",
-        "exploit_power": 0.25,
-        "retire_on": "mean",
-        "retire_window": 1,
-        "retire_failed": -1.0,
-        "return_rule": "neighbour-mean",
-    },
+    "envsched@solved1": _SOLVED1,
+    "envsched@sampled+solved1": {"exploit_sampling": "proportional", **_SOLVED1},
+    # ... with the draw flattened (value ** power): closer to uniform over the likely-informative tasks
+    "envsched@flat+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.5, **_SOLVED1},
+    "envsched@flatter+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.25, **_SOLVED1},
 }
 METRICS = (
     "batch_variance",

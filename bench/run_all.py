@@ -14,6 +14,7 @@ import platform
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -1005,23 +1006,25 @@ def section_neural(
     return out
 
 
+@dataclass(frozen=True)
+class LearnerExperiment:
+    """A neural-learner setting tried on every recorded scheduler (one RESULTS section)."""
+
+    section: str  # RESULTS section name
+    config: dict  # learner settings, part of each recorded run's key
+    label: str  # names the setting in the tables
+    title: str
+    intro: str
+    plot_file: str
+
+
 def _learner_experiment(
-    name: str,
-    cfg: dict,
-    label: str,
-    runs: str,
-    baseline_runs: str,
-    seeds: int,
-    steps: int,
-    extra: list[str] | None,
-    title: str,
-    intro: str,
-    plot_file: str,
+    exp: LearnerExperiment, runs: str, baseline_runs: str, seeds: int, steps: int, extra: list[str] | None
 ) -> dict | None:
-    """A neural-learner setting tried on every recorded scheduler: the schedulers recorded in ``runs``
-    under learner settings ``cfg``, their own paired table and targets, and what the setting did to
-    each of them against the default learner's runs in ``baseline_runs``, paired by seed. Built from
-    recorded runs only; written as section ``name`` (``label`` names the setting in the tables)."""
+    """The schedulers recorded in ``runs`` under the experiment's learner settings, their own paired
+    table and targets, and what the setting did to each of them against the default learner's runs in
+    ``baseline_runs``, paired by seed. Built from recorded runs only."""
+    name, cfg, label, title = exp.section, exp.config, exp.label, exp.title
     names = [n for n in COMPARED + (extra or []) if any(Path(runs).glob(f"{n}-s*.json"))]
     if "random" not in names or "envsched" not in names:
         print(f"{name}: random and envsched runs are needed in {runs}; section left as it was")
@@ -1032,7 +1035,7 @@ def _learner_experiment(
     )
     out = run_benchmark(names, cache_dir=runs, learner_config=cfg, **kw)
     base = run_benchmark(names, cache_dir=baseline_runs, **kw)
-    plot = heldout_plots(out, HERE / plot_file)
+    plot = heldout_plots(out, HERE / exp.plot_file)
     S, P = out["schedulers"], out["paired_vs_random"]
     rows, speed = _neural_tables(S, P, out["per_seed"])
     trows, resolution = _neural_targets(S, P)
@@ -1093,7 +1096,7 @@ def _learner_experiment(
             [
                 f"## Experiment: {title}",
                 "",
-                intro,
+                exp.intro,
                 f"Same pool, seeds, warm start and schedulers as the table above, learner settings {settings} "
                 f"(docs/algorithm.md §8b); {setup['steps']} steps, B = {setup['batch_size']}, G = "
                 f"{setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`. Columns as in the table above.",
@@ -1124,49 +1127,29 @@ def _learner_experiment(
     return out
 
 
-def section_neural_denominator(
-    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
-) -> dict | None:
-    """The experiment with the whole-batch loss denominator (docs/algorithm.md §8b)."""
-    return _learner_experiment(
-        "neural_denominator",
-        {"loss_denominator": "batch"},
-        "batch",
-        runs,
-        baseline_runs,
-        seeds,
-        steps,
-        extra,
-        "the neural learner with a whole-batch loss denominator",
-        "The learner of the table above averages its loss over the decisions of informative episodes "
-        "only, so a batch with more informative groups takes a less noisy step, never a larger one. "
-        "Common GRPO trainers average over every token of the batch instead (zero-advantage episodes "
-        "add no gradient but count in the denominator), so there a batch's step grows with its "
-        "informative share, which is what a scheduler buys in the paper's setting.",
-        "neural_batch_heldout.png",
-    )
-
-
-def section_neural_dualclip(
-    seeds: int, runs: str, baseline_runs: str, steps: int = 200, extra: list[str] | None = None
-) -> dict | None:
-    """The experiment with dual-clip PPO (docs/algorithm.md §8b)."""
-    return _learner_experiment(
-        "neural_dualclip",
-        DUAL_CLIP,
-        "dual-clip",
-        runs,
-        baseline_runs,
-        seeds,
-        steps,
-        extra,
-        "the neural learner with dual-clip PPO",
-        "The default learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
-        "grown: the source of the non-finite updates (skipped since) and a suspect for the late "
-        "declines of held-out in the concentrating schedulers. This setting bounds it at c * A with "
-        "c = 3 (an overflowing ratio then holds one decision instead of skipping the update).",
-        "neural_dualclip_heldout.png",
-    )
+DENOMINATOR = LearnerExperiment(
+    "neural_denominator",
+    {"loss_denominator": "batch"},
+    "batch",
+    "the neural learner with a whole-batch loss denominator",
+    "The learner of the table above averages its loss over the decisions of informative episodes "
+    "only, so a batch with more informative groups takes a less noisy step, never a larger one. "
+    "Common GRPO trainers average over every token of the batch instead (zero-advantage episodes "
+    "add no gradient but count in the denominator), so there a batch's step grows with its "
+    "informative share, which is what a scheduler buys in the paper's setting.",
+    "neural_batch_heldout.png",
+)
+DUALCLIP = LearnerExperiment(
+    "neural_dualclip",
+    DUAL_CLIP,
+    "dual-clip",
+    "the neural learner with dual-clip PPO",
+    "The default learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
+    "grown: the source of the non-finite updates (skipped since) and a suspect for the late "
+    "declines of held-out in the concentrating schedulers. This setting bounds it at c * A with "
+    "c = 3 (an overflowing ratio then holds one decision instead of skipping the update).",
+    "neural_dualclip_heldout.png",
+)
 
 
 def section_resident(steps: int = 5) -> None:
@@ -1381,20 +1364,22 @@ def main() -> int:
             recorded_only=args.neural_recorded_only,
         )
     if "neural_denominator" in sections:
-        section_neural_denominator(
-            args.neural_seeds,
-            args.neural_batch_runs,
-            args.neural_runs,
-            args.steps,
-            [x for x in args.extra.split(",") if x],
+        _learner_experiment(
+            DENOMINATOR,
+            runs=args.neural_batch_runs,
+            baseline_runs=args.neural_runs,
+            seeds=args.neural_seeds,
+            steps=args.steps,
+            extra=[x for x in args.extra.split(",") if x],
         )
     if "neural_dualclip" in sections:
-        section_neural_dualclip(
-            args.neural_seeds,
-            args.neural_dualclip_runs,
-            args.neural_runs,
-            args.steps,
-            [x for x in args.extra.split(",") if x],
+        _learner_experiment(
+            DUALCLIP,
+            runs=args.neural_dualclip_runs,
+            baseline_runs=args.neural_runs,
+            seeds=args.neural_seeds,
+            steps=args.steps,
+            extra=[x for x in args.extra.split(",") if x],
         )
     print(f"wrote {RESULTS}")
     return 0

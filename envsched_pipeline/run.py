@@ -76,6 +76,18 @@ def dual_clip_problem(value: float | None) -> str | None:
     return f"must be > 1 (or 0 = off), got {value}"
 
 
+def overrun_penalty_problem(value) -> str | None:
+    """What is wrong with an overrun penalty (None when it is unset or a number in [0, 1]: the
+    verifiers' rewards lie in [0, 1], so a larger charge would outweigh the whole task)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number in [0, 1], got {value!r}"
+    if not 0.0 <= value <= 1.0:  # NaN fails both comparisons
+        return f"must be in [0, 1], got {value}"
+    return None
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Settings of the policy being trained. ``None`` means "the component's own default" (each
@@ -101,6 +113,8 @@ class PolicyConfig:
     dual_clip: float | None = None
     # neural: train on the stop the max_actions cap forces (true, the default) or leave it out
     train_forced_stop: bool | None = None
+    # neural: reward subtracted for an episode the max_actions cap stopped (0 = off; docs/algorithm.md §8b)
+    overrun_penalty: float | None = None
     model_path: str | None = None
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None
@@ -126,6 +140,7 @@ class PolicyConfig:
             "loss_denominator",
             "dual_clip",
             "train_forced_stop",
+            "overrun_penalty",
             "warm_start_steps",
             "temperature",
             "max_actions",
@@ -196,6 +211,8 @@ class PolicyConfig:
             )
         if problem := dual_clip_problem(self.dual_clip):
             raise ConfigError(f"policy_config.dual_clip {problem}")
+        if problem := overrun_penalty_problem(self.overrun_penalty):
+            raise ConfigError(f"policy_config.overrun_penalty {problem}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.workers is not None and self.workers < 1:

@@ -182,6 +182,38 @@ def test_dual_clip_and_untrained_forced_stops_keep_an_overflowing_update_finite(
     assert any(not torch.allclose(a, b) for a, b in zip(grads[True], grads[False], strict=True))
 
 
+def test_overrun_penalty_charges_only_the_episodes_the_cap_stopped(pool):
+    """The penalty comes off the reward GRPO trains on for capped episodes only; the verifiers'
+    reward, the trajectory record and held-out evaluation are untouched by it."""
+    for bad in (-0.1, 1.5, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="overrun_penalty"):
+            NeuralConfig(overrun_penalty=bad)
+    outs = {}
+    for penalty in (0.0, 0.25):
+        # without a warm start many episodes run into the max_actions cap
+        lrn = learner(pool, warm_start_steps=0, overrun_penalty=penalty)
+        try:
+            ev = lrn.evaluate(pool.tasks, samples=4, seed=3)  # same weights in both settings
+            out = lrn.rollout(pool.tasks, 4, seed=7)
+            assert np.array_equal(lrn.last["rewards"], out["reward"])
+            info = lrn.learn()
+            assert info["forced_stop_share"] == pytest.approx(out["capped"].mean())
+        finally:
+            lrn.close()
+        outs[penalty] = (out, ev)
+    (plain, ev0), (charged, ev1) = outs[0.0], outs[0.25]
+    capped = charged["capped"]
+    assert 0 < capped.mean() < 1  # both kinds of episode occur, so both sides of the rule are tested
+    # same seed, same weights: the same episodes; only the capped ones lose 0.25
+    assert np.array_equal(plain["verifier_reward"], charged["verifier_reward"])
+    assert np.allclose(charged["reward"], np.maximum(charged["verifier_reward"] - 0.25 * capped, 0))
+    assert (charged["reward"] < charged["verifier_reward"]).any()  # some capped episodes scored
+    assert np.array_equal(plain["reward"], plain["verifier_reward"])
+    assert ev0 == ev1  # held-out reports the verifiers' reward (its episodes hit the cap as often)
+    stops = [json.loads(t)["stopped_by_cap"] for t in charged["trajectory"].reshape(-1)]
+    assert stops == capped.reshape(-1).tolist()
+
+
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
@@ -198,6 +230,7 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
                 "loss_denominator": "batch",
                 "dual_clip": 3.0,
                 "train_forced_stop": False,
+                "overrun_penalty": 0.1,
             },
         ),
     )
@@ -338,7 +371,9 @@ def test_grpo_only_settings_share_the_warm_start():
 
     tb = TestbedConfig()
     default = warm_start_key(0, tb, NeuralConfig())
-    steady = NeuralConfig(dual_clip=3.0, train_forced_stop=False, loss_denominator="batch")
+    steady = NeuralConfig(
+        dual_clip=3.0, train_forced_stop=False, loss_denominator="batch", overrun_penalty=0.1
+    )
     assert warm_start_key(0, tb, steady) == default
     assert warm_start_key(0, tb, NeuralConfig(warm_start_steps=10)) != default
     assert warm_start_key(1, tb, NeuralConfig()) != default
@@ -359,5 +394,9 @@ def test_a_run_refuses_a_bad_loss_denominator():
         RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"dual_clip": 0.9}).validate()
     with pytest.raises(ConfigError, match="does not use train_forced_stop"):
         RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"train_forced_stop": False}).validate()
+    with pytest.raises(ConfigError, match="does not use overrun_penalty"):
+        RunSpec(pool="synthetic", policy="simulated", policy_config={"overrun_penalty": 0.1}).validate()
+    with pytest.raises(ConfigError, match=r"policy_config.overrun_penalty must be in \[0, 1\], got 2"):
+        RunSpec(pool="synthetic", policy="neural", policy_config={"overrun_penalty": 2}).validate()
     with pytest.raises(ValueError, match="dual_clip: must be > 1"):
         GRPOConfig(dual_clip=1.0)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from envs.sandbox import SandboxPool
-from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem
+from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem, overrun_penalty_problem
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -64,6 +64,11 @@ class NeuralConfig:
     # whether the stop that ends an episode at the max_actions cap is trained on like a decision
     # the policy made (it is forced, not sampled; its log-probability is often very low)
     train_forced_stop: bool = True
+    # subtracted from the reward GRPO trains on (and the scheduler sees) for an episode the
+    # max_actions cap stopped, floored at 0: DAPO's overlong penalty, counted in actions. 0 = off. The checklist
+    # verifiers only read the final state, so without it nothing charges for acting past the task's
+    # end; held-out evaluation always reports the verifiers' reward
+    overrun_penalty: float = 0.0
     temperature: float = 1.0
     warm_start_steps: int = 60  # behaviour-cloning gradient steps on the warm-start pool
     warm_start_batch: int = 64
@@ -74,6 +79,8 @@ class NeuralConfig:
     def __post_init__(self):
         if problem := dual_clip_problem(self.dual_clip):
             raise ValueError(f"neural learner setting dual_clip: {problem}")
+        if problem := overrun_penalty_problem(self.overrun_penalty):
+            raise ValueError(f"neural learner setting overrun_penalty: {problem}")
         if self.loss_denominator not in LOSS_DENOMINATORS:
             raise ValueError(
                 f"neural learner setting loss_denominator: {self.loss_denominator!r} is not one of "
@@ -446,11 +453,16 @@ class NeuralLearner:
         rows = [t for t in tasks for _ in range(group_size)]
         traces = self.act(rows, seed)
         n = len(tasks)
-        rewards = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(n, group_size)
+        verified = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(n, group_size)
+        capped = np.array([self.capped(t) for t in traces]).reshape(n, group_size)
+        # floored at 0: the lake's rewards lie in [0, 1] (its rollout gate refuses others)
+        rewards = np.maximum(verified - self.config.overrun_penalty * capped, 0.0)
         seconds = time.perf_counter() - t0
         self.last = {"traces": traces, "rewards": rewards, "group_size": group_size}
         return {
-            "reward": rewards,
+            "reward": rewards,  # what GRPO trains on: the verifiers' reward less any overrun penalty
+            "verifier_reward": verified,
+            "capped": capped,
             "checks_passed": np.array(
                 [sum(bool(c.get("passed")) for c in t.result.get("checks", [])) for t in traces]
             ).reshape(n, group_size),
@@ -476,6 +488,8 @@ class NeuralLearner:
                                 {k: c.get(k) for k in ("item", "passed", "error")}
                                 for c in t.result.get("checks", [])
                             ],
+                            "verifier_reward": float(t.result.get("reward", 0.0)),
+                            "stopped_by_cap": self.capped(t),
                         },
                         default=str,
                     )[:20000]
@@ -484,6 +498,10 @@ class NeuralLearner:
             ).reshape(n, group_size),
             "rollout_seconds": seconds,
         }
+
+    def capped(self, trace: Trace) -> bool:
+        """Whether the max_actions cap ended the episode (the stop was forced, not chosen)."""
+        return len(trace.tool_choice) > self.config.max_actions
 
     @one_torch_thread
     def learn(self, out: dict | None = None) -> dict:
@@ -511,9 +529,7 @@ class NeuralLearner:
             "loss_scale": scale,
             "skipped_updates": 0,
             # episodes ended by the max_actions cap rather than by the policy's own stop
-            "forced_stop_share": float(
-                np.mean([len(t.tool_choice) > self.config.max_actions for t in traces])
-            ),
+            "forced_stop_share": float(np.mean([self.capped(t) for t in traces])),
         }
         if keep:
             info.update(self._update([traces[j] for j in keep], adv[keep], scale))

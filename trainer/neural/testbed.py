@@ -51,7 +51,7 @@ def _cache_dir() -> Path:
     return d
 
 
-GRPO_ONLY = ("loss_denominator", "dual_clip", "train_forced_stop")
+GRPO_ONLY = ("loss_denominator", "dual_clip", "train_forced_stop", "overrun_penalty")
 
 
 def warm_start_key(seed: int, testbed: TestbedConfig, neural: NeuralConfig) -> str:

@@ -1006,6 +1006,90 @@ def section_neural(
     return out
 
 
+HELDOUT_METRICS = (
+    ("heldout_seen_final", "seen, step 200"),
+    ("heldout_unseen_final", "unseen, step 200"),
+    ("heldout_seen_auc", "seen, mean over steps 50..200"),
+    ("heldout_unseen_auc", "unseen, mean over steps 50..200"),
+)
+
+
+def _paired_cell(a: dict, b: dict, metric: str) -> str:
+    """Mean paired difference a - b over the seeds both have, ± two standard errors, wins, and
+    whether the mean lies outside the two standard errors."""
+    d = [a[s][metric] - b[s][metric] for s in sorted(set(a) & set(b))]
+    if len(d) < 2:
+        return "—"
+    se2 = 2 * np.std(d, ddof=1) / np.sqrt(len(d))
+    return (
+        f"{np.mean(d):+.4f} ± {se2:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
+        f"{' (resolved)' if abs(np.mean(d)) > se2 else ''}"
+    )
+
+
+def section_neural_seeds(
+    runs: str, base_seeds: int, steps: int, extra: list[str] | None = None
+) -> dict | None:
+    """The rows recorded over more seeds than the ablation table's: paired differences against
+    random and against each other, with two standard errors, over every seed both rows have."""
+    counts = {n: len(list(Path(runs).glob(f"{n}-s*.json"))) for n in COMPARED + (extra or [])}
+    names = [n for n, c in counts.items() if c > base_seeds]
+    if "random" not in names or len(names) < 2:
+        print(f"neural_seeds: no scheduler besides random has more than {base_seeds} seeds in {runs}")
+        return None
+    quiet = lambda _m: None  # noqa: E731
+    out = run_benchmark(
+        names,
+        steps=steps,
+        seed=0,
+        seeds=max(counts[n] for n in names),
+        learner="neural",
+        eval_every=50,
+        cache_dir=runs,
+        recorded_only=True,
+        log=quiet,
+    )
+    per = out["per_seed"]
+    head = "| scheduler | seeds | " + " | ".join(f"Δ held-out {label}" for _, label in HELDOUT_METRICS) + " |"
+    rule = "|---" * (2 + len(HELDOUT_METRICS)) + "|"
+    vs_random = [head, rule]
+    for n in names[1:]:
+        cells = [_paired_cell(per[n], per["random"], m) for m, _ in HELDOUT_METRICS]
+        vs_random.append(f"| {n} − random | {len(set(per[n]) & set(per['random']))} | {' | '.join(cells)} |")
+    among = [head, rule]
+    rest = [n for n in names if n != "random"]
+    for i, a in enumerate(rest):
+        for b in rest[i + 1 :]:
+            cells = [_paired_cell(per[a], per[b], m) for m, _ in HELDOUT_METRICS]
+            among.append(f"| {a} − {b} | {len(set(per[a]) & set(per[b]))} | {' | '.join(cells)} |")
+    seeds = sorted(per["random"])
+    write_section(
+        "neural_seeds",
+        "\n".join(
+            [
+                "## The top rows of the neural ablation over more seeds",
+                "",
+                f"The rows recorded over more than the table's {base_seeds} seeds (runs in "
+                f"`bench/runs/{Path(runs).name}/`, random over seeds {seeds[0]}..{seeds[-1]}; same learner, "
+                "pool and warm start per seed as the table above). Each cell: mean paired difference over "
+                "the seeds both rows have ± two standard errors, in how many seeds it is positive, and "
+                '"resolved" where the mean lies outside the two standard errors.',
+                "",
+                "Against random:",
+                "",
+                *vs_random,
+                "",
+                "Against each other (every scheduler of a seed starts from the same weights, so pairing "
+                "by seed removes the seed's share of the spread):",
+                "",
+                *among,
+            ]
+        ),
+        after="neural",
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class LearnerExperiment:
     """A neural-learner setting tried on every recorded scheduler (one RESULTS section)."""
@@ -1297,7 +1381,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_denominator,neural_dualclip",
+        "neural_seeds,neural_denominator,neural_dualclip",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1362,6 +1446,10 @@ def main() -> int:
             args.neural_runs,
             [x for x in args.extra.split(",") if x],
             recorded_only=args.neural_recorded_only,
+        )
+    if "neural_seeds" in sections:
+        section_neural_seeds(
+            args.neural_runs, args.neural_seeds, args.steps, [x for x in args.extra.split(",") if x]
         )
     if "neural_denominator" in sections:
         _learner_experiment(

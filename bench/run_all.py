@@ -1014,7 +1014,7 @@ HELDOUT_METRICS = (
 )
 
 
-def _paired_cell(a: dict, b: dict, metric: str) -> str:
+def _paired_se_cell(a: dict, b: dict, metric: str) -> str:
     """Mean paired difference a - b over the seeds both have, ± two standard errors, wins, and
     whether the mean lies outside the two standard errors."""
     d = [a[s][metric] - b[s][metric] for s in sorted(set(a) & set(b))]
@@ -1054,13 +1054,13 @@ def section_neural_seeds(
     rule = "|---" * (2 + len(HELDOUT_METRICS)) + "|"
     vs_random = [head, rule]
     for n in names[1:]:
-        cells = [_paired_cell(per[n], per["random"], m) for m, _ in HELDOUT_METRICS]
+        cells = [_paired_se_cell(per[n], per["random"], m) for m, _ in HELDOUT_METRICS]
         vs_random.append(f"| {n} − random | {len(set(per[n]) & set(per['random']))} | {' | '.join(cells)} |")
     among = [head, rule]
     rest = [n for n in names if n != "random"]
     for i, a in enumerate(rest):
         for b in rest[i + 1 :]:
-            cells = [_paired_cell(per[a], per[b], m) for m, _ in HELDOUT_METRICS]
+            cells = [_paired_se_cell(per[a], per[b], m) for m, _ in HELDOUT_METRICS]
             among.append(f"| {a} − {b} | {len(set(per[a]) & set(per[b]))} | {' | '.join(cells)} |")
     seeds = sorted(per["random"])
     write_section(
@@ -1102,6 +1102,17 @@ class LearnerExperiment:
     plot_file: str
 
 
+def _capped_cell(setting: dict, default: dict) -> str:
+    """Mean share of episodes the max_actions cap ended in the last quarter of the steps, under the
+    setting and (in brackets) the default learner, over the seeds that recorded it."""
+
+    def mean(per_seed):
+        v = [x["capped_last_quarter"] for x in per_seed.values() if "capped_last_quarter" in x]
+        return f"{np.mean(v):.2f}" if v else "—"
+
+    return f"{mean(setting)} ({mean(default)})"
+
+
 def _learner_experiment(
     exp: LearnerExperiment, runs: str, baseline_runs: str, seeds: int, steps: int, extra: list[str] | None
 ) -> dict | None:
@@ -1127,8 +1138,8 @@ def _learner_experiment(
     effect = [
         f"| scheduler | seeds | held-out seen: {label} − default (± sd), higher in | held-out unseen: {label} − "
         "default, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
-        f"zero-var frac: {label} / default |",
-        "|---|---|---|---|---|---|---|",
+        f"zero-var frac: {label} / default | episodes the action cap ended, last quarter: {label} (default) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     moved: dict[tuple[str, str], float] = {}  # (scheduler, metric) -> mean change from the setting
     for n in names:
@@ -1154,7 +1165,7 @@ def _learner_experiment(
             if n in base["schedulers"]
             else None
         )
-        effect.append(f"| {n} | {len(common)} | {' | '.join(cells)} | {fmt(zv, 2)} |")
+        effect.append(f"| {n} | {len(common)} | {' | '.join(cells)} | {fmt(zv, 2)} | {_capped_cell(a, b)} |")
     # reading: envsched's gain under this setting, how much of it is random moving, and which
     # (setting, scheduler) has the best absolute held-out
     pe = P["envsched"]

@@ -296,8 +296,13 @@ def test_runs_recorded_before_a_new_field_still_aggregate():
     pool = prepare_pool(4, 6, 0)
     new = {s: run_one("random", pool, steps=3, seed=s, batch_size=4) for s in (0, 1)}
     new[0]["skipped_updates"] = 0  # recorded by this version; seed 1 by an older one
+    new[0]["forced_stop_share"] = [0.2, 0.4, 1.0]
     doc = aggregate(["random"], [0, 1], {("random", s): r for s, r in new.items()}, {})
     assert doc["schedulers"]["random"]["seeds"] == 2
+    # capped-episode shares of the first and last quarter of the steps, where the run recorded them
+    first = doc["per_seed"]["random"][0]
+    assert (first["capped_first_quarter"], first["capped_last_quarter"]) == (0.2, 1.0)
+    assert "capped_last_quarter" not in doc["per_seed"]["random"][1]
     assert "skipped_updates" not in doc["series"]["random"]
     assert len(doc["series"]["random"]["batch_variance"]) == 3
     # a late decline: the last evaluation against the best earlier one (0 when the last is the best)

@@ -412,6 +412,19 @@ def summarize(series: dict, random_best: float | None) -> dict:
         else 0.0,
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
+        **_capped_shares(series.get("forced_stop_share")),
+    }
+
+
+def _capped_shares(share: list[float] | None) -> dict:
+    """Neural runs: the share of episodes the max_actions cap ended, over the first and the last
+    quarter of the steps (older records lack the series: nothing)."""
+    if not share:
+        return {}
+    q = max(len(share) // 4, 1)
+    return {
+        "capped_first_quarter": float(np.mean(share[:q])),
+        "capped_last_quarter": float(np.mean(share[-q:])),
     }
 
 

@@ -1245,6 +1245,18 @@ DUALCLIP = LearnerExperiment(
     "c = 3 (an overflowing ratio then holds one decision instead of skipping the update).",
     "neural_dualclip_heldout.png",
 )
+OVERRUN = LearnerExperiment(
+    "neural_overrun",
+    {"overrun_penalty": 0.1},
+    "overrun",
+    "the neural learner with an overrun penalty",
+    "The checklist verifiers read only the final state, so nothing charges for acting on after a task "
+    "is done, and the default learner drifts into running every episode to the 8-action cap (column "
+    "*episodes the action cap ended* below). This setting takes 0.1 off the trained reward of an "
+    "episode the cap ended (DAPO's overlong penalty, counted in actions; less than one check's "
+    "credit); held-out still reports the verifiers' reward.",
+    "neural_overrun_heldout.png",
+)
 
 
 def section_resident(steps: int = 5) -> None:
@@ -1392,7 +1404,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_seeds,neural_denominator,neural_dualclip",
+        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1416,6 +1428,11 @@ def main() -> int:
         "--neural-dualclip-runs",
         default=str(HERE / "runs" / "neural-dualclip"),
         help="recorded neural runs with dual_clip=3 (section neural_dualclip)",
+    )
+    ap.add_argument(
+        "--neural-overrun-runs",
+        default=str(HERE / "runs" / "neural-overrun"),
+        help="recorded neural runs with overrun_penalty=0.1 (section neural_overrun)",
     )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
@@ -1475,6 +1492,15 @@ def main() -> int:
         _learner_experiment(
             DUALCLIP,
             runs=args.neural_dualclip_runs,
+            baseline_runs=args.neural_runs,
+            seeds=args.neural_seeds,
+            steps=args.steps,
+            extra=[x for x in args.extra.split(",") if x],
+        )
+    if "neural_overrun" in sections:
+        _learner_experiment(
+            OVERRUN,
+            runs=args.neural_overrun_runs,
             baseline_runs=args.neural_runs,
             seeds=args.neural_seeds,
             steps=args.steps,

@@ -214,6 +214,18 @@ def test_overrun_penalty_charges_only_the_episodes_the_cap_stopped(pool):
     assert stops == capped.reshape(-1).tolist()
 
 
+def test_train_takes_the_overrun_penalty_for_the_neural_policy_only(tmp_path, capsys):
+    base = ["train", "--pool", "synthetic", "--steps", "1", "--overrun-penalty"]
+    for policy, value, says in (
+        ("simulated", "0.1", "policy 'simulated' does not use overrun_penalty"),
+        ("neural", "1.5", "policy_config.overrun_penalty must be in [0, 1], got 1.5"),
+    ):
+        lake = tmp_path / policy
+        assert main(["--lake", str(lake), *base, value, "--policy", policy]) == 2
+        assert says in capsys.readouterr().err
+        assert not (lake / "run.json").exists()  # refused before anything is written
+
+
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))

@@ -85,6 +85,13 @@ def add_parser(sub) -> None:
         "policies; docs/algorithm.md §8b)",
     )
     t.add_argument(
+        "--overrun-penalty",
+        type=float,
+        default=None,
+        help="neural policy: reward taken off an episode the action cap ended, in [0, 1], 0 = off "
+        "(docs/algorithm.md §8b)",
+    )
+    t.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
     )
     t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
@@ -142,6 +149,7 @@ def policy_config(args) -> dict:
         "lr",
         "loss_denominator",
         "dual_clip",
+        "overrun_penalty",
         "base_url",
         "model",
         "api_key_env",

@@ -1247,14 +1247,18 @@ DUALCLIP = LearnerExperiment(
 )
 OVERRUN = LearnerExperiment(
     "neural_overrun",
-    {"overrun_penalty": 0.1},
+    {"overrun_penalty": 0.1, "train_forced_stop": False},
     "overrun",
     "the neural learner with an overrun penalty",
     "The checklist verifiers read only the final state, so nothing charges for acting on after a task "
     "is done, and the default learner drifts into running every episode to the 8-action cap (column "
     "*episodes the action cap ended* below). This setting takes 0.1 off the trained reward of an "
     "episode the cap ended (DAPO's overlong penalty, counted in actions; less than one check's "
-    "credit); held-out still reports the verifiers' reward.",
+    "credit), and leaves the forced stop itself out of the loss: a penalised episode's advantage is "
+    "negative, and the stop the cap forced was never the policy's choice (its sampled log-probability "
+    "is often tiny, the case where a negative advantage's surrogate is unbounded). The penalty "
+    "teaches stopping through the decisions the policy did make. Held-out still reports the "
+    "verifiers' reward. Runs with the penalty alone are kept in `bench/runs/neural-overrun-alone/`.",
     "neural_overrun_heldout.png",
 )
 
@@ -1432,7 +1436,7 @@ def main() -> int:
     ap.add_argument(
         "--neural-overrun-runs",
         default=str(HERE / "runs" / "neural-overrun"),
-        help="recorded neural runs with overrun_penalty=0.1 (section neural_overrun)",
+        help="recorded neural runs with overrun_penalty=0.1, train_forced_stop=false (section neural_overrun)",
     )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(

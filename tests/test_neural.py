@@ -214,14 +214,15 @@ def test_overrun_penalty_charges_only_the_episodes_the_cap_stopped(pool):
     assert stops == capped.reshape(-1).tolist()
 
 
-def test_train_takes_the_overrun_penalty_for_the_neural_policy_only(tmp_path, capsys):
-    base = ["train", "--pool", "synthetic", "--steps", "1", "--overrun-penalty"]
-    for policy, value, says in (
-        ("simulated", "0.1", "policy 'simulated' does not use overrun_penalty"),
-        ("neural", "1.5", "policy_config.overrun_penalty must be in [0, 1], got 1.5"),
+def test_train_takes_the_overrun_penalty_and_forced_stop_setting_for_the_neural_policy_only(tmp_path, capsys):
+    base = ["train", "--pool", "synthetic", "--steps", "1"]
+    for policy, flags, says in (
+        ("simulated", ["--overrun-penalty", "0.1"], "policy 'simulated' does not use overrun_penalty"),
+        ("simulated", ["--no-train-forced-stop"], "policy 'simulated' does not use train_forced_stop"),
+        ("neural", ["--overrun-penalty", "1.5"], "policy_config.overrun_penalty must be in [0, 1], got 1.5"),
     ):
         lake = tmp_path / policy
-        assert main(["--lake", str(lake), *base, value, "--policy", policy]) == 2
+        assert main(["--lake", str(lake), *base, *flags, "--policy", policy]) == 2
         assert says in capsys.readouterr().err
         assert not (lake / "run.json").exists()  # refused before anything is written
 

@@ -92,6 +92,13 @@ def add_parser(sub) -> None:
         "(docs/algorithm.md §8b)",
     )
     t.add_argument(
+        "--train-forced-stop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="neural policy: train on the stop the action cap forces (default) or leave it out "
+        "(--no-train-forced-stop; pair it with --overrun-penalty)",
+    )
+    t.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
     )
     t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
@@ -150,6 +157,7 @@ def policy_config(args) -> dict:
         "loss_denominator",
         "dual_clip",
         "overrun_penalty",
+        "train_forced_stop",
         "base_url",
         "model",
         "api_key_env",

@@ -65,9 +65,9 @@ class NeuralConfig:
     # the policy made (it is forced, not sampled; its log-probability is often very low)
     train_forced_stop: bool = True
     # subtracted from the reward GRPO trains on (and the scheduler sees) for an episode the
-    # max_actions cap stopped, floored at 0: DAPO's overlong penalty, counted in actions. 0 = off. The checklist
-    # verifiers only read the final state, so without it nothing charges for acting past the task's
-    # end; held-out evaluation always reports the verifiers' reward
+    # max_actions cap stopped, floored at 0: DAPO's overlong penalty, counted in actions; 0 = off.
+    # The checklist verifiers only read the final state, so without it nothing charges for acting
+    # past the task's end. Held-out evaluation always reports the verifiers' reward
     overrun_penalty: float = 0.0
     temperature: float = 1.0
     warm_start_steps: int = 60  # behaviour-cloning gradient steps on the warm-start pool

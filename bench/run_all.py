@@ -1446,6 +1446,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     sections = args.sections.split(",")
+    extra = [x for x in args.extra.split(",") if x]
     if "schedulers" in sections:
         section_schedulers(args.steps, args.seeds)
     if "rho" in sections:
@@ -1476,40 +1477,25 @@ def main() -> int:
             args.neural_seeds,
             args.jobs,
             args.neural_runs,
-            [x for x in args.extra.split(",") if x],
+            extra,
             recorded_only=args.neural_recorded_only,
         )
     if "neural_seeds" in sections:
-        section_neural_seeds(
-            args.neural_runs, args.neural_seeds, args.steps, [x for x in args.extra.split(",") if x]
-        )
-    if "neural_denominator" in sections:
-        _learner_experiment(
-            DENOMINATOR,
-            runs=args.neural_batch_runs,
-            baseline_runs=args.neural_runs,
-            seeds=args.neural_seeds,
-            steps=args.steps,
-            extra=[x for x in args.extra.split(",") if x],
-        )
-    if "neural_dualclip" in sections:
-        _learner_experiment(
-            DUALCLIP,
-            runs=args.neural_dualclip_runs,
-            baseline_runs=args.neural_runs,
-            seeds=args.neural_seeds,
-            steps=args.steps,
-            extra=[x for x in args.extra.split(",") if x],
-        )
-    if "neural_overrun" in sections:
-        _learner_experiment(
-            OVERRUN,
-            runs=args.neural_overrun_runs,
-            baseline_runs=args.neural_runs,
-            seeds=args.neural_seeds,
-            steps=args.steps,
-            extra=[x for x in args.extra.split(",") if x],
-        )
+        section_neural_seeds(args.neural_runs, args.neural_seeds, args.steps, extra)
+    for exp, runs in (
+        (DENOMINATOR, args.neural_batch_runs),
+        (DUALCLIP, args.neural_dualclip_runs),
+        (OVERRUN, args.neural_overrun_runs),
+    ):
+        if exp.section in sections:
+            _learner_experiment(
+                exp,
+                runs=runs,
+                baseline_runs=args.neural_runs,
+                seeds=args.neural_seeds,
+                steps=args.steps,
+                extra=extra,
+            )
     print(f"wrote {RESULTS}")
     return 0
 

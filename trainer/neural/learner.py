@@ -488,12 +488,12 @@ class NeuralLearner:
                                 {k: c.get(k) for k in ("item", "passed", "error")}
                                 for c in t.result.get("checks", [])
                             ],
-                            "verifier_reward": float(t.result.get("reward", 0.0)),
-                            "stopped_by_cap": self.capped(t),
+                            "verifier_reward": float(v),
+                            "stopped_by_cap": bool(c),
                         },
                         default=str,
                     )[:20000]
-                    for t in traces
+                    for t, v, c in zip(traces, verified.reshape(-1), capped.reshape(-1), strict=True)
                 ]
             ).reshape(n, group_size),
             "rollout_seconds": seconds,

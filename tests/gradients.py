@@ -21,7 +21,15 @@ class GradientTaker(torch.optim.Optimizer):
 
 
 def assert_scaled(base: list[torch.Tensor], scaled: list[torch.Tensor], factor: float) -> None:
-    """Every gradient of ``scaled`` is ``factor`` times the one of ``base`` (and some are non-zero)."""
+    """Every gradient of ``scaled`` is ``factor`` times the one of ``base`` (and some are non-zero).
+
+    The two losses sum the same float32 terms in a different order, so an element that is a near
+    cancellation of large terms differs in its low bits (seen: 3e-7 on a tensor whose largest element
+    is 0.1, under load). Each element is held to 1e-4 of its tensor's largest one, and the whole
+    gradient's norm ratio to 1e-5: a wrong factor (here 1 instead of about 0.5) fails both by orders
+    of magnitude."""
     assert any(g.abs().max() > 0 for g in base), "no gradient at all"
     for a, b in zip(base, scaled, strict=True):
-        torch.testing.assert_close(b, a * factor, rtol=1e-4, atol=1e-6 * float(a.abs().max()) + 1e-12)
+        torch.testing.assert_close(b, a * factor, rtol=1e-3, atol=1e-4 * float(a.abs().max()) + 1e-12)
+    norm = lambda gs: float(torch.sqrt(sum((g.double() ** 2).sum() for g in gs)))  # noqa: E731
+    assert abs(norm(scaled) / norm(base) - factor) <= 1e-5 * factor, (norm(scaled) / norm(base), factor)

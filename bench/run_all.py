@@ -871,37 +871,15 @@ def _variant_targets(S: dict, P: dict) -> list[str]:
     return head + rows
 
 
-def section_neural(
-    steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
-) -> dict:
-    """The paper's ablation on the neural learner (plus any extra scheduler variants). With
-    ``recorded_only`` the table is built from the runs on record (each row over the seeds it has)."""
-    names = COMPARED + (extra or [])
-    t0 = time.perf_counter()
-    out = run_benchmark(
-        names,
-        steps=steps,
-        seed=0,
-        seeds=seeds,
-        learner="neural",
-        jobs=jobs,
-        cache_dir=cache,
-        eval_every=50,
-        recorded_only=recorded_only,
-    )
-    (HERE / "neural_results.json").write_text(
-        json.dumps({k: out[k] for k in ("schedulers", "paired_vs_random", "setup")}, indent=2)
-    )
-    plot = heldout_plots(out, HERE / "neural_heldout.png")
+def _beside_paper(S: dict) -> list[str]:
+    """The neural rows as ratios to random, beside the paper's real-model ablation (Qwen3-4B, 200
+    steps) and the simulated learner's table (``scheduler_results.json``, when recorded)."""
     sim = (
         json.loads((HERE / "scheduler_results.json").read_text())["schedulers"]
         if (HERE / "scheduler_results.json").exists()
         else {}
     )
-    S, P = out["schedulers"], out["paired_vs_random"]
     rnd = S["random"]
-    rows, speed = _neural_tables(S, P, out["per_seed"])
-    # beside the paper's real-model ablation and the simulated learner
     side = [
         "| scheduler | neural: held-out seen × random | neural: held-out unseen × random | neural: batch var × "
         "random | paper (Qwen3-4B): held-out BFCL × random | paper: batch var × random | simulated: held-out × "
@@ -924,6 +902,35 @@ def section_neural(
             f"{fmt(sm['heldout_final'] / sim['random']['heldout_final'] if sm and 'random' in sim else None, 3)} | "
             f"{fmt(sm['batch_variance'] / sim['random']['batch_variance'] if sm and 'random' in sim else None, 2)} |"
         )
+    return side
+
+
+def section_neural(
+    steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
+) -> dict:
+    """The paper's ablation on the neural learner (plus any extra scheduler variants). With
+    ``recorded_only`` the table is built from the runs on record (each row over the seeds it has)."""
+    names = COMPARED + (extra or [])
+    t0 = time.perf_counter()
+    out = run_benchmark(
+        names,
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        jobs=jobs,
+        cache_dir=cache,
+        eval_every=50,
+        recorded_only=recorded_only,
+    )
+    (HERE / "neural_results.json").write_text(
+        json.dumps({k: out[k] for k in ("schedulers", "paired_vs_random", "setup")}, indent=2)
+    )
+    plot = heldout_plots(out, HERE / "neural_heldout.png")
+    S, P = out["schedulers"], out["paired_vs_random"]
+    rnd = S["random"]
+    rows, speed = _neural_tables(S, P, out["per_seed"])
+    side = _beside_paper(S)
     trows, resolution = _neural_targets(S, P)
     vrows = _variant_targets(S, P)
     gain = _gain_correlations(out["per_seed"])
@@ -1206,6 +1213,11 @@ def _learner_experiment(
                 *effect,
                 "",
                 "Reading: " + "; ".join(reading) + ".",
+                "",
+                "Beside the paper's real-model ablation and the simulated learner, as ratios to random "
+                "(this learner setting's rows):",
+                "",
+                *_beside_paper(S),
                 "",
                 resolution,
                 "",

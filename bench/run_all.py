@@ -1035,14 +1035,20 @@ def _paired_se_cell(a: dict, b: dict, metric: str) -> str:
 
 
 def section_neural_seeds(
-    runs: str, base_seeds: int, steps: int, extra: list[str] | None = None
+    runs: str,
+    base_seeds: int,
+    steps: int,
+    extra: list[str] | None = None,
+    exp: LearnerExperiment | None = None,
 ) -> dict | None:
     """The rows recorded over more seeds than the ablation table's: paired differences against
-    random and against each other, with two standard errors, over every seed both rows have."""
+    random and against each other, with two standard errors, over every seed both rows have. With
+    ``exp``, the same for a learner-setting experiment's runs (section ``<experiment>_seeds``)."""
+    section = f"{exp.section}_seeds" if exp else "neural_seeds"
     counts = {n: len(list(Path(runs).glob(f"{n}-s*.json"))) for n in COMPARED + (extra or [])}
     names = [n for n, c in counts.items() if c > base_seeds]
     if "random" not in names or len(names) < 2:
-        print(f"neural_seeds: no scheduler besides random has more than {base_seeds} seeds in {runs}")
+        print(f"{section}: no scheduler besides random has more than {base_seeds} seeds in {runs}")
         return None
     quiet = lambda _m: None  # noqa: E731
     out = run_benchmark(
@@ -1055,6 +1061,7 @@ def section_neural_seeds(
         cache_dir=runs,
         recorded_only=True,
         log=quiet,
+        learner_config=exp.config if exp else None,
     )
     per = out["per_seed"]
     head = "| scheduler | seeds | " + " | ".join(f"Δ held-out {label}" for _, label in HELDOUT_METRICS) + " |"
@@ -1071,10 +1078,12 @@ def section_neural_seeds(
             among.append(f"| {a} − {b} | {len(set(per[a]) & set(per[b]))} | {' | '.join(cells)} |")
     seeds = sorted(per["random"])
     write_section(
-        "neural_seeds",
+        section,
         "\n".join(
             [
-                "## The top rows of the neural ablation over more seeds",
+                f"## Experiment: {exp.title}, over more seeds"
+                if exp
+                else "## The top rows of the neural ablation over more seeds",
                 "",
                 f"The rows recorded over more than the table's {base_seeds} seeds (runs in "
                 f"`bench/runs/{Path(runs).name}/`, random over seeds {seeds[0]}..{seeds[-1]}; same learner, "
@@ -1092,7 +1101,7 @@ def section_neural_seeds(
                 *among,
             ]
         ),
-        after="neural",
+        after=exp.section if exp else "neural",
     )
     return out
 
@@ -1420,7 +1429,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun",
+        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1508,6 +1517,8 @@ def main() -> int:
                 steps=args.steps,
                 extra=extra,
             )
+        if f"{exp.section}_seeds" in sections:
+            section_neural_seeds(runs, args.neural_seeds, args.steps, extra, exp=exp)
     print(f"wrote {RESULTS}")
     return 0
 

@@ -1044,7 +1044,11 @@ def section_neural_seeds(
     """The rows recorded over more seeds than the ablation table's: paired differences against
     random and against each other, with two standard errors, over every seed both rows have. With
     ``exp``, the same for a learner-setting experiment's runs (section ``<experiment>_seeds``)."""
-    section = f"{exp.section}_seeds" if exp else "neural_seeds"
+    section, after, config, title = (
+        (f"{exp.section}_seeds", exp.section, exp.config, f"Experiment: {exp.title}, over more seeds")
+        if exp
+        else ("neural_seeds", "neural", None, "The top rows of the neural ablation over more seeds")
+    )
     counts = {n: len(list(Path(runs).glob(f"{n}-s*.json"))) for n in COMPARED + (extra or [])}
     names = [n for n, c in counts.items() if c > base_seeds]
     if "random" not in names or len(names) < 2:
@@ -1061,7 +1065,7 @@ def section_neural_seeds(
         cache_dir=runs,
         recorded_only=True,
         log=quiet,
-        learner_config=exp.config if exp else None,
+        learner_config=config,
     )
     per = out["per_seed"]
     head = "| scheduler | seeds | " + " | ".join(f"Δ held-out {label}" for _, label in HELDOUT_METRICS) + " |"
@@ -1081,9 +1085,7 @@ def section_neural_seeds(
         section,
         "\n".join(
             [
-                f"## Experiment: {exp.title}, over more seeds"
-                if exp
-                else "## The top rows of the neural ablation over more seeds",
+                f"## {title}",
                 "",
                 f"The rows recorded over more than the table's {base_seeds} seeds (runs in "
                 f"`bench/runs/{Path(runs).name}/`, random over seeds {seeds[0]}..{seeds[-1]}; same learner, "
@@ -1101,7 +1103,7 @@ def section_neural_seeds(
                 *among,
             ]
         ),
-        after=exp.section if exp else "neural",
+        after=after,
     )
     return out
 

@@ -31,5 +31,7 @@ def assert_scaled(base: list[torch.Tensor], scaled: list[torch.Tensor], factor: 
     assert any(g.abs().max() > 0 for g in base), "no gradient at all"
     for a, b in zip(base, scaled, strict=True):
         torch.testing.assert_close(b, a * factor, rtol=1e-3, atol=1e-4 * float(a.abs().max()) + 1e-12)
-    norm = lambda gs: float(torch.sqrt(sum((g.double() ** 2).sum() for g in gs)))  # noqa: E731
-    assert abs(norm(scaled) / norm(base) - factor) <= 1e-5 * factor, (norm(scaled) / norm(base), factor)
+    ratio = float(
+        torch.sqrt(sum((g.double() ** 2).sum() for g in scaled) / sum((g.double() ** 2).sum() for g in base))
+    )
+    assert abs(ratio - factor) <= 1e-5 * factor, (ratio, factor)

@@ -193,6 +193,39 @@ def test_proportional_exploitation_draws_by_score_and_records_the_propensity():
             SchedulerConfig(exploit_power=bad)
 
 
+def test_success_target_scores_the_pass_fail_variance_of_the_predicted_mean():
+    with pytest.raises(ValueError, match="target: 'entropy'"):
+        SchedulerConfig(target="entropy")
+    st_ = make_state(n_envs=2, per_env=4)
+    # 0: half solved; 1: nearly solved with a little spread; 2: solved; 3: a steady half score
+    groups = {0: [0.0, 1.0] * 4, 1: [1.0] * 7 + [0.8], 2: [1.0] * 8, 3: [0.5] * 8}
+    for t in range(3):  # with predictions logged, so the variance target has pairs to calibrate on
+        observe(st_, t, groups, pred=np.array([0.3, 0.1, 0.05, 0.2]))
+    sched = EnvSched(SchedulerConfig(target="success", rho=0.0))
+    pred = sched.predict(st_)
+    inf = sched.informativeness(st_, pred)
+    m, d = pred["hat_m"], pred["hat_d"]
+    assert np.allclose(inf["u"], d * 4 * m * (1 - m))
+    assert not bool(inf["is_calibrated"][0]) and np.array_equal(inf["calibrated"], inf["u"])
+    u = inf["u"]
+    assert u[0] > u[3] and u[0] > u[1] > u[2]  # spread without a near-certain outcome ranks first
+    # the variance target with the same history is calibrated on realized variance
+    assert bool(EnvSched(SchedulerConfig()).informativeness(st_, pred)["is_calibrated"][0])
+    # Thompson: deterministic given the generator, different draws across generators, in [0, 1]
+    ts = EnvSched(SchedulerConfig(target="success-sampled", rho=0.0))
+    a, b = (ts.informativeness(st_, pred, np.random.default_rng(s))["u"] for s in (1, 1))
+    c = ts.informativeness(st_, pred, np.random.default_rng(2))["u"]
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert ((a >= 0) & (a <= 1)).all()
+    with pytest.raises(ValueError, match="random generator"):
+        ts.informativeness(st_, pred)
+    # an unobserved task's draw is wider than a well-observed one's
+    draws = np.array([ts._success(st_, pred, np.random.default_rng(s)) for s in range(200)])
+    assert draws[:, 7].std() > 2 * draws[:, 0].std()
+    picks = ts.select(st_, 3, np.random.default_rng(0), 5).picks
+    assert len({p.index for p in picks}) == 3
+
+
 # ---------------------------------------------------------------------------- §5.6 retirement
 def test_retirement_after_three_solved_groups_and_return():
     cfg = SchedulerConfig(return_prob=0.0)

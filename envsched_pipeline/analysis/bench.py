@@ -72,6 +72,10 @@ VARIANTS: dict[str, dict] = {
     # ... with the draw flattened (value ** power): closer to uniform over the likely-informative tasks
     "envsched@flat+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.5, **_SOLVED1},
     "envsched@flatter+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.25, **_SOLVED1},
+    # u from the predicted success rate instead of the predicted variance (pass/fail variance of
+    # m_hat, times the chance of spread), greedy; and with m drawn from a Beta posterior (Thompson)
+    "envsched@success": {"target": "success"},
+    "envsched@success-sampled": {"target": "success-sampled"},
 }
 METRICS = (
     "batch_variance",

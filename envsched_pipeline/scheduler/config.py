@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 
 EXPLOIT_SAMPLING = ("greedy", "proportional")
+TARGETS = ("variance", "success", "success-sampled")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,12 @@ class SchedulerConfig:
     consecutive_cap: int = 2  # a task picked at t-1 and t-2 is ineligible at t (paper)
     # ---- (ours)
     dispersion_bonus: float = 0.5  # u = s2_hat + bonus * d_hat * recent realized s2
+    # what u measures: "variance" (the paper: predicted reward variance, above); "success": the
+    # pass/fail variance of the predicted mean, u = d_hat * 4 m_hat (1 - m_hat) (under std-normalized
+    # advantages every group with spread weighs the same, so how much variance matters less than
+    # whether there is spread and how much of the task is left to learn); "success-sampled": the
+    # same with m drawn from a Beta posterior around m_hat (Thompson sampling, as MoPPS does)
+    target: str = "variance"
     calibrate: bool = True  # isotonic calibration of u on realized s2
     calib_window: int = 8  # steps of pairs used for calibration and the recent mean
     retire_window: int = 3  # groups all solved / all failed in a row before retirement
@@ -73,6 +80,8 @@ class SchedulerConfig:
                 f"scheduler config exploit_sampling: {self.exploit_sampling!r} is not one of "
                 f"{', '.join(EXPLOIT_SAMPLING)}"
             )
+        if self.target not in TARGETS:
+            raise ValueError(f"scheduler config target: {self.target!r} is not one of {', '.join(TARGETS)}")
         p = self.exploit_power
         if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0 < p <= 16):
             raise ValueError(

@@ -92,13 +92,20 @@ class EnvSched(Scheduler):
         return out
 
     # ------------------------------------------------------------------ §5
-    def informativeness(self, state: SchedulerState, pred: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def informativeness(
+        self, state: SchedulerState, pred: dict[str, np.ndarray], rng: np.random.Generator | None = None
+    ) -> dict[str, np.ndarray]:
         c, a = self.config, state.arrays
         recent = float(np.mean(state.realized_var[-c.calib_window :])) if state.realized_var else c.cold_var
-        u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
+        if c.target == "variance":
+            u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
+        else:
+            u = np.clip(pred["hat_d"], 0.0, 1.0) * _pass_fail_variance(self._success(state, pred, rng))
         cal = u.copy()
         calibrated = False
-        if c.calibrate and len(state.calib_u) >= 2:
+        # isotonic calibration maps u onto realized variance: only for the variance target (the
+        # success target's u is on its own fixed [0, 1] scale and is not a variance forecast)
+        if c.calibrate and c.target == "variance" and len(state.calib_u) >= 2:
             xu = np.concatenate(state.calib_u[-c.calib_window :])
             ys = np.concatenate(state.calib_s2[-c.calib_window :])
             if len(xu) >= 8 and np.ptp(xu) > 0:
@@ -135,6 +142,19 @@ class EnvSched(Scheduler):
             "recent_var": np.full(1, recent),
             "is_calibrated": np.full(1, calibrated),
         }
+
+    def _success(self, state: SchedulerState, pred, rng: np.random.Generator | None) -> np.ndarray:
+        """The success rate u is built on: m_hat, or for ``success-sampled`` one draw from
+        Beta(m_hat n + 1/2, (1 - m_hat) n + 1/2), n = G x (decayed groups seen) + 2 lambda_s (own
+        rollouts plus a prior worth 2 lambda_s rollouts, so an unobserved task's draw is wide and
+        centred on its neighbourhood's mean)."""
+        m = np.clip(pred["hat_m"], 0.0, 1.0)
+        if self.config.target != "success-sampled":
+            return m
+        if rng is None:
+            raise ValueError("scheduler config target 'success-sampled' needs a random generator")
+        n = self.config.group_size * state.arrays["W"] + 2.0 * self.config.lambda_s
+        return rng.beta(m * n + 0.5, (1.0 - m) * n + 0.5)
 
     def predicted_cost(self, state: SchedulerState) -> np.ndarray:
         """Seconds per rollout: own decayed mean, else the environment's, else the global mean."""
@@ -177,7 +197,7 @@ class EnvSched(Scheduler):
             picks = self._cold_start(state, b, rng, cons)
             return Selection(picks, cons.relaxations, quarantined)
         pred = self.predict(state)
-        inf = self.informativeness(state, pred)
+        inf = self.informativeness(state, pred, rng)
         back = self._returning(state, pred, rng)
         cons.retired = cons.retired & ~back
         score = inf["score"]
@@ -338,6 +358,11 @@ class EnvSched(Scheduler):
             reason=reason,
             index=i,
         )
+
+
+def _pass_fail_variance(m: np.ndarray) -> np.ndarray:
+    """4 m (1 - m): the variance of a pass/fail reward with success rate m, scaled to [0, 1]."""
+    return 4.0 * m * (1.0 - m)
 
 
 def _draw_proportional(

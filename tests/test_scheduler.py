@@ -209,6 +209,13 @@ def test_success_target_scores_the_pass_fail_variance_of_the_predicted_mean():
     assert not bool(inf["is_calibrated"][0]) and np.array_equal(inf["calibrated"], inf["u"])
     u = inf["u"]
     assert u[0] > u[3] and u[0] > u[1] > u[2]  # spread without a near-certain outcome ranks first
+    # a floor keeps some worth for any spread: u = d (f + 4 m (1 - m)) / (1 + f)
+    floored = EnvSched(SchedulerConfig(target="success", success_floor=1.0)).informativeness(st_, pred)["u"]
+    assert np.allclose(floored, d * (1 + 4 * m * (1 - m)) / 2)
+    assert floored[1] / floored[0] > u[1] / u[0]
+    for bad in (-0.5, "1", True, float("nan"), 101.0):
+        with pytest.raises(ValueError, match="success_floor"):
+            SchedulerConfig(success_floor=bad)
     # the variance target with the same history is calibrated on realized variance
     assert bool(EnvSched(SchedulerConfig()).informativeness(st_, pred)["is_calibrated"][0])
     # Thompson: deterministic given the generator, different draws across generators, in [0, 1]

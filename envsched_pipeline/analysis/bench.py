@@ -76,6 +76,8 @@ VARIANTS: dict[str, dict] = {
     # m_hat, times the chance of spread), greedy; and with m drawn from a Beta posterior (Thompson)
     "envsched@success": {"target": "success"},
     "envsched@success-sampled": {"target": "success-sampled"},
+    # ... with a floor: any group with spread counts half as much as a half-solved task's
+    "envsched@success+floor1": {"target": "success", "success_floor": 1.0},
 }
 METRICS = (
     "batch_variance",

@@ -40,6 +40,10 @@ class SchedulerConfig:
     # whether there is spread and how much of the task is left to learn); "success-sampled": the
     # same with m drawn from a Beta posterior around m_hat (Thompson sampling, as MoPPS does)
     target: str = "variance"
+    # success targets only: u = d_hat * (floor + 4 m_hat (1 - m_hat)) / (1 + floor); above 0, a group
+    # with spread is worth something however near solved its task is (0: the pass/fail variance alone;
+    # large: the chance of spread alone)
+    success_floor: float = 0.0
     calibrate: bool = True  # isotonic calibration of u on realized s2
     calib_window: int = 8  # steps of pairs used for calibration and the recent mean
     retire_window: int = 3  # groups all solved / all failed in a row before retirement
@@ -82,6 +86,11 @@ class SchedulerConfig:
             )
         if self.target not in TARGETS:
             raise ValueError(f"scheduler config target: {self.target!r} is not one of {', '.join(TARGETS)}")
+        f = self.success_floor
+        if isinstance(f, bool) or not (isinstance(f, (int, float)) and 0 <= f <= 100):
+            raise ValueError(
+                f"scheduler config success_floor: {self.success_floor!r} must be a number in [0, 100]"
+            )
         p = self.exploit_power
         if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0 < p <= 16):
             raise ValueError(

@@ -100,7 +100,9 @@ class EnvSched(Scheduler):
         if c.target == "variance":
             u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
         else:
-            u = np.clip(pred["hat_d"], 0.0, 1.0) * _pass_fail_variance(self._success(state, pred, rng))
+            f = c.success_floor
+            pf = _pass_fail_variance(self._success(state, pred, rng))
+            u = np.clip(pred["hat_d"], 0.0, 1.0) * (f + pf) / (1.0 + f)
         cal = u.copy()
         calibrated = False
         # isotonic calibration maps u onto realized variance: only for the variance target (the

@@ -1163,6 +1163,8 @@ def _learner_experiment(
     for n in names:
         a, b = out["per_seed"].get(n, {}), base["per_seed"].get(n, {})
         common = sorted(set(a) & set(b))
+        if not common:  # a variant tried only under this setting: nothing to pair it with
+            continue
         cells = []
         for metric in (
             "heldout_seen_final",

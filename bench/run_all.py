@@ -871,6 +871,20 @@ def _variant_targets(S: dict, P: dict) -> list[str]:
     return head + rows
 
 
+def _variant_block(S: dict, P: dict) -> list[str]:
+    """The targets table of the envsched variants with 5+ seeds, with its lead-in (empty if none)."""
+    vrows = _variant_targets(S, P)
+    if not vrows:
+        return []
+    return [
+        "The same targets for each envsched variant with 5 or more seeds, the variant standing in "
+        'for envsched ("best" compares it with the seven other schedulers):',
+        "",
+        *vrows,
+        "",
+    ]
+
+
 def _beside_paper(S: dict) -> list[str]:
     """The neural rows as ratios to random, beside the paper's real-model ablation (Qwen3-4B, 200
     steps) and the simulated learner's table (``scheduler_results.json``, when recorded)."""
@@ -932,7 +946,6 @@ def section_neural(
     rows, speed = _neural_tables(S, P, out["per_seed"])
     side = _beside_paper(S)
     trows, resolution = _neural_targets(S, P)
-    vrows = _variant_targets(S, P)
     gain = _gain_correlations(out["per_seed"])
     setup = out["setup"]
     write_section(
@@ -994,17 +1007,7 @@ def section_neural(
                 "",
                 *trows,
                 "",
-                *(
-                    [
-                        "The same targets for each envsched variant with 5 or more seeds, the variant standing in "
-                        'for envsched ("best" compares it with the seven other schedulers):',
-                        "",
-                        *vrows,
-                        "",
-                    ]
-                    if vrows
-                    else []
-                ),
+                *_variant_block(S, P),
                 *gain,
                 f"![held-out curves]({Path(plot).name})",
             ]
@@ -1239,6 +1242,8 @@ def _learner_experiment(
                 "",
                 *trows,
                 "",
+                *_variant_block(S, P),
+                *_gain_correlations(out["per_seed"]),
                 f"![held-out curves, {title}]({Path(plot).name})",
             ]
         ),

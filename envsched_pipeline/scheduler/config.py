@@ -79,23 +79,18 @@ class SchedulerConfig:
     exploit_power: float = 1.0
 
     def __post_init__(self):
-        if self.exploit_sampling not in EXPLOIT_SAMPLING:
-            raise ValueError(
-                f"scheduler config exploit_sampling: {self.exploit_sampling!r} is not one of "
-                f"{', '.join(EXPLOIT_SAMPLING)}"
-            )
-        if self.target not in TARGETS:
-            raise ValueError(f"scheduler config target: {self.target!r} is not one of {', '.join(TARGETS)}")
-        f = self.success_floor
-        if isinstance(f, bool) or not (isinstance(f, (int, float)) and 0 <= f <= 100):
-            raise ValueError(
-                f"scheduler config success_floor: {self.success_floor!r} must be a number in [0, 100]"
-            )
-        p = self.exploit_power
-        if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0 < p <= 16):
-            raise ValueError(
-                f"scheduler config exploit_power: {self.exploit_power!r} must be a number in (0, 16]"
-            )
+        for name, choices in (("exploit_sampling", EXPLOIT_SAMPLING), ("target", TARGETS)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"scheduler config {name}: {value!r} is not one of {', '.join(choices)}")
+        # (field, lower bound, is the lower bound allowed, upper bound)
+        for name, lo, lo_ok, hi in (("success_floor", 0, True, 100), ("exploit_power", 0, False, 16)):
+            v = getattr(self, name)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not (number and (lo <= v if lo_ok else lo < v) and v <= hi):
+                raise ValueError(
+                    f"scheduler config {name}: {v!r} must be a number in {'[' if lo_ok else '('}{lo}, {hi}]"
+                )
 
     def to_dict(self) -> dict:
         return asdict(self)

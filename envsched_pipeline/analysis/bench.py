@@ -78,6 +78,11 @@ VARIANTS: dict[str, dict] = {
     "envsched@success-sampled": {"target": "success-sampled"},
     # ... with a floor: any group with spread counts half as much as a half-solved task's
     "envsched@success+floor1": {"target": "success", "success_floor": 1.0},
+    # the success target nearer MoPPS's habits (it repeats a learnable task far more and spends every
+    # pick on exploitation): a quarter of the batch on coverage instead of half, or a 4x weaker
+    # exposure discount (c0 = 64 groups instead of 16)
+    "envsched@success+rho0.25": {"target": "success", "rho": 0.25},
+    "envsched@success+exposure64": {"target": "success", "c0": 64.0},
 }
 METRICS = (
     "batch_variance",

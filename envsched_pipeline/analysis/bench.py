@@ -83,6 +83,9 @@ VARIANTS: dict[str, dict] = {
     # exposure discount (c0 = 64 groups instead of 16)
     "envsched@success+rho0.25": {"target": "success", "rho": 0.25},
     "envsched@success+exposure64": {"target": "success", "c0": 64.0},
+    # ... or a coverage share that adapts to the run (adaptive_rho: shrinks while the coverage half
+    # finds informative groups less often than the exploitation half)
+    "envsched@success+adaptive": {"target": "success", "adaptive_rho": True},
 }
 METRICS = (
     "batch_variance",

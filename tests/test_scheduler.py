@@ -143,6 +143,23 @@ def test_task_picked_at_two_previous_steps_is_ineligible():
     cons = BatchConstraints(st_, cfg, step=2)
     ok = cons.eligible()
     assert not ok[0] and ok[5] and ok[6]
+    # consecutive_cap = 0 turns the rule off: the same task stays eligible every step
+    assert BatchConstraints(st_, cfg.with_overrides(consecutive_cap=0), step=2).eligible()[0]
+
+
+def test_every_named_variant_is_a_valid_config_that_changes_something_and_fills_a_batch():
+    from envsched_pipeline.analysis.bench import VARIANTS  # bench module; only these tests need it
+
+    default = SchedulerConfig(batch_size=6)
+    for name, overrides in VARIANTS.items():
+        cfg = default.with_overrides(**overrides)  # an unknown or invalid field raises here
+        assert cfg.hash() != default.hash(), name
+        st_ = make_state(n_envs=3, per_env=6)
+        sched = EnvSched(cfg)
+        for t in range(3):
+            picks = sched.select(st_, 6, np.random.default_rng(t), t).picks
+            assert len({p.task_id for p in picks}) == 6, name
+            observe(st_, t, {p.index: [0.0, 1.0, 1.0, 0.0] for p in picks}, cfg)
 
 
 def test_env_window_cap_counts_previous_two_steps():

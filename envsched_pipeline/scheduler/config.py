@@ -31,7 +31,7 @@ class SchedulerConfig:
     lambda_sim: float = 0.08  # MMR similarity penalty (paper)
     cap_env_step: int = 4  # C1: tasks per environment per step (paper)
     cap_env_window: int = 11  # C3: tasks per environment over steps t-2..t (paper)
-    consecutive_cap: int = 2  # a task picked at t-1 and t-2 is ineligible at t (paper)
+    consecutive_cap: int = 2  # a task picked at t-1 and t-2 is ineligible at t (paper); 0 turns it off
     # ---- (ours)
     dispersion_bonus: float = 0.5  # u = s2_hat + bonus * d_hat * recent realized s2
     # what u measures: "variance" (the paper: predicted reward variance, above); "success": the

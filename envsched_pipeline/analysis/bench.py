@@ -86,6 +86,8 @@ VARIANTS: dict[str, dict] = {
     # ... or a coverage share that adapts to the run (adaptive_rho: shrinks while the coverage half
     # finds informative groups less often than the exploitation half)
     "envsched@success+adaptive": {"target": "success", "adaptive_rho": True},
+    # ... starting from a quarter instead of half (adapts within [rho_min, 0.25])
+    "envsched@success+adaptive+rho0.25": {"target": "success", "adaptive_rho": True, "rho": 0.25},
     # ... and without the consecutive cap, so a task at the learning frontier can be picked every
     # step as MoPPS does (the environment quotas stay)
     "envsched@success+adaptive+repeat": {"target": "success", "adaptive_rho": True, "consecutive_cap": 0},

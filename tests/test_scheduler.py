@@ -162,6 +162,32 @@ def test_every_named_variant_is_a_valid_config_that_changes_something_and_fills_
             observe(st_, t, {p.index: [0.0, 1.0, 1.0, 0.0] for p in picks}, cfg)
 
 
+def test_stale_coverage_takes_one_task_per_stale_environment():
+    cfg = SchedulerConfig(batch_size=8, stale_after=2)  # rho B = 4 coverage slots at most
+    st_ = make_state(n_envs=6, per_env=4)
+    observe(st_, 0, {4 * e: [0.0, 1.0] for e in range(5)}, cfg)  # e5 never picked
+    observe(st_, 1, {1: [0.0, 1.0], 5: [0.0, 1.0]}, cfg)
+    observe(st_, 2, {2: [0.0, 1.0]}, cfg)
+    sched = EnvSched(cfg)
+    # at step 3: e0 seen at 2, e1 at 1 (fresh); e2..e4 last at 0 and e5 never (stale)
+    assert sched.stale_envs(st_, 3).tolist() == [False, False, True, True, True, True]
+    picks = sched.select(st_, 8, np.random.default_rng(0), 3).picks
+    cov = [p.env_id for p in picks if p.half == "coverage"]
+    assert len(picks) == 8 and len(cov) == 4 and len(set(cov)) == 4 and set(cov) <= {"e2", "e3", "e4", "e5"}
+    # fewer stale environments than slots: one pick each, the rest goes to exploitation
+    st2 = make_state(n_envs=6, per_env=4)
+    observe(st2, 0, {4 * e: [0.0, 1.0] for e in range(6)}, cfg)
+    observe(st2, 1, {4 * e + 1: [0.0, 1.0] for e in range(4)}, cfg)
+    picks = sched.select(st2, 8, np.random.default_rng(0), 3).picks
+    assert sorted(p.env_id for p in picks if p.half == "coverage") == ["e4", "e5"]
+    assert sum(p.half == "exploit" for p in picks) == 6
+    # the paper's rule (stale_after=0) always gives coverage rho B
+    picks = EnvSched(cfg.with_overrides(stale_after=0)).select(st2, 8, np.random.default_rng(0), 3).picks
+    assert sum(p.half == "coverage" for p in picks) == 4
+    with pytest.raises(ValueError, match="stale_after"):
+        cfg.with_overrides(stale_after=-1)
+
+
 def test_env_window_cap_counts_previous_two_steps():
     cfg = SchedulerConfig(cap_env_window=4, cap_env_step=4)
     st_ = make_state(n_envs=2, per_env=5)

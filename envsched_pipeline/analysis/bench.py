@@ -91,6 +91,10 @@ VARIANTS: dict[str, dict] = {
     # ... and without the consecutive cap, so a task at the learning frontier can be picked every
     # step as MoPPS does (the environment quotas stay)
     "envsched@success+adaptive+repeat": {"target": "success", "adaptive_rho": True, "consecutive_cap": 0},
+    # ... or a coverage half that only revisits stale environments (one pick each for those not
+    # picked in the last 3 steps, at most half the batch): all-exploitation right after the cold
+    # start, as MoPPS, coverage growing as the exploitation half leaves environments behind
+    "envsched@success+stale3": {"target": "success", "stale_after": 3},
 }
 METRICS = (
     "batch_variance",

@@ -68,6 +68,10 @@ class SchedulerConfig:
         False  # shrink the coverage share when the coverage half yields less than the exploit half
     )
     rho_min: float = 0.125  # ... never below this share
+    # above 0: the coverage half takes one task from each environment not picked in the last
+    # stale_after steps (the stalest first), at most rho B (or the adaptive share); the rest of the
+    # batch goes to exploitation. 0: the coverage half always takes rho B (paper)
+    stale_after: int = 0
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
     # exploitation half: "greedy" takes the highest score - similarity penalty (paper); "proportional"
@@ -84,7 +88,11 @@ class SchedulerConfig:
             if value not in choices:
                 raise ValueError(f"scheduler config {name}: {value!r} is not one of {', '.join(choices)}")
         # (field, lower bound, is the lower bound allowed, upper bound)
-        for name, lo, lo_ok, hi in (("success_floor", 0, True, 100), ("exploit_power", 0, False, 16)):
+        for name, lo, lo_ok, hi in (
+            ("success_floor", 0, True, 100),
+            ("exploit_power", 0, False, 16),
+            ("stale_after", 0, True, 1000),
+        ):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)
             if not (number and (lo <= v if lo_ok else lo < v) and v <= hi):

@@ -206,9 +206,13 @@ class EnvSched(Scheduler):
         picks: list[Pick] = []
         n_cov = int(round(self.coverage_share(state) * b))
         # -- coverage half: environments by (rollouts spent, last seen, random), round robin
-        env_key = np.lexsort(
-            (rng.random(state.n_envs), state.arrays["env_last_seen"], state.arrays["env_rollouts"])
-        )
+        last_seen = state.arrays["env_last_seen"]
+        keys = (rng.random(state.n_envs), last_seen, state.arrays["env_rollouts"])
+        if c.stale_after > 0:  # one pick per stale environment, the stalest first
+            stale = self.stale_envs(state, step)
+            n_cov = min(n_cov, int(stale.sum()))
+            keys = (rng.random(state.n_envs), state.arrays["env_rollouts"], last_seen, ~stale)
+        env_key = np.lexsort(keys)
         exposure = state.arrays["exposure"]
 
         def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
@@ -252,6 +256,11 @@ class EnvSched(Scheduler):
         if wc < 4 or we < 4 or xe <= 0:
             return c.rho
         return float(np.clip(c.rho * (xc / wc) / (xe / we), min(c.rho_min, c.rho), c.rho))
+
+    def stale_envs(self, state: SchedulerState, step: int) -> np.ndarray:
+        """Environments not picked in the last ``stale_after`` steps (never picked: stale)."""
+        last_seen = state.arrays["env_last_seen"]
+        return (last_seen < 0) | (step - last_seen > self.config.stale_after)
 
     @staticmethod
     def _add_penalty(sym, i: int, penalty: np.ndarray) -> None:

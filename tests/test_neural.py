@@ -287,7 +287,17 @@ def test_bench_json_on_the_neural_learner(tmp_path):
     fields per scheduler, and the paired difference against random."""
     out = tmp_path / "bench.json"
     args = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "2"]
-    args += ["--batch-size", "4", "--group-size", "4", "--schedulers", "random,envsched", "--eval-every", "2"]
+    args += [
+        "--batch-size",
+        "4",
+        "--group-size",
+        "4",
+        "--schedulers",
+        "random,envsched",
+        "--eval-every",
+        "2",
+        "--series",
+    ]
     assert main([*args, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["setup"]["learner"] == "neural" and not doc["setup"]["simulated"]
@@ -296,6 +306,8 @@ def test_bench_json_on_the_neural_learner(tmp_path):
         assert all(k in m for k in NEURAL_FIELDS), sorted(set(NEURAL_FIELDS) - set(m))
         assert m["seeds"] == 1 and 0.0 <= m["heldout_unseen_final"] <= 1.0 and m["heldout_seen_final_se"] > 0
         assert 1 <= m["distinct_tasks"] <= 24 and m["max_task_picks"] >= 1
+    # the coverage half's picks per step: none at the cold start, then round(rho B) = 2
+    assert doc["series"]["envsched"]["coverage_picks"] == [0, 2]
     paired = doc["paired_vs_random"]["envsched"]["heldout_unseen_final"]
     m, r = doc["schedulers"]["envsched"], doc["schedulers"]["random"]
     assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]

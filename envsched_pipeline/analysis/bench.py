@@ -362,6 +362,8 @@ def run_one(
             series["pool_seen_fraction"].append(float((picks_per_task > 0).mean()))
             series["select_seconds"].append(t_sel + t_upd)
             series["relaxations"].append(len(selection.relaxations))
+            # picks of the coverage half this step (envsched's adaptive / stale shares move it)
+            series.setdefault("coverage_picks", []).append(sum(p.half == "coverage" for p in picks))
             pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
             series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
             series["informative_per_second"].append(

@@ -259,6 +259,15 @@ def test_success_target_scores_the_pass_fail_variance_of_the_predicted_mean():
     for bad in (-0.5, "1", True, float("nan"), 101.0):
         with pytest.raises(ValueError, match="success_floor"):
             SchedulerConfig(success_floor=bad)
+    # a spread floor: u = (g + (1 - g) d) 4 m (1 - m); g = 1 ranks by the success rate alone, so
+    # the steady half score (task 3, no spread) comes level with the half-solved task 0
+    for g in (0.5, 1.0):
+        got = EnvSched(SchedulerConfig(target="success", spread_floor=g)).informativeness(st_, pred)["u"]
+        assert np.allclose(got, (g + (1 - g) * d) * 4 * m * (1 - m))
+    assert got[3] / got[0] > u[3] / u[0] and np.isclose(got[3], 4 * m[3] * (1 - m[3]))
+    for bad in (-0.1, 1.5, "1", True, float("nan")):
+        with pytest.raises(ValueError, match="spread_floor"):
+            SchedulerConfig(spread_floor=bad)
     # the variance target with the same history is calibrated on realized variance
     assert bool(EnvSched(SchedulerConfig()).informativeness(st_, pred)["is_calibrated"][0])
     # Thompson: deterministic given the generator, different draws across generators, in [0, 1]

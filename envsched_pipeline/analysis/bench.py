@@ -95,6 +95,11 @@ VARIANTS: dict[str, dict] = {
     # picked in the last 3 steps, at most half the batch): all-exploitation right after the cold
     # start, as MoPPS, coverage growing as the exploitation half leaves environments behind
     "envsched@success+stale3": {"target": "success", "stale_after": 3},
+    # the adaptive success form ranking by the predicted success rate with less (spread0.5) or no
+    # (spread1) weight on the chance of spread: MoPPS keeps training on tasks near half solved even
+    # when their groups have no spread yet, and has the best held-out seen
+    "envsched@success+adaptive+spread0.5": {"target": "success", "adaptive_rho": True, "spread_floor": 0.5},
+    "envsched@success+adaptive+spread1": {"target": "success", "adaptive_rho": True, "spread_floor": 1.0},
 }
 METRICS = (
     "batch_variance",

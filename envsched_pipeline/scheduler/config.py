@@ -44,6 +44,10 @@ class SchedulerConfig:
     # with spread is worth something however near solved its task is (0: the pass/fail variance alone;
     # large: the chance of spread alone)
     success_floor: float = 0.0
+    # success targets only: u = (spread_floor + (1 - spread_floor) d_hat) * (the above); 0: the chance
+    # of spread weighs fully; 1: the success rate alone ranks tasks, spread or not (as MoPPS does: a
+    # task stuck at partial credit with no spread yet is still at the frontier)
+    spread_floor: float = 0.0
     calibrate: bool = True  # isotonic calibration of u on realized s2
     calib_window: int = 8  # steps of pairs used for calibration and the recent mean
     retire_window: int = 3  # groups all solved / all failed in a row before retirement
@@ -92,6 +96,7 @@ class SchedulerConfig:
             ("success_floor", 0, True, 100),
             ("exploit_power", 0, False, 16),
             ("stale_after", 0, True, 1000),
+            ("spread_floor", 0, True, 1),
         ):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -102,7 +102,8 @@ class EnvSched(Scheduler):
         else:
             f = c.success_floor
             pf = _pass_fail_variance(self._success(state, pred, rng))
-            u = np.clip(pred["hat_d"], 0.0, 1.0) * (f + pf) / (1.0 + f)
+            spread = c.spread_floor + (1.0 - c.spread_floor) * np.clip(pred["hat_d"], 0.0, 1.0)
+            u = spread * (f + pf) / (1.0 + f)
         cal = u.copy()
         calibrated = False
         # isotonic calibration maps u onto realized variance: only for the variance target (the

@@ -850,6 +850,33 @@ def _gain_correlations(per_seed: dict) -> list[str]:
     return rows + [""]
 
 
+def _training_diet(series: dict, parts: int = 4) -> list[str]:
+    """What each scheduler trains on as the run goes: the batch mean reward and zero-variance share
+    of its groups over each quarter of the steps (means over its seeds)."""
+    names = [n for n in series if "mean_reward" in series[n] and "zero_variance_fraction" in series[n]]
+    if not names:
+        return []
+    steps = len(series[names[0]]["mean_reward"])
+    edges = np.linspace(0, steps, parts + 1).astype(int)
+    spans = " / ".join(f"{a + 1}-{b}" for a, b in zip(edges[:-1], edges[1:], strict=True))
+
+    def cells(xs):
+        return " / ".join(f"{np.mean(xs[a:b]):.2f}" for a, b in zip(edges[:-1], edges[1:], strict=True))
+
+    rows = [
+        "What each scheduler trains on as the run goes (means over its seeds, per quarter of the steps, "
+        f"steps {spans}): the batch's mean reward (how solved its tasks already are) and the share of its "
+        "groups without spread.",
+        "",
+        "| scheduler | batch mean reward, by quarter | zero-variance fraction, by quarter |",
+        "|---|---|---|",
+    ]
+    for n in names:
+        xs = series[n]
+        rows.append(f"| {n} | {cells(xs['mean_reward'])} | {cells(xs['zero_variance_fraction'])} |")
+    return rows + [""]
+
+
 def _variant_targets(S: dict, P: dict) -> list[str]:
     """One row per envsched variant with 5+ seeds: issue 17's targets with the variant in envsched's place."""
     variants = [
@@ -1009,6 +1036,7 @@ def section_neural(
                 "",
                 *_variant_block(S, P),
                 *gain,
+                *_training_diet(out["series"]),
                 f"![held-out curves]({Path(plot).name})",
             ]
         ),
@@ -1244,6 +1272,7 @@ def _learner_experiment(
                 "",
                 *_variant_block(S, P),
                 *_gain_correlations(out["per_seed"]),
+                *_training_diet(out["series"]),
                 f"![held-out curves, {title}]({Path(plot).name})",
             ]
         ),

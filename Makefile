@@ -43,9 +43,12 @@ lint: $(STAMP)
 	@$(BIN)/ruff check -q envsched_pipeline trainer envs warehouse deploy tests bench examples
 	@out=$$($(BIN)/lint-imports --no-logo --no-cache 2>&1) || { echo "$$out"; exit 1; }; echo "$$out" | tail -n 1
 
-# Every layer: unit, steps, dagster, e2e (markers in tests/conftest.py).
+# Every layer: unit, steps, dagster, e2e (markers in tests/conftest.py). The test files run on
+# TEST_WORKERS pytest-xdist workers (one file stays on one worker, so module fixtures build once);
+# TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) chromium lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-unit test-steps test-dagster test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -m $(subst test-,,$@)

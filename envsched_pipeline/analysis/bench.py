@@ -44,6 +44,9 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 LEARNERS = ("simulated", "neural")
 # the solved-side retirement every "solved1" variant below shares
 _SOLVED1 = {"retire_on": "mean", "retire_window": 1, "retire_failed": -1.0, "return_rule": "neighbour-mean"}
+_SUCCESS_ADAPTIVE = {"target": "success", "adaptive_rho": True}
+# environment quotas that never bind (C1 = the batch, C3 = three batches)
+_NO_ENV_CAPS = {"cap_env_step": 64, "cap_env_window": 192}
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
 VARIANTS: dict[str, dict] = {
     "envsched@adaptive": {"adaptive_rho": True},
@@ -100,6 +103,11 @@ VARIANTS: dict[str, dict] = {
     # when their groups have no spread yet, and has the best held-out seen
     "envsched@success+adaptive+spread0.5": {"target": "success", "adaptive_rho": True, "spread_floor": 0.5},
     "envsched@success+adaptive+spread1": {"target": "success", "adaptive_rho": True, "spread_floor": 1.0},
+    # ... without the environment quotas (C1 / C3 as large as the batch): MoPPS, DPS and GRESO keep
+    # training on hard tasks (batch mean reward ~0.75 to the end, envsched's forms ~0.9), and hard
+    # tasks may share a few environments that the quotas ration to 4 picks a step
+    "envsched@success+adaptive+nocaps": {**_SUCCESS_ADAPTIVE, **_NO_ENV_CAPS},
+    "envsched@success+adaptive+spread1+nocaps": {**_SUCCESS_ADAPTIVE, "spread_floor": 1.0, **_NO_ENV_CAPS},
 }
 METRICS = (
     "batch_variance",

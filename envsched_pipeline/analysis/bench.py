@@ -88,7 +88,7 @@ VARIANTS: dict[str, dict] = {
     "envsched@success+exposure64": {"target": "success", "c0": 64.0},
     # ... or a coverage share that adapts to the run (adaptive_rho: shrinks while the coverage half
     # finds informative groups less often than the exploitation half)
-    "envsched@success+adaptive": {"target": "success", "adaptive_rho": True},
+    "envsched@success+adaptive": {**_SUCCESS_ADAPTIVE},
     # ... starting from a quarter instead of half (adapts within [rho_min, 0.25])
     "envsched@success+adaptive+rho0.25": {"target": "success", "adaptive_rho": True, "rho": 0.25},
     # ... and without the consecutive cap, so a task at the learning frontier can be picked every
@@ -101,8 +101,8 @@ VARIANTS: dict[str, dict] = {
     # the adaptive success form ranking by the predicted success rate with less (spread0.5) or no
     # (spread1) weight on the chance of spread: MoPPS keeps training on tasks near half solved even
     # when their groups have no spread yet, and has the best held-out seen
-    "envsched@success+adaptive+spread0.5": {"target": "success", "adaptive_rho": True, "spread_floor": 0.5},
-    "envsched@success+adaptive+spread1": {"target": "success", "adaptive_rho": True, "spread_floor": 1.0},
+    "envsched@success+adaptive+spread0.5": {**_SUCCESS_ADAPTIVE, "spread_floor": 0.5},
+    "envsched@success+adaptive+spread1": {**_SUCCESS_ADAPTIVE, "spread_floor": 1.0},
     # ... without the environment quotas (C1 / C3 as large as the batch): MoPPS, DPS and GRESO keep
     # training on hard tasks (batch mean reward ~0.75 to the end, envsched's forms ~0.9), and hard
     # tasks may share a few environments that the quotas ration to 4 picks a step

@@ -44,8 +44,9 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 LEARNERS = ("simulated", "neural")
 # the solved-side retirement every "solved1" variant below shares
 _SOLVED1 = {"retire_on": "mean", "retire_window": 1, "retire_failed": -1.0, "return_rule": "neighbour-mean"}
+# the adaptive success form (success target, adaptive coverage share) the "success+adaptive" variants share
 _SUCCESS_ADAPTIVE = {"target": "success", "adaptive_rho": True}
-# environment quotas that never bind (C1 = the batch, C3 = three batches)
+# environment quotas that never bind at the bench's B = 64 (C1 = the batch, C3 = three batches)
 _NO_ENV_CAPS = {"cap_env_step": 64, "cap_env_window": 192}
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
 VARIANTS: dict[str, dict] = {
@@ -90,10 +91,10 @@ VARIANTS: dict[str, dict] = {
     # finds informative groups less often than the exploitation half)
     "envsched@success+adaptive": {**_SUCCESS_ADAPTIVE},
     # ... starting from a quarter instead of half (adapts within [rho_min, 0.25])
-    "envsched@success+adaptive+rho0.25": {"target": "success", "adaptive_rho": True, "rho": 0.25},
+    "envsched@success+adaptive+rho0.25": {**_SUCCESS_ADAPTIVE, "rho": 0.25},
     # ... and without the consecutive cap, so a task at the learning frontier can be picked every
     # step as MoPPS does (the environment quotas stay)
-    "envsched@success+adaptive+repeat": {"target": "success", "adaptive_rho": True, "consecutive_cap": 0},
+    "envsched@success+adaptive+repeat": {**_SUCCESS_ADAPTIVE, "consecutive_cap": 0},
     # ... or a coverage half that only revisits stale environments (one pick each for those not
     # picked in the last 3 steps, at most half the batch): all-exploitation right after the cold
     # start, as MoPPS, coverage growing as the exploitation half leaves environments behind
@@ -325,6 +326,7 @@ def run_one(
             "predicted_nonzero",
             "informative_per_second",
             "step_seconds",
+            "coverage_picks",
         )
         series: dict[str, list] = {k: [] for k in keys}
         series["evals"] = []
@@ -376,7 +378,7 @@ def run_one(
             series["select_seconds"].append(t_sel + t_upd)
             series["relaxations"].append(len(selection.relaxations))
             # picks of the coverage half this step (envsched's adaptive / stale shares move it)
-            series.setdefault("coverage_picks", []).append(sum(p.half == "coverage" for p in picks))
+            series["coverage_picks"].append(sum(p.half == "coverage" for p in picks))
             pn = [p.p_nonzero for p in picks if not np.isnan(p.p_nonzero)]
             series["predicted_nonzero"].append(float(np.mean(pn)) if pn else float("nan"))
             series["informative_per_second"].append(

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
+COVERAGE_PICKS = ("fewest", "score")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,11 @@ class SchedulerConfig:
     # stale_after steps (the stalest first), at most rho B (or the adaptive share); the rest of the
     # batch goes to exploitation. 0: the coverage half always takes rho B (paper)
     stale_after: int = 0
+    # which task the coverage half takes from each environment it visits: "fewest" = the fewest rollouts
+    # spent (ties: higher score, then random; paper); "score" = the highest score (ties random), so the
+    # half still spreads the batch over the least recently served environments but never spends a slot
+    # on a task its prediction calls solved or hopeless
+    coverage_pick: str = "fewest"
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True
     # exploitation half: "greedy" takes the highest score - similarity penalty (paper); "proportional"
@@ -87,7 +93,11 @@ class SchedulerConfig:
     exploit_power: float = 1.0
 
     def __post_init__(self):
-        for name, choices in (("exploit_sampling", EXPLOIT_SAMPLING), ("target", TARGETS)):
+        for name, choices in (
+            ("exploit_sampling", EXPLOIT_SAMPLING),
+            ("target", TARGETS),
+            ("coverage_pick", COVERAGE_PICKS),
+        ):
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"scheduler config {name}: {value!r} is not one of {', '.join(choices)}")

@@ -216,12 +216,15 @@ class EnvSched(Scheduler):
         env_key = np.lexsort(keys)
         exposure = state.arrays["exposure"]
 
-        def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
-            fewest = cand[exposure[cand] == exposure[cand].min()]
-            best = fewest[score[fewest] == score[fewest].max()]
+        def best_scored(cand):  # the highest score; ties random
+            best = cand[score[cand] == score[cand].max()]
             return (int(best[0]) if len(best) == 1 else int(rng.choice(best))), 1.0 / len(best)
 
-        for i, snap, prop in self._round_robin(state, cons, env_key, n_cov, fewest_exposed):
+        def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
+            return best_scored(cand[exposure[cand] == exposure[cand].min()])
+
+        choose = best_scored if c.coverage_pick == "score" else fewest_exposed
+        for i, snap, prop in self._round_robin(state, cons, env_key, n_cov, choose):
             picks.append(self._pick(state, i, "coverage", pred, inf, snap, prop, 0.0))
         # -- exploitation half: greedy MMR
         penalty = np.zeros(state.n_tasks)

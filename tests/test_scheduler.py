@@ -456,3 +456,18 @@ def test_batches_never_repeat_and_respect_caps_unless_relaxed(
         sched.update(
             state, Observations.from_groups(t, idx, groups), predicted_u=np.array([p.pred_var for p in picks])
         )
+
+
+def test_coverage_pick_score_takes_the_best_scored_task_instead_of_the_least_exposed():
+    cfg = SchedulerConfig(batch_size=2, target="success")  # rho B = 1 coverage slot
+    st_ = make_state(n_envs=1, per_env=4)
+    for t in range(3):  # task 0 half solved three times, tasks 1-2 solved three times, task 3 never seen
+        observe(st_, t, {0: [0.0, 1.0, 0.0, 1.0], 1: [1.0] * 4, 2: [1.0] * 4}, cfg)
+    observe(st_, 3, {1: [1.0] * 4}, cfg)  # task 0 rests a step (the consecutive cap would bar it)
+    fewest = EnvSched(cfg).select(st_, 2, np.random.default_rng(0), 5).picks
+    assert [p.task_id for p in fewest if p.half == "coverage"] == ["e0-t3"]  # the paper's rule: never seen first
+    best = EnvSched(cfg.with_overrides(coverage_pick="score")).select(st_, 2, np.random.default_rng(0), 5).picks
+    assert [p.task_id for p in best if p.half == "coverage"] == ["e0-t0"]  # predicted spread beats novelty
+    assert best[0].score > next(p.score for p in fewest if p.task_id == "e0-t3")
+    with pytest.raises(ValueError, match="coverage_pick"):
+        cfg.with_overrides(coverage_pick="newest")

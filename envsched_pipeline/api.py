@@ -22,9 +22,10 @@ from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
-from envsched_pipeline.errors import StepError
+from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, load_run, start_run
+from envsched_pipeline.scheduler.variants import resolve
 
 
 class ExternalRun:
@@ -42,6 +43,11 @@ class ExternalRun:
         prior_discount: float = 0.5,
         **config_overrides,
     ):
+        try:  # a named variant (``envsched@success+adaptive+covscore``): its overrides under yours
+            scheduler, variant = resolve(scheduler)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        config_overrides = {**variant, **config_overrides}
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
         if pool == "synthetic":
             ensure_pool(self.lake, pool)  # the built-in pool is created on first use

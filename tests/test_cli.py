@@ -99,3 +99,61 @@ def test_max_steps_leaves_the_rest_to_the_sensor(small_pool, dagster_home):
     )
     assert p.returncode == 0, p.stderr
     assert load_run(small_pool).max_steps == 5 and next_action(small_pool) == ("select", 1)
+
+
+def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagster_home, capsys):
+    from envsched_pipeline.run import load_run
+
+    lake = small_pool
+    base = [
+        "--lake",
+        str(lake.root),
+        "train",
+        "--policy",
+        "simulated",
+        "--batch-size",
+        "8",
+        "--group-size",
+        "4",
+    ]
+    # a bad name, bad JSON or an unknown field stops before anything is written, naming the flag
+    for extra, says in (
+        (["--scheduler", "envsched@nope"], "--scheduler: unknown scheduler 'envsched@nope'"),
+        (["--scheduler-config", "{rho: 1"], "--scheduler-config: not JSON"),
+        (["--scheduler-config", '{"rhoo": 0.2}'], "unknown scheduler config field(s): rhoo"),
+        (["--scheduler-config", '{"coverage_pick": "newest"}'], "coverage_pick"),
+    ):
+        assert main(base + ["--steps", "1"] + extra) == 2
+        assert says in capsys.readouterr().err
+        assert not lake.has("manifests")
+    variant = "envsched@success+adaptive+covscore"
+    p = envsched(
+        *base[2:],
+        "--steps",
+        "2",
+        "--scheduler",
+        variant,
+        "--scheduler-config",
+        '{"rho": 0.25}',
+        lake=lake.root,
+    )
+    assert p.returncode == 0, p.stderr
+    spec = load_run(lake)
+    assert spec.scheduler == "envsched"
+    assert spec.scheduler_config == {
+        "target": "success",
+        "adaptive_rho": True,
+        "coverage_pick": "score",
+        "rho": 0.25,
+    }
+    q = envsched(
+        "sql",
+        "select half, count(*) as n from manifests where step = 1 group by 1 order by 1",
+        "--format",
+        "json",
+        lake=lake.root,
+    )
+    halves = {r["half"]: r["n"] for r in map(json.loads, q.stdout.splitlines())}
+    assert halves == {"coverage": 2, "exploit": 6}  # rho 0.25 of B = 8 (the adaptive share needs yields)
+    p = envsched("bench", "variants")
+    assert p.returncode == 0 and variant in p.stdout and '"coverage_pick": "score"' in p.stdout

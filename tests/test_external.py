@@ -212,3 +212,21 @@ def test_dagster_loop_with_external_trainer(two_lakes):
             r.run_requests[0].job_name == "select_job"
             and r.run_requests[0].partition_key == f"{s.spec.run_id}-1"
         )
+
+
+def test_external_run_takes_a_named_variant_under_explicit_overrides(two_lakes):
+    from envsched_pipeline.errors import ConfigError
+
+    a, _ = two_lakes
+    with pytest.raises(ConfigError, match="unknown scheduler 'envsched@nope'"):
+        ExternalRun(pool="mini", lake=str(a), scheduler="envsched@nope", batch_size=6, group_size=4)
+    assert not Lake(a).has("manifests")
+    s = ExternalRun(
+        pool="mini", lake=str(a), scheduler="envsched@success+covscore", batch_size=6, group_size=4, rho=1.0
+    )
+    assert s.spec.scheduler == "envsched"
+    assert s.spec.scheduler_config == {"target": "success", "coverage_pick": "score", "rho": 1.0}
+    for t in range(2):
+        picks = s.manifest(t)
+        s.observe(t, rollouts_for(t, picks))
+    assert {p["half"] for p in s.manifest(2)} == {"coverage"}  # rho = 1 (yours) over the variant's 0.5

@@ -148,7 +148,7 @@ def test_task_picked_at_two_previous_steps_is_ineligible():
 
 
 def test_every_named_variant_is_a_valid_config_that_changes_something_and_fills_a_batch():
-    from envsched_pipeline.analysis.bench import VARIANTS  # bench module; only these tests need it
+    from envsched_pipeline.scheduler.variants import VARIANTS  # only these tests need it
 
     default = SchedulerConfig(batch_size=6)
     for name, overrides in VARIANTS.items():
@@ -311,7 +311,7 @@ def test_retired_task_with_spread_comes_back():
 
 
 def test_solved_side_retirement_variant():
-    from envsched_pipeline.analysis.bench import VARIANTS  # bench module; only this test needs it
+    from envsched_pipeline.scheduler.variants import VARIANTS  # only this test needs it
 
     cfg = SchedulerConfig(return_prob=0.0).with_overrides(**VARIANTS["envsched@solved1"])
     st_ = make_state(n_envs=1, per_env=6)
@@ -465,8 +465,12 @@ def test_coverage_pick_score_takes_the_best_scored_task_instead_of_the_least_exp
         observe(st_, t, {0: [0.0, 1.0, 0.0, 1.0], 1: [1.0] * 4, 2: [1.0] * 4}, cfg)
     observe(st_, 3, {1: [1.0] * 4}, cfg)  # task 0 rests a step (the consecutive cap would bar it)
     fewest = EnvSched(cfg).select(st_, 2, np.random.default_rng(0), 5).picks
-    assert [p.task_id for p in fewest if p.half == "coverage"] == ["e0-t3"]  # the paper's rule: never seen first
-    best = EnvSched(cfg.with_overrides(coverage_pick="score")).select(st_, 2, np.random.default_rng(0), 5).picks
+    assert [p.task_id for p in fewest if p.half == "coverage"] == [
+        "e0-t3"
+    ]  # the paper's rule: never seen first
+    best = (
+        EnvSched(cfg.with_overrides(coverage_pick="score")).select(st_, 2, np.random.default_rng(0), 5).picks
+    )
     assert [p.task_id for p in best if p.half == "coverage"] == ["e0-t0"]  # predicted spread beats novelty
     assert best[0].score > next(p.score for p in fewest if p.task_id == "e0-t3")
     with pytest.raises(ValueError, match="coverage_pick"):

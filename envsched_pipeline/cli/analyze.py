@@ -1,4 +1,4 @@
-"""``envsched status``, ``envsched report`` and ``envsched bench scheduler|replay``."""
+"""``envsched status``, ``envsched report`` and ``envsched bench scheduler|replay|variants``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 from envsched_pipeline.analysis.bench import run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
-from envsched_pipeline.cli.common import UsageError, dumps, lake_of, names
+from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of, names
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
+from envsched_pipeline.scheduler.variants import VARIANTS
 
 F = argparse.ArgumentDefaultsHelpFormatter
 ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
@@ -97,6 +98,12 @@ def add_parser(sub) -> None:
     )
     br.add_argument("--json", default=None, help="write the result document here")
     br.set_defaults(func=cmd_bench_replay)
+    bv = bsub.add_parser(
+        "variants",
+        help="the named scheduler variants (`<scheduler>@<variant>`) and their config overrides",
+        formatter_class=F,
+    )
+    bv.set_defaults(func=cmd_bench_variants)
 
 
 def cmd_status(args) -> int:
@@ -143,14 +150,7 @@ def cmd_bench_scheduler(args) -> int:
         raise UsageError("--recorded-only reads the runs recorded in --cache DIR: name it")
     learner_config = None
     if args.learner_config:
-        try:
-            learner_config = json.loads(args.learner_config)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--learner-config: not JSON ({exc.msg} at character {exc.pos})") from exc
-        if not isinstance(learner_config, dict):
-            raise UsageError(
-                '--learner-config: a JSON object of settings, e.g. \'{"loss_denominator": "batch"}\''
-            )
+        learner_config = json_object("--learner-config", args.learner_config, '{"loss_denominator": "batch"}')
     label = "SIMULATED learner" if args.learner == "simulated" else "NEURAL learner (real environments)"
     print(
         f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
@@ -203,6 +203,14 @@ def cmd_bench_scheduler(args) -> int:
             f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_seen_final']:>8.4f} "
             f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}"
         )
+    return 0
+
+
+def cmd_bench_variants(args) -> int:
+    """One line per variant: its name, then its overrides as JSON (for `train --scheduler-config`)."""
+    width = max(len(n) for n in VARIANTS)
+    for name, overrides in VARIANTS.items():
+        print(f"{name:<{width}}  {json.dumps(overrides, sort_keys=True)}")
     return 0
 
 

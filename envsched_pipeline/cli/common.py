@@ -53,3 +53,15 @@ def dumps(obj, **kw) -> str:
 
 def names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def json_object(flag: str, text: str, example: str) -> dict:
+    """A flag's JSON object (``--learner-config``, ``--scheduler-config``); a UsageError naming the
+    flag for text that is not JSON or not an object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from exc
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: a JSON object of settings, e.g. '{example}'")
+    return value

@@ -8,13 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from envsched_pipeline.cli.common import dagster_home, lake_of
+from envsched_pipeline.cli.common import UsageError, dagster_home, json_object, lake_of
 from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec
 from envsched_pipeline.scheduler import SCHEDULERS
+from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.variants import resolve
 
 STEP_COLUMNS = (
     "step",
@@ -65,7 +67,17 @@ def add_parser(sub) -> None:
     t.add_argument("--batch-size", type=int, default=64, help="B: tasks per step")
     t.add_argument("--group-size", type=int, default=8, help="G: rollouts per task (>= 2)")
     t.add_argument(
-        "--scheduler", default="envsched", choices=sorted(SCHEDULERS), help="which scheduler picks batches"
+        "--scheduler",
+        default="envsched",
+        help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
+        "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them), e.g. "
+        "envsched@success+adaptive+covscore, the best form on the neural learner's bench",
+    )
+    t.add_argument(
+        "--scheduler-config",
+        default=None,
+        help="scheduler config overrides as JSON, e.g. '{\"rho\": 0.25}' (over a variant's; "
+        "docs/algorithm.md names every field)",
     )
     t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
     t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (LM policies)")
@@ -168,6 +180,24 @@ def policy_config(args) -> dict:
     return pc
 
 
+def scheduler_choice(args) -> tuple[str, dict]:
+    """``--scheduler`` (a scheduler or a named variant), ``--scheduler-config`` and ``--cost-aware`` ->
+    (scheduler name, config overrides); a bad name, JSON or field is a UsageError naming the flag."""
+    try:
+        name, overrides = resolve(args.scheduler)
+    except ValueError as exc:
+        raise UsageError(f"--scheduler: {exc}") from exc
+    if args.scheduler_config:
+        overrides.update(json_object("--scheduler-config", args.scheduler_config, '{"rho": 0.25}'))
+    if args.cost_aware:
+        overrides["cost_aware"] = True
+    try:
+        SchedulerConfig().with_overrides(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--scheduler-config: {exc}") from exc
+    return name, overrides
+
+
 def _fmt(v, width: int = 10) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-".rjust(width)
@@ -208,10 +238,11 @@ def run(args) -> int:
     )
 
     lake = lake_of(args)
+    scheduler, scheduler_overrides = scheduler_choice(args)
     spec = RunSpec(
         pool=args.pool,
         policy=args.policy,
-        scheduler=args.scheduler,
+        scheduler=scheduler,
         seed=args.seed,
         batch_size=args.batch_size,
         group_size=args.group_size,
@@ -220,7 +251,7 @@ def run(args) -> int:
         policy_config=policy_config(args),
         prior_lake=str(Lake(args.prior_lake).root) if args.prior_lake else "",
         prior_discount=args.prior_discount,
-        scheduler_config={"cost_aware": True} if args.cost_aware else {},
+        scheduler_config=scheduler_overrides,
         report_to=args.report_to,
     )
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing

@@ -1,0 +1,97 @@
+"""Named scheduler variants: ``<scheduler>@<variant>`` is the scheduler with a fixed set of config
+overrides. The benchmark's ablation rows (bench/RESULTS.md) and ``envsched train --scheduler`` share
+these names, so a variant that wins on the bench runs in the pipeline under the same name; a recorded
+bench run is keyed by its overrides, so an entry's overrides never change once it has runs on record.
+"""
+
+from __future__ import annotations
+
+from envsched_pipeline.scheduler.registry import SCHEDULERS
+
+# the solved-side retirement every "solved1" variant below shares
+_SOLVED1 = {"retire_on": "mean", "retire_window": 1, "retire_failed": -1.0, "return_rule": "neighbour-mean"}
+# the adaptive success form (success target, adaptive coverage share) the "success+adaptive" variants share
+_SUCCESS_ADAPTIVE = {"target": "success", "adaptive_rho": True}
+# environment quotas that never bind at the bench's B = 64 (C1 = the batch, C3 = three batches)
+_NO_ENV_CAPS = {"cap_env_step": 64, "cap_env_window": 192}
+# Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
+VARIANTS: dict[str, dict] = {
+    "envsched@adaptive": {"adaptive_rho": True},
+    "envsched@retire2": {"retire_on": "dispersion", "retire_window": 2, "return_rule": "neighbour-mean"},
+    # a zero-variance filter like GRESO's, inside envsched: one group without spread retires a task
+    # (both halves skip it) until a neighbourhood heats up or it is drawn back (return_prob)
+    "envsched@retire1": {"retire_on": "dispersion", "retire_window": 1, "return_rule": "neighbour-mean"},
+    "envsched@adaptive+retire2": {
+        "adaptive_rho": True,
+        "retire_on": "dispersion",
+        "retire_window": 2,
+        "return_rule": "neighbour-mean",
+    },
+    "envsched@cost": {"cost_aware": True},
+    "envsched@no-graph": {"use_graph": False},
+    "envsched@rho0.25": {"rho": 0.25},
+    # a stronger per-task repetition discount (exposure c0 = 4 groups instead of the paper's 16)
+    "envsched@exposure4": {"c0": 4.0},
+    # the exploitation half drawn in proportion to the score instead of its top (GRESO-like breadth
+    # over the likely-informative tasks, keeping envsched's predictions)
+    "envsched@sampled": {"exploit_sampling": "proportional"},
+    # GRESO's filter on the solved side only: one all-solved group retires a task (both halves skip
+    # it; all-failed tasks stay eligible) until its neighbourhood heats up or it is drawn back
+    "envsched@solved1": _SOLVED1,
+    "envsched@sampled+solved1": {"exploit_sampling": "proportional", **_SOLVED1},
+    # ... with the draw flattened (value ** power): closer to uniform over the likely-informative tasks
+    "envsched@flat+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.5, **_SOLVED1},
+    "envsched@flatter+solved1": {"exploit_sampling": "proportional", "exploit_power": 0.25, **_SOLVED1},
+    # u from the predicted success rate instead of the predicted variance (pass/fail variance of
+    # m_hat, times the chance of spread), greedy; and with m drawn from a Beta posterior (Thompson)
+    "envsched@success": {"target": "success"},
+    "envsched@success-sampled": {"target": "success-sampled"},
+    # ... with a floor: any group with spread counts half as much as a half-solved task's
+    "envsched@success+floor1": {"target": "success", "success_floor": 1.0},
+    # the success target nearer MoPPS's habits (it repeats a learnable task far more and spends every
+    # pick on exploitation): a quarter of the batch on coverage instead of half, or a 4x weaker
+    # exposure discount (c0 = 64 groups instead of 16)
+    "envsched@success+rho0.25": {"target": "success", "rho": 0.25},
+    "envsched@success+exposure64": {"target": "success", "c0": 64.0},
+    # ... or a coverage share that adapts to the run (adaptive_rho: shrinks while the coverage half
+    # finds informative groups less often than the exploitation half)
+    "envsched@success+adaptive": {**_SUCCESS_ADAPTIVE},
+    # ... starting from a quarter instead of half (adapts within [rho_min, 0.25])
+    "envsched@success+adaptive+rho0.25": {**_SUCCESS_ADAPTIVE, "rho": 0.25},
+    # ... and without the consecutive cap, so a task at the learning frontier can be picked every
+    # step as MoPPS does (the environment quotas stay)
+    "envsched@success+adaptive+repeat": {**_SUCCESS_ADAPTIVE, "consecutive_cap": 0},
+    # ... or a coverage half that only revisits stale environments (one pick each for those not
+    # picked in the last 3 steps, at most half the batch): all-exploitation right after the cold
+    # start, as MoPPS, coverage growing as the exploitation half leaves environments behind
+    "envsched@success+stale3": {"target": "success", "stale_after": 3},
+    # the adaptive success form ranking by the predicted success rate with less (spread0.5) or no
+    # (spread1) weight on the chance of spread: MoPPS keeps training on tasks near half solved even
+    # when their groups have no spread yet, and has the best held-out seen
+    "envsched@success+adaptive+spread0.5": {**_SUCCESS_ADAPTIVE, "spread_floor": 0.5},
+    "envsched@success+adaptive+spread1": {**_SUCCESS_ADAPTIVE, "spread_floor": 1.0},
+    # ... without the environment quotas (C1 / C3 as large as the batch): MoPPS, DPS and GRESO keep
+    # training on hard tasks (batch mean reward ~0.75 to the end, envsched's forms ~0.9), and hard
+    # tasks may share a few environments that the quotas ration to 4 picks a step
+    "envsched@success+adaptive+nocaps": {**_SUCCESS_ADAPTIVE, **_NO_ENV_CAPS},
+    "envsched@success+adaptive+spread1+nocaps": {**_SUCCESS_ADAPTIVE, "spread_floor": 1.0, **_NO_ENV_CAPS},
+    # the coverage half takes each visited environment's best-scored task instead of its least
+    # exposed one: late in a run the least exposed tasks are solved (a recorded seed-0 trace: the
+    # coverage picks' predicted and realized success both ~0.98, no group with spread)
+    "envsched@success+adaptive+covscore": {**_SUCCESS_ADAPTIVE, "coverage_pick": "score"},
+    "envsched@success+covscore": {"target": "success", "coverage_pick": "score"},
+}
+
+
+def resolve(name: str) -> tuple[str, dict]:
+    """``envsched@success+adaptive+covscore`` -> (``envsched``, its overrides); a plain scheduler name
+    -> (name, {}). Raises ValueError naming the known choices for anything else."""
+    if name in SCHEDULERS:
+        return name, {}
+    if name in VARIANTS:
+        return name.split("@", 1)[0], dict(VARIANTS[name])
+    known = ", ".join(sorted(SCHEDULERS))
+    raise ValueError(
+        f"unknown scheduler {name!r}: choose one of {known}, or a named variant such as "
+        "envsched@success+adaptive+covscore (`envsched bench variants` lists them)"
+    )

@@ -80,6 +80,8 @@ VARIANTS: dict[str, dict] = {
     # coverage picks' predicted and realized success both ~0.98, no group with spread)
     "envsched@success+adaptive+covscore": {**_SUCCESS_ADAPTIVE, "coverage_pick": "score"},
     "envsched@success+covscore": {"target": "success", "coverage_pick": "score"},
+    # ... and the paper's variance target with it: the coverage change alone
+    "envsched@covscore": {"coverage_pick": "score"},
 }
 
 

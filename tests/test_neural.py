@@ -430,3 +430,48 @@ def test_a_run_refuses_a_bad_loss_denominator():
         RunSpec(pool="synthetic", policy="neural", policy_config={"overrun_penalty": 2}).validate()
     with pytest.raises(ValueError, match="dual_clip: must be > 1"):
         GRPOConfig(dual_clip=1.0)
+
+
+def test_a_probe_leaves_the_learner_as_it_was(pool):
+    """`probe` draws the rewards GRPO would train on without keeping anything for `learn`: a probe
+    between a rollout and its update changes neither the update nor the next rollout."""
+    a, b = learner(pool, warm_start_steps=0), learner(pool, warm_start_steps=0)
+    try:
+        tasks = pool.tasks[:6]
+        ra = a.rollout(tasks, 4, seed=3)
+        b.rollout(tasks, 4, seed=3)
+        assert np.array_equal(b.probe(tasks, 4, seed=3), ra["reward"])  # the same seed: the same episodes
+        assert b.probe(pool.tasks, 4, seed=5).shape == (len(pool.tasks), 4)
+        a.learn(), b.learn()
+        for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
+            assert torch.equal(p, q)
+        assert np.array_equal(a.rollout(tasks, 4, seed=4)["reward"], b.rollout(tasks, 4, seed=4)["reward"])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
+    """`--probe-every N`: every N steps the whole pool is probed (two fresh groups per task): the
+    share with spread in the pool, in the scheduler's batch and in an oracle's batch (the tasks with
+    the most reward variance in the first draw, scored on the second); the run's own numbers are
+    those of the same run without probes."""
+    base = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "4"]
+    base += ["--batch-size", "6", "--group-size", "4", "--schedulers", "random,envsched", "--eval-every", "4"]
+    plain, probed = tmp_path / "plain.json", tmp_path / "probed.json"
+    assert main([*base, "--json", str(plain)]) == 0
+    assert main([*base, "--probe-every", "2", "--json", str(probed), "--series"]) == 0
+    a, b = json.loads(plain.read_text()), json.loads(probed.read_text())
+    timing = ("select_seconds_median", "step_seconds", "informative_groups_per_second")
+    assert "probes" not in a
+    for name, m in a["schedulers"].items():
+        assert {k: v for k, v in m.items() if k not in timing} == {
+            k: v for k, v in b["schedulers"][name].items() if k not in timing
+        }
+    for name in ("random", "envsched"):
+        (row,) = b["probes"][name]  # steps 2 only (probes at N, 2N, ... before the last step)
+        assert row["step"] == 2 and 0 <= row["pool_tasks_with_spread"] <= 24
+        assert row["pool_spread"] == pytest.approx(row["pool_tasks_with_spread"] / 24)
+        for k in ("batch_spread", "oracle_spread"):
+            assert 0.0 <= row[k] <= 1.0 and (row[k] * 6) == pytest.approx(round(row[k] * 6))
+    assert main([*base, "--probe-every", "0"]) == 2

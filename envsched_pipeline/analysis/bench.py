@@ -122,6 +122,10 @@ class SimulatedBench:
     def learn(self, task_ids: list[str], rewards: np.ndarray) -> dict:
         return self.learner.learn(task_ids, rewards)
 
+    def probe(self, task_ids: list[str], group_size: int, seed: int) -> np.ndarray:
+        """Fresh rewards (n, G) at the learner's current skill; the learner is left as it was."""
+        return self.learner.rollout(task_ids, group_size, np.random.default_rng(seed))["reward"]
+
     def evaluate(self, seed: int) -> dict:
         return {
             "seen": {"mean": self.learner.heldout_score(), "se": 0.0},
@@ -155,6 +159,10 @@ class NeuralBench:
 
     def learn(self, task_ids: list[str], rewards: np.ndarray) -> dict:
         return self.testbed.learn()
+
+    def probe(self, task_ids: list[str], group_size: int, seed: int) -> np.ndarray:
+        """Fresh rewards (n, G) from the current policy; nothing is kept for ``learn``."""
+        return self.testbed.probe([self.rows[t] for t in task_ids], group_size, seed)
 
     def evaluate(self, seed: int) -> dict:
         return self.testbed.evaluate(seed)
@@ -219,9 +227,11 @@ def run_one(
     eval_every: int | None = None,
     log: Callable[[str], None] | None = None,
     learner_config: dict | None = None,
+    probe_every: int | None = None,
 ) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
-    simulates a weaker model (simulated learner only)."""
+    simulates a weaker model (simulated learner only). ``probe_every``: every that many steps, probe
+    the whole pool (:func:`headroom_probe`; the run itself is unchanged)."""
     tasks = pool["tasks"]
     kw = (
         {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
@@ -266,6 +276,7 @@ def run_one(
         picks_per_task = np.zeros(state.n_tasks, dtype=np.int64)
         informative_per_env = np.zeros(state.n_envs)
         points = set(eval_points(steps, learner, eval_every))
+        probe_at = set(range(probe_every, steps, probe_every)) if probe_every else set()
         skipped = 0  # optimizer steps the learner did not apply (non-finite gradient)
         for t in range(steps + 1):
             if t in points:
@@ -287,6 +298,10 @@ def run_one(
             picks = selection.picks
             ids = [p.task_id for p in picks]
             idx = np.array([p.index for p in picks])
+            if t in probe_at:
+                series.setdefault("probes", []).append(
+                    headroom_probe(lrn, state.task_ids, idx, group_size, seed, t, log=log)
+                )
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
             info = lrn.learn(ids, r)
@@ -330,6 +345,46 @@ def run_one(
         return series
     finally:
         lrn.close()
+
+
+def headroom_probe(
+    lrn, task_ids, picked: np.ndarray, group_size: int, seed: int, step: int, log: Callable | None = None
+) -> dict:
+    """How many informative groups this step could have had. Two fresh groups of G episodes of every
+    pool task at the learner's current skill (draws A and B; the learner is left as it was):
+    ``pool_spread``: share of the pool whose draw-B group has spread (what a uniform pick finds);
+    ``batch_spread``: the same share among the tasks the scheduler picked this step; ``oracle_spread``:
+    among the |batch| tasks with the highest draw-A reward variance (random tie-break). The oracle
+    spends a probe of the whole pool on one step's choice, so its zero-variance share (1 - this) is
+    a floor that a scheduler seeing only history does not reach."""
+    t0 = time.perf_counter()
+    ids = [str(t) for t in task_ids]
+    rewards = np.concatenate(
+        [
+            lrn.probe(
+                ids[i : i + 256], 2 * group_size, int(np.random.default_rng([seed, step, i]).integers(2**62))
+            )
+            for i in range(0, len(ids), 256)
+        ]
+    )
+    a, b = rewards[:, :group_size], rewards[:, group_size:]
+    spread_b = b.var(axis=1) > 0
+    tie = np.random.default_rng([seed, step, 7]).random(len(ids))
+    oracle = np.lexsort((tie, -a.var(axis=1)))[: len(picked)]
+    row = {
+        "step": step,
+        "pool_spread": float(spread_b.mean()),
+        "batch_spread": float(spread_b[picked].mean()),
+        "oracle_spread": float(spread_b[oracle].mean()),
+        "pool_tasks_with_spread": int(spread_b.sum()),
+        "seconds": time.perf_counter() - t0,
+    }
+    if log:
+        log(
+            f"    probe seed {seed} step {step}: spread in pool {row['pool_spread']:.3f}, batch "
+            f"{row['batch_spread']:.3f}, oracle {row['oracle_spread']:.3f} ({row['seconds']:.0f}s)"
+        )
+    return row
 
 
 def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict:
@@ -446,12 +501,14 @@ def run_benchmark(
     eval_every: int | None = None,
     learner_config: dict | None = None,
     recorded_only: bool = False,
+    probe_every: int | None = None,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
     ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
     ``loss_denominator``); part of each recorded run's key.
     ``recorded_only``: run nothing; aggregate the runs found in ``cache_dir`` (each scheduler over the
-    seeds it has)."""
+    seeds it has). ``probe_every``: probe the whole pool every that many steps (:func:`headroom_probe`;
+    the JSON's ``probes``); part of the key only when set."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -461,6 +518,8 @@ def run_benchmark(
         raise ValueError(f"unknown learner {learner!r}; choose one of {', '.join(LEARNERS)}")
     if steps < 1 or seeds < 1:
         raise ValueError("steps and seeds must be >= 1")
+    if probe_every is not None and probe_every < 1:
+        raise ValueError(f"probe_every must be >= 1 (got {probe_every})")
     if learner == "neural" and "oracle" in schedulers:
         raise ValueError(
             "the oracle reads the simulator's true variance: it exists for the simulated learner only"
@@ -484,6 +543,7 @@ def run_benchmark(
                 **({"learner_config": learner_config} if learner_config else {}),
                 "learner": learner,
                 "eval_every": eval_every,
+                **({"probe_every": probe_every} if probe_every else {}),
             }
             f = _cache_file(cache, n, seed + k, kw)
             if f is not None and f.exists():
@@ -584,7 +644,7 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             for k in runs[0]
             # per-step series only, and only those every run has (older records lack newer ones)
             if not k.startswith("_")
-            and k not in ("evals", "breadth", "heldout")
+            and k not in ("evals", "breadth", "heldout", "probes")
             and all(isinstance(r.get(k), list) for r in runs)
         }
         out["series"][n]["evals"] = [
@@ -592,6 +652,12 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             for j in range(len(runs[0]["evals"]))
         ]
         out["series"][n]["heldout"] = np.mean([r["heldout"] for r in runs], axis=0).tolist()
+        probes = [r["probes"] for r in runs if r.get("probes")]
+        if probes and len(probes) == len(runs):
+            out.setdefault("probes", {})[n] = [
+                {k: float(np.mean([p[j][k] for p in probes])) for k in probes[0][j]}
+                for j in range(min(len(p) for p in probes))
+            ]
         paired = [s for s in mine if ("random", s) in summaries]
         if n != "random" and paired:
             diff = {}

@@ -82,6 +82,15 @@ def add_parser(sub) -> None:
     bs.add_argument(
         "--eval-every", type=int, default=None, help="neural: held-out every N steps (default steps/4)"
     )
+    bs.add_argument(
+        "--probe-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="every N steps, probe the whole pool with two fresh groups per task (what share of it, of "
+        "the batch, and of an oracle's batch has spread: the JSON's `probes`); costs about one pool "
+        "rollout per probe, leaves the run unchanged",
+    )
     bs.set_defaults(func=cmd_bench_scheduler)
     br = bsub.add_parser(
         "replay",
@@ -174,6 +183,7 @@ def cmd_bench_scheduler(args) -> int:
             eval_every=args.eval_every,
             recorded_only=args.recorded_only,
             learner_config=learner_config,
+            probe_every=args.probe_every,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -186,6 +196,8 @@ def cmd_bench_scheduler(args) -> int:
     }
     if args.series:
         doc["series"] = out["series"]
+    if out.get("probes"):
+        doc["probes"] = out["probes"]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(doc, indent=2))

@@ -450,13 +450,8 @@ class NeuralLearner:
     def rollout(self, tasks: list[dict], group_size: int, seed: int) -> dict:
         """G episodes of each task row. Returns rewards (n, G) and per-rollout details."""
         t0 = time.perf_counter()
-        rows = [t for t in tasks for _ in range(group_size)]
-        traces = self.act(rows, seed)
+        traces, verified, capped, rewards = self._episodes(tasks, group_size, seed)
         n = len(tasks)
-        verified = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(n, group_size)
-        capped = np.array([self.capped(t) for t in traces]).reshape(n, group_size)
-        # floored at 0: the lake's rewards lie in [0, 1] (its rollout gate refuses others)
-        rewards = np.maximum(verified - self.config.overrun_penalty * capped, 0.0)
         seconds = time.perf_counter() - t0
         self.last = {"traces": traces, "rewards": rewards, "group_size": group_size}
         return {
@@ -474,7 +469,7 @@ class NeuralLearner:
             "error_message": np.array([str(t.result.get("error") or "")[:500] for t in traces]).reshape(
                 n, group_size
             ),
-            "seconds": np.full((n, group_size), seconds / max(len(rows), 1)),
+            "seconds": np.full((n, group_size), seconds / max(n * group_size, 1)),
             "trajectory": np.array(
                 [
                     json.dumps(
@@ -666,6 +661,22 @@ class NeuralLearner:
                 t.arg_choice.append([])
                 out.append(t)
         return out
+
+    def _episodes(self, tasks: list[dict], group_size: int, seed: int):
+        """G sampled episodes of each task: (traces, verifier rewards, capped, trained rewards)."""
+        rows = [t for t in tasks for _ in range(group_size)]
+        traces = self.act(rows, seed)
+        shape = (len(tasks), group_size)
+        verified = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(shape)
+        capped = np.array([self.capped(t) for t in traces]).reshape(shape)
+        # floored at 0: the lake's rewards lie in [0, 1] (its rollout gate refuses others)
+        rewards = np.maximum(verified - self.config.overrun_penalty * capped, 0.0)
+        return traces, verified, capped, rewards
+
+    def probe(self, tasks: list[dict], group_size: int, seed: int) -> np.ndarray:
+        """The rewards (n, G) GRPO would train on, from G fresh episodes of each task, leaving the
+        learner as it was: nothing is kept for ``learn`` (the bench's headroom probe)."""
+        return self._episodes(tasks, group_size, seed)[3]
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, tasks: list[dict], samples: int, seed: int) -> dict:

@@ -109,6 +109,9 @@ class NeuralTestbed:
     def learn(self) -> dict:
         return self.learner.learn()
 
+    def probe(self, tasks: list[dict], group_size: int, seed: int) -> np.ndarray:
+        return self.learner.probe(tasks, group_size, seed)
+
     def evaluate(self, seed: int) -> dict:
         n = self.config.eval_samples
         return {

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from envsched_pipeline.analysis.bench import VARIANTS, prepare_pool, run_benchmark, run_one  # noqa: E402
-from envsched_pipeline.analysis.plots import bench_plots, heldout_plots  # noqa: E402
+from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 PAPER = {  # Qwen3-4B, 200 steps (paper's table)
@@ -1322,6 +1322,112 @@ OVERRUN = LearnerExperiment(
 )
 
 
+HEADROOM = ("random", "mopps", "envsched@success+adaptive+covscore")
+
+
+def section_headroom(
+    runs: str, recorded: str, seeds: int, steps: int, jobs: int, every: int = 50, recorded_only: bool = False
+) -> None:
+    """How far each scheduler's batches are from the most informative batch that step allowed: the
+    overrun learner's runs with the pool probed every ``every`` steps (`--probe-every`)."""
+    config = OVERRUN.config
+    out = run_benchmark(
+        list(HEADROOM),
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        eval_every=50,
+        jobs=jobs,
+        cache_dir=runs,
+        recorded_only=recorded_only,
+        learner_config=config,
+        probe_every=every,
+        log=lambda m: print(m, flush=True),
+    )
+    probes = out.get("probes") or {}
+    if not probes:
+        print(f"headroom: no probed run in {runs}")
+        return
+    # the probes leave the run as it was: its held-out must equal the same run recorded without them
+    plain = run_benchmark(
+        list(probes),
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        eval_every=50,
+        cache_dir=recorded,
+        recorded_only=True,
+        learner_config=config,
+        log=lambda _m: None,
+    )["per_seed"]
+    same = [
+        abs(s["heldout_seen_final"] - plain[n][seed]["heldout_seen_final"])
+        + abs(s["zero_variance_fraction"] - plain[n][seed]["zero_variance_fraction"])
+        for n, per in out["per_seed"].items()
+        for seed, s in per.items()
+        if seed in plain.get(n, {})
+    ]
+    rows = [
+        "| scheduler | step | spread in the pool (uniform pick) | spread in its batch | spread in the oracle's batch "
+        "| batch / oracle | zero-var: batch / pool | zero-var: oracle / pool |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, ps in probes.items():
+        for p in ps:
+            zb, zo, zp = 1 - p["batch_spread"], 1 - p["oracle_spread"], 1 - p["pool_spread"]
+            rows.append(
+                f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | "
+                f"{p['oracle_spread']:.3f} | {p['batch_spread'] / max(p['oracle_spread'], 1e-9):.2f} | "
+                f"{zb / max(zp, 1e-9):.2f} | {zo / max(zp, 1e-9):.2f} |"
+            )
+    S = out["schedulers"]
+    zr = S["random"]["zero_variance_fraction"] if "random" in S else None
+    run_rows = [
+        "| scheduler | seeds | zero-var frac (whole run) | × random | mean over the probes: batch | oracle | pool |"
+    ]
+    run_rows.append("|---|---|---|---|---|---|---|")
+    for n, ps in probes.items():
+        z = S[n]["zero_variance_fraction"]
+        zb, zo, zp = (
+            float(np.mean([1 - p[k] for p in ps])) for k in ("batch_spread", "oracle_spread", "pool_spread")
+        )
+        ratio = f"{z / zr:.2f}" if zr else "—"
+        run_rows.append(f"| {n} | {S[n]['seeds']} | {z:.3f} | {ratio} | {zb:.3f} | {zo:.3f} | {zp:.3f} |")
+    plot = headroom_plot(probes, HERE / "neural_headroom.png")
+    write_section(
+        "neural_headroom",
+        "\n".join(
+            [
+                "## Headroom: how many informative groups a step could have had (neural learner, overrun setting)",
+                "",
+                f"The overrun learner's runs (settings as above) with the whole pool probed every {every} steps "
+                "(`envsched bench scheduler --probe-every`): two fresh groups of G = 8 episodes of each of the "
+                "2550 training tasks at the learner's current weights, nothing learned from them. *Pool*: the "
+                "share of tasks whose second group has reward spread (what a uniform pick finds); *batch*: "
+                "the same share among the tasks the scheduler picked that step; *oracle*: among the 64 tasks "
+                "with the most reward variance in the first group. The oracle spends a probe of the whole pool "
+                "(40 times a step's rollouts) on one choice, so its zero-variance share bounds from below what a "
+                "scheduler that sees only history can reach. Means over seeds "
+                f"{', '.join(str(s) for s in sorted(next(iter(out['per_seed'].values()))))}; runs in "
+                f"`bench/runs/{Path(runs).name}/`. The probes leave a run unchanged: the probed runs' "
+                f"held-out and zero-variance share equal the same runs recorded without probes (largest "
+                f"difference {max(same) if same else float('nan'):.1e} over {len(same)} runs).",
+                "",
+                *rows,
+                "",
+                "Over the whole run (zero-variance shares; the probe columns are means over the probe steps):",
+                "",
+                *run_rows,
+                "",
+                f"![headroom]({Path(plot).name})",
+            ]
+        ),
+        after="neural_overrun_seeds",
+    )
+
+
 def section_resident(steps: int = 5) -> None:
     """Per-step overhead of the LM policy path: one process per step vs the resident worker (CPU,
     tiny Qwen3), and the projection for 4B / 8B models on a GPU."""
@@ -1467,7 +1573,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds",
+        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1497,6 +1603,12 @@ def main() -> int:
         default=str(HERE / "runs" / "neural-overrun"),
         help="recorded neural runs with overrun_penalty=0.1, train_forced_stop=false (section neural_overrun)",
     )
+    ap.add_argument(
+        "--neural-probe-runs",
+        default=str(HERE / "runs" / "neural-overrun-probe"),
+        help="recorded overrun-learner runs with pool probes (section neural_headroom)",
+    )
+    ap.add_argument("--headroom-seeds", type=int, default=2, help="seeds of the headroom section")
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
         "--neural-recorded-only",
@@ -1541,6 +1653,15 @@ def main() -> int:
         )
     if "neural_seeds" in sections:
         section_neural_seeds(args.neural_runs, args.neural_seeds, args.steps, extra)
+    if "neural_headroom" in sections:
+        section_headroom(
+            args.neural_probe_runs,
+            args.neural_overrun_runs,
+            args.headroom_seeds,
+            args.steps,
+            args.jobs,
+            recorded_only=args.neural_recorded_only,
+        )
     for exp, runs in (
         (DENOMINATOR, args.neural_batch_runs),
         (DUALCLIP, args.neural_dualclip_runs),

@@ -475,3 +475,19 @@ def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
         for k in ("batch_spread", "oracle_spread"):
             assert 0.0 <= row[k] <= 1.0 and (row[k] * 6) == pytest.approx(round(row[k] * 6))
     assert main([*base, "--probe-every", "0"]) == 2
+
+
+def test_zero_variance_groups_are_split_by_kind():
+    """A group without spread is solved (all 1), failed (all 0) or stuck at one partial credit; the
+    three shares of a run's steps add up to its zero-variance fraction."""
+    from envsched_pipeline.analysis.bench import prepare_pool, run_one, summarize, zero_variance_kinds
+    from envsched_pipeline.rollouts import informative
+
+    r = np.array([[1.0, 1.0], [0.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.9, 0.9]])
+    assert zero_variance_kinds(r, informative(r)) == {"solved": 0.2, "failed": 0.2, "partial": 0.4}
+    run = run_one("envsched", prepare_pool(4, 6, 0), steps=4, seed=0, batch_size=6)
+    for t, z in enumerate(run["zero_variance_fraction"]):
+        parts = [run[f"zero_variance_{k}"][t] for k in ("solved", "failed", "partial")]
+        assert sum(parts) == pytest.approx(z)
+    m = summarize(run, None)
+    assert m["zero_variance_partial"] == pytest.approx(np.mean(run["zero_variance_partial"]))

@@ -319,6 +319,8 @@ def run_one(
             np.add.at(informative_per_env, state.env[idx], inf.astype(float))
             series["batch_variance"].append(float(r.var(axis=1).mean()))
             series["zero_variance_fraction"].append(float(1.0 - inf.mean()))
+            for kind, share in zero_variance_kinds(r, inf).items():
+                series.setdefault(f"zero_variance_{kind}", []).append(share)
             series["envs_touched"].append(len({p.env_id for p in picks}))
             series["median_reward"].append(float(np.median(r.mean(axis=1))))
             series["mean_reward"].append(float(r.mean()))
@@ -347,6 +349,22 @@ def run_one(
         lrn.close()
 
 
+def zero_variance_kinds(rewards: np.ndarray, informative_groups: np.ndarray) -> dict[str, float]:
+    """Shares of the batch whose group has no spread, by kind: every episode solved (reward 1),
+    every one failed (0), or every one at the same partial credit (a policy stuck on part of the
+    checklist: GRPO gets no signal from it any more than from a solved task)."""
+    r = np.asarray(rewards, dtype=float)
+    flat = ~informative_groups
+    top, low = r.max(axis=1), r.min(axis=1)
+    solved, failed = flat & (low >= 1.0), flat & (top <= 0.0)
+    n = max(len(r), 1)
+    return {
+        "solved": float(solved.sum() / n),
+        "failed": float(failed.sum() / n),
+        "partial": float((flat & ~solved & ~failed).sum() / n),
+    }
+
+
 def headroom_probe(
     lrn, task_ids, picked: np.ndarray, group_size: int, seed: int, step: int, log: Callable | None = None
 ) -> dict:
@@ -368,7 +386,7 @@ def headroom_probe(
         ]
     )
     a, b = rewards[:, :group_size], rewards[:, group_size:]
-    spread_b = b.var(axis=1) > 0
+    spread_b = informative(b)
     tie = np.random.default_rng([seed, step, 7]).random(len(ids))
     oracle = np.lexsort((tie, -a.var(axis=1)))[: len(picked)]
     row = {
@@ -441,6 +459,12 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
         **_capped_shares(series.get("forced_stop_share")),
+        # runs recorded before the split lack it
+        **{
+            f"zero_variance_{k}": float(np.mean(series[f"zero_variance_{k}"]))
+            for k in ("solved", "failed", "partial")
+            if series.get(f"zero_variance_{k}")
+        },
     }
 
 

@@ -299,3 +299,27 @@ def yield_calibration_plot(lake, step: int | None = None) -> str:
     ax[1].set_ylabel("realized")
     ax[1].set_title("calibration")
     return _save(fig, lake, "yield_calibration", step)
+
+
+def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
+    """Per scheduler, the share of groups with spread at each pool probe (``bench scheduler
+    --probe-every``): in its batch (solid), in an oracle's batch of the same size (dashed) and in the
+    pool, i.e. a uniform pick (dotted)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, (name, rows) in enumerate(probes.items()):
+        c = colours[k % len(colours)]
+        steps = [r["step"] for r in rows]
+        ax.plot(steps, [r["batch_spread"] for r in rows], "-o", color=c, label=f"{name}: batch")
+        ax.plot(steps, [r["oracle_spread"] for r in rows], "--", color=c, label=f"{name}: oracle")
+        ax.plot(steps, [r["pool_spread"] for r in rows], ":", color=c, label=f"{name}: pool")
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of groups with reward spread")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, ncol=1, loc="lower left")
+    ax.set_title("Headroom: batch vs oracle vs pool (neural learner)")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=90)
+    plt.close(fig)
+    return str(out_path)

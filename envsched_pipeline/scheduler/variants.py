@@ -82,6 +82,16 @@ VARIANTS: dict[str, dict] = {
     "envsched@success+covscore": {"target": "success", "coverage_pick": "score"},
     # ... and the paper's variance target with it: the coverage change alone
     "envsched@covscore": {"coverage_pick": "score"},
+    # the covscore form, retiring a task after two groups in a row without spread (solved, or stuck
+    # at the same partial credit: a recorded seed-0 trace of the covscore form spent 15% of its picks
+    # on groups that all earned the same partial credit, 12% on tasks that did so three times or more)
+    "envsched@success+adaptive+covscore+retire2": {
+        **_SUCCESS_ADAPTIVE,
+        "coverage_pick": "score",
+        "retire_on": "dispersion",
+        "retire_window": 2,
+        "return_rule": "neighbour-mean",
+    },
 }
 
 

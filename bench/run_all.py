@@ -1330,38 +1330,26 @@ def section_headroom(
 ) -> None:
     """How far each scheduler's batches are from the most informative batch that step allowed: the
     overrun learner's runs with the pool probed every ``every`` steps (`--probe-every`)."""
-    config = OVERRUN.config
+    common = {"steps": steps, "seed": 0, "seeds": seeds, "learner": "neural", "eval_every": 50}
+    common["learner_config"] = OVERRUN.config
     out = run_benchmark(
         list(HEADROOM),
-        steps=steps,
-        seed=0,
-        seeds=seeds,
-        learner="neural",
-        eval_every=50,
         jobs=jobs,
         cache_dir=runs,
         recorded_only=recorded_only,
-        learner_config=config,
         probe_every=every,
         log=lambda m: print(m, flush=True),
+        **common,
     )
     probes = out.get("probes") or {}
     if not probes:
         print(f"headroom: no probed run in {runs}")
         return
     # the probes leave the run as it was: its held-out must equal the same run recorded without them
-    plain = run_benchmark(
-        list(probes),
-        steps=steps,
-        seed=0,
-        seeds=seeds,
-        learner="neural",
-        eval_every=50,
-        cache_dir=recorded,
-        recorded_only=True,
-        learner_config=config,
-        log=lambda _m: None,
-    )["per_seed"]
+    quiet = lambda _m: None  # noqa: E731
+    plain = run_benchmark(list(probes), cache_dir=recorded, recorded_only=True, log=quiet, **common)[
+        "per_seed"
+    ]
     same = [
         abs(s["heldout_seen_final"] - plain[n][seed]["heldout_seen_final"])
         + abs(s["zero_variance_fraction"] - plain[n][seed]["zero_variance_fraction"])

@@ -474,6 +474,8 @@ def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
         assert row["pool_spread"] == pytest.approx(row["pool_tasks_with_spread"] / 24)
         for k in ("batch_spread", "oracle_spread"):
             assert 0.0 <= row[k] <= 1.0 and (row[k] * 6) == pytest.approx(round(row[k] * 6))
+        # episodes the sandbox ended (time limit, crash) are counted per step: none in a healthy run
+        assert b["series"][name]["sandbox_failures"] == [0, 0, 0, 0]
     assert main([*base, "--probe-every", "0"]) == 2
 
 

@@ -306,6 +306,11 @@ def run_one(
             r = out["reward"]
             info = lrn.learn(ids, r)
             skipped += int(info.get("skipped_updates", 0))
+            if "error_class" in out:  # neural: episodes the sandbox ended (time limit, crash, infra)
+                kinds = np.asarray(out["error_class"])
+                series.setdefault("sandbox_failures", []).append(
+                    int((~np.isin(kinds, ("none", "task"))).sum())
+                )
             if "forced_stop_share" in info:  # neural: episodes the max_actions cap ended
                 series.setdefault("forced_stop_share", []).append(float(info["forced_stop_share"]))
             obs = Observations.from_groups(t, idx, list(r))
@@ -459,6 +464,9 @@ def summarize(series: dict, random_best: float | None) -> dict:
         "step_seconds": float(np.median(series["step_seconds"])),
         **series["breadth"],
         **_capped_shares(series.get("forced_stop_share")),
+        **(
+            {"sandbox_failures": int(sum(series["sandbox_failures"]))} if "sandbox_failures" in series else {}
+        ),
         # runs recorded before the split lack it
         **{
             f"zero_variance_{k}": float(np.mean(series[f"zero_variance_{k}"]))

@@ -379,7 +379,7 @@ def headroom_probe(
     ``batch_spread``: the same share among the tasks the scheduler picked this step; ``oracle_spread``:
     among the |batch| tasks with the highest draw-A reward variance (random tie-break). The oracle
     spends a probe of the whole pool on one step's choice, so its zero-variance share (1 - this) is
-    a floor that a scheduler seeing only history does not reach."""
+    a floor that a scheduler seeing only history is not expected to reach."""
     t0 = time.perf_counter()
     ids = [str(t) for t in task_ids]
     rewards = np.concatenate(

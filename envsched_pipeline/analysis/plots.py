@@ -306,7 +306,7 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     --probe-every``): in its batch (solid), in an oracle's batch of the same size (dashed) and in the
     pool, i.e. a uniform pick (dotted)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, (name, rows) in enumerate(probes.items()):
         c = colours[k % len(colours)]
@@ -317,7 +317,7 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     ax.set_xlabel("step")
     ax.set_ylabel("share of groups with reward spread")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, ncol=1, loc="lower left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Headroom: batch vs oracle vs pool (neural learner)")
     fig.tight_layout()
     fig.savefig(out_path, dpi=90)

@@ -1322,7 +1322,7 @@ OVERRUN = LearnerExperiment(
 )
 
 
-HEADROOM = ("random", "mopps", "envsched@success+adaptive+covscore")
+HEADROOM = ("random", "mopps", "envsched", "envsched@success+adaptive+covscore")
 
 
 def section_headroom(

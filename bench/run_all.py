@@ -1375,13 +1375,16 @@ def section_headroom(
         "| batch / oracle | zero-var: batch / pool | zero-var: oracle / pool |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    of_oracle: dict[str, list[float]] = {}  # batch spread / oracle spread, per probe
+    floor = []  # the oracle's zero-variance share / the pool's, per probe
     for n, ps in probes.items():
         for p in ps:
             zb, zo, zp = 1 - p["batch_spread"], 1 - p["oracle_spread"], 1 - p["pool_spread"]
+            of_oracle.setdefault(n, []).append(p["batch_spread"] / max(p["oracle_spread"], 1e-9))
+            floor.append(zo / max(zp, 1e-9))
             rows.append(
                 f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | "
-                f"{p['oracle_spread']:.3f} | {p['batch_spread'] / max(p['oracle_spread'], 1e-9):.2f} | "
-                f"{zb / max(zp, 1e-9):.2f} | {zo / max(zp, 1e-9):.2f} |"
+                f"{p['oracle_spread']:.3f} | {of_oracle[n][-1]:.2f} | {zb / max(zp, 1e-9):.2f} | {floor[-1]:.2f} |"
             )
     S = out["schedulers"]
     zr = S["random"]["zero_variance_fraction"] if "random" in S else None
@@ -1394,10 +1397,8 @@ def section_headroom(
         zb, zo, zp = (
             float(np.mean([1 - p[k] for p in ps])) for k in ("batch_spread", "oracle_spread", "pool_spread")
         )
-        ratio = f"{z / zr:.2f}" if zr else "—"
-        run_rows.append(f"| {n} | {S[n]['seeds']} | {z:.3f} | {ratio} | {zb:.3f} | {zo:.3f} | {zp:.3f} |")
-    ratio = {n: [p["batch_spread"] / max(p["oracle_spread"], 1e-9) for p in ps] for n, ps in probes.items()}
-    floor = [(1 - p["oracle_spread"]) / max(1 - p["pool_spread"], 1e-9) for ps in probes.values() for p in ps]
+        vs_random = f"{z / zr:.2f}" if zr else "—"
+        run_rows.append(f"| {n} | {S[n]['seeds']} | {z:.3f} | {vs_random} | {zb:.3f} | {zo:.3f} | {zp:.3f} |")
     last = max(p["step"] for ps in probes.values() for p in ps)
     reading = (
         f"Reading: an oracle with a fresh look at the whole pool leaves {min(floor):.2f}-{max(floor):.2f} of "
@@ -1405,7 +1406,7 @@ def section_headroom(
         "of a scheduler that predicted as well as a fresh probe. What separates the schedulers from the "
         "oracle is prediction from history: their batches' spread as a share of the oracle's, mean over the "
         "probes: "
-        + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in ratio.items())
+        + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in of_oracle.items())
         + f". It falls for every scheduler as the pool saturates (pool spread at step {last:.0f}: "
         + ", ".join(
             f"{np.mean([p['pool_spread'] for p in ps if p['step'] == last]):.2f}" for ps in probes.values()

@@ -684,9 +684,7 @@ class NeuralLearner:
         each) and its standard error from the within-task sampling noise."""
         if not tasks:
             return {"mean": float("nan"), "se": float("nan"), "tasks": 0}
-        rows = [t for t in tasks for _ in range(samples)]
-        traces = self.act(rows, seed)
-        r = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(len(tasks), samples)
+        r = self._episodes(tasks, samples, seed)[1]  # the verifiers' reward, never the overrun penalty
         task_means = r.mean(axis=1)
         within = r.var(axis=1, ddof=1) if samples > 1 else np.zeros(len(tasks))
         se = float(np.sqrt(within.sum() / samples) / len(tasks))

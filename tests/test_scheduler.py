@@ -268,6 +268,14 @@ def test_success_target_scores_the_pass_fail_variance_of_the_predicted_mean():
     for bad in (-0.1, 1.5, "1", True, float("nan")):
         with pytest.raises(ValueError, match="spread_floor"):
             SchedulerConfig(spread_floor=bad)
+    # a spread power: u = d^p 4 m (1 - m); p = 2 puts the task with little chance of spread (2) further
+    # behind the one that keeps showing it (1)
+    sq = EnvSched(SchedulerConfig(target="success", spread_power=2.0)).informativeness(st_, pred)["u"]
+    assert np.allclose(sq, np.clip(d, 0, 1) ** 2 * 4 * m * (1 - m))
+    assert sq[2] / sq[1] < u[2] / u[1]
+    for bad in (0, -1.0, 17, "2", True, float("nan")):
+        with pytest.raises(ValueError, match="spread_power"):
+            SchedulerConfig(spread_power=bad)
     # the variance target with the same history is calibrated on realized variance
     assert bool(EnvSched(SchedulerConfig()).informativeness(st_, pred)["is_calibrated"][0])
     # Thompson: deterministic given the generator, different draws across generators, in [0, 1]

@@ -49,6 +49,11 @@ class SchedulerConfig:
     # of spread weighs fully; 1: the success rate alone ranks tasks, spread or not (as MoPPS does: a
     # task stuck at partial credit with no spread yet is still at the frontier)
     spread_floor: float = 0.0
+    # success targets only: the chance of spread enters as d_hat ** spread_power; above 1, a task
+    # whose recent groups mostly had no spread falls further behind one that keeps showing spread
+    # (late in a run most of the pool is solved and the success rate alone ranks the many nearly
+    # solved tasks; variant envsched@success+adaptive+covscore+spread2)
+    spread_power: float = 1.0
     calibrate: bool = True  # isotonic calibration of u on realized s2
     calib_window: int = 8  # steps of pairs used for calibration and the recent mean
     retire_window: int = 3  # groups all solved / all failed in a row before retirement
@@ -107,6 +112,7 @@ class SchedulerConfig:
             ("exploit_power", 0, False, 16),
             ("stale_after", 0, True, 1000),
             ("spread_floor", 0, True, 1),
+            ("spread_power", 0, False, 16),
         ):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)

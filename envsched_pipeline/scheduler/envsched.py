@@ -102,7 +102,8 @@ class EnvSched(Scheduler):
         else:
             f = c.success_floor
             pf = _pass_fail_variance(self._success(state, pred, rng))
-            spread = c.spread_floor + (1.0 - c.spread_floor) * np.clip(pred["hat_d"], 0.0, 1.0)
+            d = np.clip(pred["hat_d"], 0.0, 1.0) ** c.spread_power
+            spread = c.spread_floor + (1.0 - c.spread_floor) * d
             u = spread * (f + pf) / (1.0 + f)
         cal = u.copy()
         calibrated = False

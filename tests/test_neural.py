@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.bench import run_environment
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -365,6 +366,23 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
         == 2
     )
     assert not none.exists()  # refused: nothing written
+    # every record says which package versions it ran under; a table built from a record made under
+    # others says so, as does one built from records that predate the field
+    (rec_file,) = runs.glob("random-s0-*.json")
+    rec = json.loads(rec_file.read_text())
+    assert rec["environment"] == run_environment() and rec["environment"]["numpy"] == np.__version__
+    rec["environment"]["numpy"] = "1.0.0"
+    rec_file.write_text(json.dumps(rec))
+    (old_file,) = runs.glob("random-s2-*.json")
+    old_file.write_text(
+        json.dumps({k: v for k, v in json.loads(old_file.read_text()).items() if k != "environment"})
+    )
+    capsys.readouterr()
+    assert main([*args, "--recorded-only"]) == 0
+    said = capsys.readouterr().out
+    assert f"recorded under numpy 1.0.0 (now {np.__version__}): a re-run may differ" in said
+    assert "1 cached run(s) predate recorded package versions" in said
+    assert json.loads(out.read_text())["schedulers"]["random"] == full["schedulers"]["random"]
     # learner settings are part of a run's key: runs of other settings are never taken for these
     other = [*args[:-2], "--learner-config", '{"forget": 0.01}', "--recorded-only", "--json", str(none)]
     assert main(other) == 2 and not none.exists()

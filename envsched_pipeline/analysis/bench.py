@@ -23,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from importlib import metadata
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -507,6 +509,32 @@ def _progress(line: str) -> None:
     print(line, flush=True)
 
 
+# the packages a run's numbers depend on (graph features, sampling, the neural learner's arithmetic);
+# none is pinned to one version, so a recorded run says which ones it ran under
+RUN_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch")
+
+
+def run_environment() -> dict:
+    """Python, machine and the numerically relevant package versions of this process."""
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    for pkg in RUN_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def environment_mismatch(recorded: dict | None, current: dict) -> str | None:
+    """What differs between a record's environment and this one (None: the same, or not recorded)."""
+    if not recorded:
+        return None
+    diff = [
+        f"{k} {recorded.get(k)} (now {current.get(k)})" for k in current if recorded.get(k) != current.get(k)
+    ]
+    return ", ".join(diff) or None
+
+
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:
     if cache_dir is None:
         return None
@@ -563,6 +591,7 @@ def run_benchmark(
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
     todo, results = [], {}
+    here, unversioned = run_environment(), 0
     for k in range(seeds):
         for n in names:
             kw = {
@@ -579,10 +608,17 @@ def run_benchmark(
             }
             f = _cache_file(cache, n, seed + k, kw)
             if f is not None and f.exists():
-                results[(n, seed + k)] = json.loads(f.read_text())
-                log(f"  seed {seed + k} {n:<16} (cached)")
+                results[(n, seed + k)] = rec = json.loads(f.read_text())
+                unversioned += "environment" not in rec
+                differs = environment_mismatch(rec.get("environment"), here)
+                log(
+                    f"  seed {seed + k} {n:<16} (cached"
+                    + (f"; recorded under {differs}: a re-run may differ)" if differs else ")")
+                )
             else:
                 todo.append((n, seed + k, kw, f))
+    if unversioned:
+        log(f"  {unversioned} cached run(s) predate recorded package versions (a re-run may differ)")
     if recorded_only:
         if cache is None:
             raise ValueError("recorded_only needs cache_dir (where the runs are recorded)")
@@ -595,7 +631,8 @@ def run_benchmark(
         results[(n, s)] = ser
         if f is not None:
             tmp = f.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({k: v for k, v in ser.items() if not k.startswith("_")}))
+            rec = {k: v for k, v in ser.items() if not k.startswith("_")}
+            tmp.write_text(json.dumps({**rec, "environment": here}))
             os.replace(tmp, f)
         m = summarize(ser, None)
         finished = len([x for x in todo if (x[0], x[1]) in results])

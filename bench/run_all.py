@@ -22,7 +22,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from envsched_pipeline.analysis.bench import VARIANTS, prepare_pool, run_benchmark, run_one  # noqa: E402
+from envsched_pipeline.analysis.bench import (  # noqa: E402
+    VARIANTS,
+    prepare_pool,
+    provenance_text,
+    run_benchmark,
+    run_one,
+)
 from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
@@ -989,7 +995,8 @@ def section_neural(
                 "tasks of the training environments (seen) and 120 tasks of 12 environments the pool does not contain "
                 "(unseen); ± = standard error of that estimate (sampling noise); Δ = paired difference against random in the "
                 "same seed, mean ± sd over seeds, and in how many seeds it is positive. Machine: "
-                f"{machine()}; wall time {time.perf_counter() - t0:.0f} s (cached runs are reused).",
+                f"{machine()}; wall time {time.perf_counter() - t0:.0f} s (cached runs are reused). "
+                + provenance_text(out["provenance"]),
                 "",
                 *rows,
                 "",
@@ -1122,7 +1129,8 @@ def section_neural_seeds(
                 f"`bench/runs/{Path(runs).name}/`, random over seeds {seeds[0]}..{seeds[-1]}; same learner, "
                 "pool and warm start per seed as the table above). Each cell: mean paired difference over "
                 "the seeds both rows have ± two standard errors, in how many seeds it is positive, and "
-                '"resolved" where the mean lies outside the two standard errors.',
+                '"resolved" where the mean lies outside the two standard errors. '
+                + provenance_text(out["provenance"]),
                 "",
                 "Against random:",
                 "",
@@ -1245,7 +1253,10 @@ def _learner_experiment(
                 exp.intro,
                 f"Same pool, seeds, warm start and schedulers as the table above, learner settings {settings} "
                 f"(docs/algorithm.md §8b); {setup['steps']} steps, B = {setup['batch_size']}, G = "
-                f"{setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`. Columns as in the table above.",
+                f"{setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`. Columns as in the table above. "
+                + provenance_text(out["provenance"])
+                + " "
+                + provenance_text(base["provenance"], what="The default learner's runs beside it"),
                 "",
                 *rows,
                 "",
@@ -1429,7 +1440,7 @@ def section_headroom(
                 "(40 times a step's rollouts) on one choice, so a scheduler that sees only history is not expected to get "
                 "below its zero-variance share. Means over seeds "
                 f"{', '.join(str(s) for s in sorted(next(iter(out['per_seed'].values()))))}; runs in "
-                f"`bench/runs/{Path(runs).name}/`. {twin_text}",
+                f"`bench/runs/{Path(runs).name}/`. {twin_text} {provenance_text(out['provenance'])}",
                 "",
                 *rows,
                 "",

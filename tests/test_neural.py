@@ -3,6 +3,7 @@ GRPO on the real verifiers' rewards, and runs inside the loop (`--policy neural`
 seen and unseen environments and a rollout viewer that shows what it did."""
 
 import json
+import platform
 
 import numpy as np
 import pytest
@@ -382,6 +383,13 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     said = capsys.readouterr().out
     assert f"recorded under numpy 1.0.0 (now {np.__version__}): a re-run may differ" in said
     assert "1 cached run(s) predate recorded package versions" in said
+    prov = json.loads(out.read_text())["provenance"]
+    assert (prov["runs"], prov["current"], prov["unversioned"]) == (5, 3, 1)
+    assert prov["other"] == {f"numpy 1.0.0 (now {np.__version__})": 1}
+    assert (
+        f"Runs behind this table: 5; 3 under this environment's (Python {platform.python_version()}, " in said
+        and "1 recorded before runs kept their package versions; 1 under other versions (numpy 1.0.0" in said
+    )
     assert json.loads(out.read_text())["schedulers"]["random"] == full["schedulers"]["random"]
     # learner settings are part of a run's key: runs of other settings are never taken for these
     other = [*args[:-2], "--learner-config", '{"forget": 0.01}', "--recorded-only", "--json", str(none)]

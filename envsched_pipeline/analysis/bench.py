@@ -535,6 +535,34 @@ def environment_mismatch(recorded: dict | None, current: dict) -> str | None:
     return ", ".join(diff) or None
 
 
+def provenance(environments: list[dict | None], current: dict) -> dict:
+    """How the runs behind one table were recorded: how many ran under ``current``'s package
+    versions, how many before versions were kept (``None``), and the others by what differs."""
+    differs = [environment_mismatch(e, current) for e in environments]
+    other: dict[str, int] = {}
+    for d in filter(None, differs):
+        other[d] = other.get(d, 0) + 1
+    return {
+        "runs": len(environments),
+        "current": sum(1 for e, d in zip(environments, differs, strict=True) if e and not d),
+        "unversioned": sum(1 for e in environments if not e),
+        "other": other,
+        "environment": current,
+    }
+
+
+def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
+    """One sentence for a report: under which package versions a table's runs were recorded."""
+    env = prov["environment"]
+    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine"))
+    parts = [f"{prov['current']} under this environment's (Python {env['python']}, {versions})"]
+    if prov["unversioned"]:
+        parts.append(f"{prov['unversioned']} recorded before runs kept their package versions")
+    parts += [f"{n} under other versions ({what})" for what, n in prov["other"].items()]
+    tail = " (a re-run of those may differ)" if prov["unversioned"] or prov["other"] else ""
+    return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "."
+
+
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:
     if cache_dir is None:
         return None
@@ -590,7 +618,7 @@ def run_benchmark(
     cache = Path(cache_dir) if cache_dir else None
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
-    todo, results = [], {}
+    todo, results, recorded_env = [], {}, {}
     here, unversioned = run_environment(), 0
     for k in range(seeds):
         for n in names:
@@ -609,6 +637,7 @@ def run_benchmark(
             f = _cache_file(cache, n, seed + k, kw)
             if f is not None and f.exists():
                 results[(n, seed + k)] = rec = json.loads(f.read_text())
+                recorded_env[(n, seed + k)] = rec.get("environment")
                 unversioned += "environment" not in rec
                 differs = environment_mismatch(rec.get("environment"), here)
                 log(
@@ -629,6 +658,7 @@ def run_benchmark(
 
     def done(n, s, ser, f):
         results[(n, s)] = ser
+        recorded_env[(n, s)] = here
         if f is not None:
             tmp = f.with_suffix(f".tmp{os.getpid()}")
             rec = {k: v for k, v in ser.items() if not k.startswith("_")}
@@ -661,7 +691,7 @@ def run_benchmark(
             kw = dict(kw)
             kw.pop("envs"), kw.pop("tasks_per_env")
             done(n, s, run_one(n, pools[s], seed=s, log=log, **kw), f)
-    return aggregate(
+    out = aggregate(
         names,
         [seed + k for k in range(seeds)],
         results,
@@ -678,6 +708,8 @@ def run_benchmark(
             "learner_config": learner_config or {},
         },
     )
+    out["provenance"] = provenance([recorded_env.get(k) for k in results], here)
+    return out
 
 
 def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) -> dict:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from envsched_pipeline.analysis.bench import run_benchmark
+from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of, names
@@ -193,6 +193,7 @@ def cmd_bench_scheduler(args) -> int:
         "schedulers": out["schedulers"],
         "paired_vs_random": out["paired_vs_random"],
         "setup": out["setup"],
+        "provenance": out["provenance"],
     }
     if args.series:
         doc["series"] = out["series"]
@@ -215,6 +216,7 @@ def cmd_bench_scheduler(args) -> int:
             f"{m['envs_touched']:>6.1f} {m['median_reward']:>9.3f} {m['heldout_seen_final']:>8.4f} "
             f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}"
         )
+    print(provenance_text(out["provenance"]))
     return 0
 
 

@@ -985,7 +985,7 @@ def section_neural(
         "neural",
         "\n".join(
             [
-                "## The ablation on the neural learner (the held-out evidence)",
+                "## The ablation on the neural learner (default settings; the evidence is the overrun setting below)",
                 "",
                 f"A {rnd.get('parameters', '1.2M')}-parameter pointer policy acting in the synthetic pool's real sandboxed "
                 "environments, GRPO with the project's loss (docs/algorithm.md §8b); warm start: 60 behaviour-cloning steps on "

@@ -558,7 +558,7 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
     parts = [f"{prov['current']} under this environment's (Python {env['python']}, {versions})"]
     if prov["unversioned"]:
         parts.append(f"{prov['unversioned']} recorded before runs kept their package versions")
-    parts += [f"{n} under other versions ({what})" for what, n in prov["other"].items()]
+    parts += [f"{n} under other versions ({diff})" for diff, n in prov["other"].items()]
     tail = " (a re-run of those may differ)" if prov["unversioned"] or prov["other"] else ""
     return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "."
 
@@ -619,7 +619,7 @@ def run_benchmark(
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
     todo, results, recorded_env = [], {}, {}
-    here, unversioned = run_environment(), 0
+    here = run_environment()
     for k in range(seeds):
         for n in names:
             kw = {
@@ -638,7 +638,6 @@ def run_benchmark(
             if f is not None and f.exists():
                 results[(n, seed + k)] = rec = json.loads(f.read_text())
                 recorded_env[(n, seed + k)] = rec.get("environment")
-                unversioned += "environment" not in rec
                 differs = environment_mismatch(rec.get("environment"), here)
                 log(
                     f"  seed {seed + k} {n:<16} (cached"
@@ -646,6 +645,7 @@ def run_benchmark(
                 )
             else:
                 todo.append((n, seed + k, kw, f))
+    unversioned = sum(1 for e in recorded_env.values() if not e)
     if unversioned:
         log(f"  {unversioned} cached run(s) predate recorded package versions (a re-run may differ)")
     if recorded_only:

@@ -519,3 +519,71 @@ def test_zero_variance_groups_are_split_by_kind():
         assert sum(parts) == pytest.approx(z)
     m = summarize(run, None)
     assert m["zero_variance_partial"] == pytest.approx(np.mean(run["zero_variance_partial"]))
+
+
+def test_bench_traces_every_pick_and_checks_a_recorded_run_repeats(tmp_path, capsys):
+    """`--trace DIR`: one Parquet file per run, one row per pick with the scheduler's predictions
+    beside the group's outcome; `bench trace` summarizes it by the task's previous group and by
+    half. A run already on record is run again for its trace: its record stays, and the log says
+    whether the re-run repeated it."""
+    import duckdb
+
+    from envsched_pipeline.analysis.trace import COLUMNS
+
+    # the simulated learner: the trace is the bench loop's, whichever learner rolls out
+    base = ["bench", "scheduler", "--envs", "4", "--tasks", "6", "--steps", "4", "--batch-size", "6"]
+    base += ["--group-size", "4", "--schedulers", "random,envsched@success+adaptive+covscore"]
+    base += ["--cache", str(tmp_path / "runs"), "--series"]
+    first, again = tmp_path / "first.json", tmp_path / "again.json"
+    assert main([*base, "--trace", str(tmp_path / "t1"), "--json", str(first)]) == 0
+    doc = json.loads(first.read_text())
+    assert sorted(doc["traces"]) == sorted(
+        str(tmp_path / "t1" / f"{n}-s0.parquet") for n in doc["schedulers"]
+    )
+    con = duckdb.connect()
+    for name in doc["schedulers"]:
+        rel = con.sql(
+            f"SELECT * FROM read_parquet('{tmp_path / 't1' / name}-s0.parquet') ORDER BY step, slot"
+        )
+        assert rel.columns == list(COLUMNS)
+        rows = [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
+        assert len(rows) == 4 * 6 and {r["scheduler"] for r in rows} == {name}
+        # the trace's groups are the run's: its zero-variance share per step, split by kind
+        for t in range(4):
+            step = [r for r in rows if r["step"] == t]
+            assert 1 - np.mean([r["informative"] for r in step]) == pytest.approx(
+                doc["series"][name]["zero_variance_fraction"][t]
+            )
+            assert np.mean([r["flat_kind"] == "partial" for r in step]) == pytest.approx(
+                doc["series"][name]["zero_variance_partial"][t]
+            )
+        assert all((r["group_var"] > 0) == r["informative"] for r in rows)
+        assert all(r["flat_kind"] == "" for r in rows if r["informative"])
+        has_success = [r["pred_success"] is not None for r in rows if r["step"] > 0]
+        assert all(has_success) if name.startswith("envsched") else not any(has_success)
+    capsys.readouterr()
+    assert main(["bench", "trace", *doc["traces"], "--json", str(tmp_path / "summary.json")]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for name in doc["schedulers"]:
+        mine = [r for r in summary["by_previous"] if r["scheduler"] == name]
+        assert sum(r["picks"] for r in mine) == 24 and {r["quarter"] for r in mine} <= {0, 1, 2, 3}
+        assert {r["what"] for r in mine} <= {
+            "first look",
+            "spread",
+            "flat, solved",
+            "flat, failed",
+            "flat, partial",
+        }
+        assert sum(r["picks"] for r in summary["by_half"] if r["scheduler"] == name) == 24
+    assert "| previous group of the task |" in capsys.readouterr().out
+    # on record now: traced again, the record is kept and the re-run repeats it
+    assert main([*base, "--trace", str(tmp_path / "t2"), "--json", str(again)]) == 0
+    log = capsys.readouterr().out
+    assert log.count("the re-run repeats its record step for step") == 2, log
+    assert json.loads(again.read_text())["schedulers"] == doc["schedulers"]
+    t1 = con.sql(f"SELECT * FROM read_parquet('{tmp_path}/t1/*.parquet') ORDER BY ALL").fetchall()
+    t2 = con.sql(f"SELECT * FROM read_parquet('{tmp_path}/t2/*.parquet') ORDER BY ALL").fetchall()
+    assert t1 == t2
+    assert main([*base, "--trace", str(tmp_path / "t3"), "--recorded-only"]) == 2
+    assert main(["bench", "trace", str(tmp_path / "missing.parquet")]) == 2
+    assert "missing.parquet" in capsys.readouterr().err

@@ -35,6 +35,7 @@ import numpy as np
 
 from envs.isolation import die_with_parent
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import informative
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
@@ -230,10 +231,12 @@ def run_one(
     log: Callable[[str], None] | None = None,
     learner_config: dict | None = None,
     probe_every: int | None = None,
+    trace: str | Path | None = None,
 ) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
     simulates a weaker model (simulated learner only). ``probe_every``: every that many steps, probe
-    the whole pool (:func:`headroom_probe`; the run itself is unchanged)."""
+    the whole pool (:func:`headroom_probe`; the run itself is unchanged). ``trace``: write the run's
+    picks beside their groups' outcomes to this Parquet file (envsched_pipeline/analysis/trace.py)."""
     tasks = pool["tasks"]
     kw = (
         {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
@@ -280,6 +283,7 @@ def run_one(
         points = set(eval_points(steps, learner, eval_every))
         probe_at = set(range(probe_every, steps, probe_every)) if probe_every else set()
         skipped = 0  # optimizer steps the learner did not apply (non-finite gradient)
+        tracer = TraceWriter(trace, name, seed) if trace else None
         for t in range(steps + 1):
             if t in points:
                 ev = lrn.evaluate(seed=10_000 + t)
@@ -306,6 +310,8 @@ def run_one(
                 )
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
+            if tracer:
+                tracer.add(t, picks, r)
             info = lrn.learn(ids, r)
             skipped += int(info.get("skipped_updates", 0))
             if "error_class" in out:  # neural: episodes the sandbox ended (time limit, crash, infra)
@@ -351,6 +357,8 @@ def run_one(
             series["skipped_updates"] = skipped
         if return_state:
             series["_state"] = state
+        if tracer:
+            tracer.close()
         return series
     finally:
         lrn.close()
@@ -572,6 +580,17 @@ def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path 
     return cache_dir / f"{name}-s{seed}-{key}.json"
 
 
+def _trace_file(trace_dir: str | Path, name: str, seed: int) -> str:
+    return str(Path(trace_dir) / f"{name}-s{seed}.parquet")
+
+
+def first_departure(record: dict, rerun: dict) -> int | None:
+    """First step whose mean reward differs between a recorded run and a re-run of it (None: the
+    re-run repeats the record, as far as the shorter of the two goes)."""
+    a, b = record.get("mean_reward", []), rerun.get("mean_reward", [])
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if abs(x - y) > 1e-12), None)
+
+
 def run_benchmark(
     schedulers: list[str],
     steps: int,
@@ -590,13 +609,17 @@ def run_benchmark(
     learner_config: dict | None = None,
     recorded_only: bool = False,
     probe_every: int | None = None,
+    trace_dir: str | Path | None = None,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
     ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
     ``loss_denominator``); part of each recorded run's key.
     ``recorded_only``: run nothing; aggregate the runs found in ``cache_dir`` (each scheduler over the
     seeds it has). ``probe_every``: probe the whole pool every that many steps (:func:`headroom_probe`;
-    the JSON's ``probes``); part of the key only when set."""
+    the JSON's ``probes``); part of the key only when set. ``trace_dir``: write every run's picks and
+    their outcomes to ``<trace_dir>/<scheduler>-s<seed>.parquet`` (envsched_pipeline/analysis/trace.py);
+    a run already on record is run again for its trace, its record is kept, and the log says whether
+    the re-run repeated it step for step."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -614,11 +637,14 @@ def run_benchmark(
         )
     if learner_config:
         learner_config = check_learner_config(learner, learner_config)
+    if trace_dir is not None and recorded_only:
+        raise ValueError("trace_dir runs every run again; it cannot be combined with recorded_only")
     names = list(dict.fromkeys(schedulers))
     cache = Path(cache_dir) if cache_dir else None
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
     todo, results, recorded_env = [], {}, {}
+    rerun: set[tuple[str, int]] = set()  # runs on record, run again for their trace only
     here = run_environment()
     for k in range(seeds):
         for n in names:
@@ -643,7 +669,12 @@ def run_benchmark(
                     f"  seed {seed + k} {n:<16} (cached"
                     + (f"; recorded under {differs}: a re-run may differ)" if differs else ")")
                 )
+                if trace_dir is not None:
+                    rerun.add((n, seed + k))
+                    todo.append((n, seed + k, {**kw, "trace": _trace_file(trace_dir, n, seed + k)}, f))
             else:
+                if trace_dir is not None:
+                    kw = {**kw, "trace": _trace_file(trace_dir, n, seed + k)}
                 todo.append((n, seed + k, kw, f))
     unversioned = sum(1 for e in recorded_env.values() if not e)
     if unversioned:
@@ -655,8 +686,23 @@ def run_benchmark(
             log(f"  not on record (left out): {', '.join(f'{n} seed {s}' for n, s, _, _ in todo)}")
         todo = []
     t_start = time.perf_counter()
+    completed: list[tuple[str, int]] = []
 
     def done(n, s, ser, f):
+        if (n, s) in rerun:  # traced again: the record stays; say whether the re-run repeated it
+            completed.append((n, s))
+            dep = first_departure(results[(n, s)], ser)
+            rerun.discard((n, s))
+            log(
+                f"  seed {s} {n:<16} traced; "
+                + (
+                    "the re-run repeats its record step for step"
+                    if dep is None
+                    else f"the re-run departs from its record at step {dep} (the trace is of the re-run)"
+                )
+                + f" [{len(completed)}/{len(todo)}]"
+            )
+            return
         results[(n, s)] = ser
         recorded_env[(n, s)] = here
         if f is not None:
@@ -665,7 +711,8 @@ def run_benchmark(
             tmp.write_text(json.dumps({**rec, "environment": here}))
             os.replace(tmp, f)
         m = summarize(ser, None)
-        finished = len([x for x in todo if (x[0], x[1]) in results])
+        completed.append((n, s))
+        finished = len(completed)
         left = len(todo) - finished
         eta = f", ETA {(time.perf_counter() - t_start) / finished * left:.0f}s" if left else ""
         log(
@@ -709,6 +756,8 @@ def run_benchmark(
         },
     )
     out["provenance"] = provenance([recorded_env.get(k) for k in results], here)
+    if trace_dir is not None:
+        out["traces"] = [kw["trace"] for _, _, kw, _ in todo]
     return out
 
 

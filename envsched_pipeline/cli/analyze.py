@@ -10,6 +10,7 @@ from pathlib import Path
 from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
+from envsched_pipeline.analysis.trace import summarize_traces, trace_tables
 from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of, names
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
@@ -91,6 +92,14 @@ def add_parser(sub) -> None:
         "the batch, and of an oracle's batch has spread: the JSON's `probes`); costs about one pool "
         "rollout per probe, leaves the run unchanged",
     )
+    bs.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write every run's picks beside their groups' outcomes to DIR/<scheduler>-s<seed>.parquet "
+        "(read them with `envsched bench trace` or `envsched sql`); runs already in --cache are run "
+        "again for their trace, keep their record, and the log says whether the re-run repeated it",
+    )
     bs.set_defaults(func=cmd_bench_scheduler)
     br = bsub.add_parser(
         "replay",
@@ -113,6 +122,15 @@ def add_parser(sub) -> None:
         formatter_class=F,
     )
     bv.set_defaults(func=cmd_bench_variants)
+    bt = bsub.add_parser(
+        "trace",
+        help="what the picks of traced runs (`bench scheduler --trace`) found, by quarter of the run: "
+        "share with spread by the task's previous group and by half",
+        formatter_class=F,
+    )
+    bt.add_argument("files", nargs="+", help="trace Parquet files (seeds of one scheduler are pooled)")
+    bt.add_argument("--json", default=None, help="write the summary here as well")
+    bt.set_defaults(func=cmd_bench_trace)
 
 
 def cmd_status(args) -> int:
@@ -184,6 +202,7 @@ def cmd_bench_scheduler(args) -> int:
             recorded_only=args.recorded_only,
             learner_config=learner_config,
             probe_every=args.probe_every,
+            trace_dir=args.trace,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -197,8 +216,9 @@ def cmd_bench_scheduler(args) -> int:
     }
     if args.series:
         doc["series"] = out["series"]
-    if out.get("probes"):
-        doc["probes"] = out["probes"]
+    for key in ("probes", "traces"):
+        if out.get(key):
+            doc[key] = out[key]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(doc, indent=2))
@@ -217,6 +237,20 @@ def cmd_bench_scheduler(args) -> int:
             f"{m['heldout_unseen_final']:>9.4f} {m['effective_envs']:>8.1f} {1000 * m['select_seconds_median']:>8.2f}"
         )
     print(provenance_text(out["provenance"]))
+    if out.get("traces"):
+        print(f"traces: {len(out['traces'])} file(s) in {args.trace} (summary: envsched bench trace FILES)")
+    return 0
+
+
+def cmd_bench_trace(args) -> int:
+    try:
+        summary = summarize_traces(args.files)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(dumps(summary, indent=2))
+    print(trace_tables(summary))
     return 0
 
 

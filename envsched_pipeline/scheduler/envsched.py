@@ -351,6 +351,7 @@ class EnvSched(Scheduler):
             "prior_var": f(pred["prior_s2"][i]),
             "pred_var": f(pred["hat_s2"][i]),
             "pred_dispersion": f(pred["hat_d"][i]),
+            "pred_success": f(pred["hat_m"][i]),
             "u": f(inf["u"][i]),
             "calibrated": f(inf["calibrated"][i]),
             "exposure_discount": f(inf["exposure"][i]),

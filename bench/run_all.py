@@ -30,6 +30,7 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
     run_one,
 )
 from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
+from envsched_pipeline.analysis.trace import known_informative, summarize_traces  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 PAPER = {  # Qwen3-4B, 200 steps (paper's table)
@@ -1457,6 +1458,125 @@ def section_headroom(
     )
 
 
+TRACED = (
+    "random",
+    "mopps",
+    "envsched@success+adaptive+covscore",
+    "envsched@success+adaptive+covscore+memory32",
+)
+_PREVIOUS = ("first look", "spread", "flat, solved", "flat, partial", "flat, failed")
+
+
+def section_traces(traces: str, recorded: str, steps: int, jobs: int, recorded_only: bool = False) -> None:
+    """Where the picks went and what they found: the overrun learner's seed-0 runs of a few
+    schedulers traced (`bench scheduler --trace`), every pick beside its group's outcome."""
+    tdir = Path(traces)
+    repeats_file = tdir / "repeats.json"
+    if not recorded_only:
+        out = run_benchmark(
+            list(TRACED),
+            steps=steps,
+            seed=0,
+            seeds=1,
+            learner="neural",
+            eval_every=50,
+            learner_config=OVERRUN.config,
+            jobs=jobs,
+            cache_dir=recorded,
+            trace_dir=tdir,
+            log=lambda m: print(m, flush=True),
+        )
+        repeats_file.write_text(json.dumps(out["trace_repeats"], indent=1, sort_keys=True) + "\n")
+    files = sorted(tdir.glob("*.parquet"))
+    if not files:
+        print(f"traces: no trace in {tdir}")
+        return
+    repeats = json.loads(repeats_file.read_text()) if repeats_file.exists() else {}
+    summary = summarize_traces(files)
+    by = {}
+    for r in summary["by_previous"]:
+        by.setdefault((r["scheduler"], r["quarter"]), {})[r["what"]] = r
+    names = [n for n in TRACED if any(k[0] == n for k in by)]
+    head = " | ".join(f"{w}: picks, spread" for w in _PREVIOUS)
+    rows = [
+        f"| scheduler | quarter | spread, all picks | {head} |",
+        "|---|---|---|" + "---|" * len(_PREVIOUS),
+    ]
+    for n in names:
+        for q in range(4):
+            cell = by.get((n, q), {})
+            total = sum(r["picks"] for r in cell.values())
+            if not total:
+                continue
+            spread = sum(r["picks"] * r["spread"] for r in cell.values()) / total
+            parts = [
+                f"{cell[w]['picks'] / total:.2f}, {cell[w]['spread']:.2f}" if w in cell else "—"
+                for w in _PREVIOUS
+            ]
+            rows.append(f"| {n} | {q + 1} | {spread:.2f} | {' | '.join(parts)} |")
+    at = [50, 100, 150, steps - 1]
+    known = {(r["scheduler"], r["step"]): r["tasks"] for r in known_informative(files, at)}
+    krows = ["| scheduler | " + " | ".join(f"step {t}" for t in at) + " |", "|---|" + "---|" * len(at)]
+    for n in names:
+        krows.append(f"| {n} | " + " | ".join(f"{known.get((n, t), 0):.0f}" for t in at) + " |")
+    checked = [
+        f"{n}: " + ("repeats" if dep is None else f"departs at step {dep}")
+        for n, per in repeats.items()
+        for dep in per.values()
+    ]
+    rerun_text = (
+        "Each traced run is a re-run of its record in `bench/runs/neural-overrun/`; against it: "
+        + "; ".join(checked)
+        + " (step for step)."
+        if checked
+        else ""
+    )
+    c, r = "envsched@success+adaptive+covscore", "random"
+    reading = ""
+    if (c, 3) in by and (r, 3) in by:
+        late = by[(c, 3)]
+        tot = sum(x["picks"] for x in late.values())
+        solved = late.get("flat, solved", {"picks": 0, "spread": float("nan")})
+        prev = late.get("spread", {"picks": 0, "spread": float("nan")})
+        reading = (
+            f"Reading (last quarter, the covscore form): {prev['picks'] / tot:.2f} of its picks went to tasks "
+            f"whose previous group had spread, and {prev['spread']:.2f} of those had spread again; "
+            f"{solved['picks'] / tot:.2f} went to tasks whose previous group was all solved (median "
+            f"{solved.get('median_age') or 0:.0f} steps earlier), of which {solved['spread']:.2f} had spread. "
+            f"It knew of {known.get((c, 150), 0):.0f} tasks with recent spread at step 150 "
+            f"({known.get((r, 150), 0):.0f} for random) against a batch of 64: late in a run the tasks a "
+            "scheduler has just seen with spread no longer fill a batch, and the rest of the pool is mostly "
+            "solved, so the remaining slots go to tasks whose spread no history predicts."
+        )
+    write_section(
+        "neural_traces",
+        "\n".join(
+            [
+                "## Where the picks went: traces of the overrun learner's runs",
+                "",
+                "Seed 0 of the overrun learner (settings as above) for "
+                + ", ".join(names)
+                + ", traced with `envsched bench scheduler --trace` (every pick beside its group's outcome; "
+                f"files in `bench/runs/{tdir.name}/`, summary also from `envsched bench trace`). {rerun_text} "
+                "Per quarter of the run: the share of picks with spread, then for each kind of *previous "
+                "group of the same task in the run* (first look: never picked before; spread; flat: all "
+                "solved, all at one partial credit, all failed) the share of the quarter's picks it covers "
+                "and the share of those with spread.",
+                "",
+                *rows,
+                "",
+                "Tasks a scheduler knew to be informative: picked within the 10 steps before the step, "
+                "with spread in their latest group (a batch is 64 tasks).",
+                "",
+                *krows,
+                "",
+                reading,
+            ]
+        ),
+        after="neural_headroom",
+    )
+
+
 def section_resident(steps: int = 5) -> None:
     """Per-step overhead of the LM policy path: one process per step vs the resident worker (CPU,
     tiny Qwen3), and the projection for 4B / 8B models on a GPU."""
@@ -1602,7 +1722,8 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom",
+        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "neural_traces",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1638,6 +1759,11 @@ def main() -> int:
         help="recorded overrun-learner runs with pool probes (section neural_headroom)",
     )
     ap.add_argument("--headroom-seeds", type=int, default=2, help="seeds of the headroom section")
+    ap.add_argument(
+        "--neural-traces",
+        default=str(HERE / "runs" / "neural-overrun-traces"),
+        help="pick traces of overrun-learner runs (section neural_traces)",
+    )
     ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
     ap.add_argument(
         "--neural-recorded-only",
@@ -1687,6 +1813,14 @@ def main() -> int:
             args.neural_probe_runs,
             args.neural_overrun_runs,
             args.headroom_seeds,
+            args.steps,
+            args.jobs,
+            recorded_only=args.neural_recorded_only,
+        )
+    if "neural_traces" in sections:
+        section_traces(
+            args.neural_traces,
+            args.neural_overrun_runs,
             args.steps,
             args.jobs,
             recorded_only=args.neural_recorded_only,

@@ -687,11 +687,13 @@ def run_benchmark(
         todo = []
     t_start = time.perf_counter()
     completed: list[tuple[str, int]] = []
+    repeats: dict[str, dict[int, int | None]] = {}  # traced re-runs: first step departing from the record
 
     def done(n, s, ser, f):
         if (n, s) in rerun:  # traced again: the record stays; say whether the re-run repeated it
             completed.append((n, s))
             dep = first_departure(results[(n, s)], ser)
+            repeats.setdefault(n, {})[s] = dep
             rerun.discard((n, s))
             log(
                 f"  seed {s} {n:<16} traced; "
@@ -758,6 +760,7 @@ def run_benchmark(
     out["provenance"] = provenance([recorded_env.get(k) for k in results], here)
     if trace_dir is not None:
         out["traces"] = [kw["trace"] for _, _, kw, _ in todo]
+        out["trace_repeats"] = repeats
     return out
 
 

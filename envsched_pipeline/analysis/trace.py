@@ -142,6 +142,33 @@ def summarize_traces(paths: list[str | Path]) -> dict:
         con.close()
 
 
+def known_informative(paths: list[str | Path], steps: list[int], window: int = 10) -> list[dict]:
+    """How many tasks a scheduler knew to be informative at each of ``steps``: tasks whose latest
+    group before that step, picked within the last ``window`` steps, had spread (per scheduler,
+    mean over seeds). Next to the batch size it says whether the scheduler could have filled a batch
+    from tasks it had just seen with spread."""
+    import duckdb  # only the trace summary needs DuckDB here
+
+    con = duckdb.connect()
+    try:
+        cur = con.execute(
+            """
+            WITH probe AS (SELECT unnest($steps) AS t),
+            latest AS (
+                SELECT scheduler, seed, probe.t, task_id, arg_max(informative, step) AS spread, max(step) AS last
+                FROM read_parquet($paths), probe WHERE step < probe.t GROUP BY ALL
+            )
+            SELECT scheduler, t AS step, count(*) FILTER (WHERE spread AND last >= t - $window)
+                / count(DISTINCT seed) AS tasks
+            FROM latest GROUP BY ALL ORDER BY scheduler, step
+            """,
+            {"steps": [int(x) for x in steps], "paths": [str(p) for p in paths], "window": int(window)},
+        )
+        return [dict(zip(("scheduler", "step", "tasks"), r, strict=True)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
 def trace_tables(summary: dict) -> str:
     """The summary as two Markdown tables (picks, spread share, median steps since the previous
     group of the same task)."""

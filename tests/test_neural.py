@@ -528,7 +528,7 @@ def test_bench_traces_every_pick_and_checks_a_recorded_run_repeats(tmp_path, cap
     whether the re-run repeated it."""
     import duckdb
 
-    from envsched_pipeline.analysis.trace import COLUMNS
+    from envsched_pipeline.analysis.trace import COLUMNS, known_informative
 
     # the simulated learner: the trace is the bench loop's, whichever learner rolls out
     base = ["bench", "scheduler", "--envs", "4", "--tasks", "6", "--steps", "4", "--batch-size", "6"]
@@ -576,6 +576,20 @@ def test_bench_traces_every_pick_and_checks_a_recorded_run_repeats(tmp_path, cap
         }
         assert sum(r["picks"] for r in summary["by_half"] if r["scheduler"] == name) == 24
     assert "| previous group of the task |" in capsys.readouterr().out
+    # tasks known to be informative at a step: latest group before it, within the window, had spread
+    known = {
+        (r["scheduler"], r["step"]): r["tasks"] for r in known_informative(doc["traces"], [2, 4], window=2)
+    }
+    for name in doc["schedulers"]:
+        rows = con.sql(
+            f"SELECT step, task_id, informative FROM read_parquet('{tmp_path / 't1' / name}-s0.parquet')"
+        ).fetchall()
+        for t in (2, 4):
+            latest = {}
+            for step, task, spread in sorted(rows):
+                if step < t:
+                    latest[task] = (step, spread)
+            assert known[(name, t)] == sum(1 for s, sp in latest.values() if sp and s >= t - 2)
     # on record now: traced again, the record is kept and the re-run repeats it
     assert main([*base, "--trace", str(tmp_path / "t2"), "--json", str(again)]) == 0
     log = capsys.readouterr().out

@@ -576,6 +576,19 @@ def test_bench_traces_every_pick_and_checks_a_recorded_run_repeats(tmp_path, cap
         }
         assert sum(r["picks"] for r in summary["by_half"] if r["scheduler"] == name) == 24
     assert "| previous group of the task |" in capsys.readouterr().out
+    query = (
+        "SELECT scheduler, count(*) AS n, sum(informative::INT) AS spread FROM picks GROUP BY 1 ORDER BY 1"
+    )
+    assert main(["bench", "trace", *doc["traces"], "--sql", query, "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "scheduler,n,spread" and len(lines) == 3
+    for line in lines[1:]:
+        name, n, spread = line.split(",")
+        assert int(n) == 24 and int(spread) == round(
+            24 * (1 - np.mean(doc["series"][name]["zero_variance_fraction"]))
+        )
+    assert main(["bench", "trace", *doc["traces"], "--sql", "SELECT nope FROM picks"]) == 2
+    assert "SQL error" in capsys.readouterr().err
     # tasks known to be informative at a step: latest group before it, within the window, had spread
     known = {
         (r["scheduler"], r["step"]): r["tasks"] for r in known_informative(doc["traces"], [2, 4], window=2)

@@ -6,9 +6,10 @@ the group then showed, written as Parquet and read with DuckDB.
     trace_tables(summary)     the same as Markdown tables
 
 ``envsched bench scheduler --trace DIR`` writes ``DIR/<scheduler>-s<seed>.parquet`` for every run;
-``envsched bench trace DIR/*.parquet`` prints the summary. Any other question is one SQL query away::
+``envsched bench trace DIR/*.parquet`` prints the summary. Any other question is one SQL query away,
+with the files as the view ``picks``::
 
-    envsched sql "SELECT half, avg(informative::DOUBLE) FROM read_parquet('traces/*.parquet') GROUP BY 1"
+    envsched bench trace traces/*.parquet --sql "SELECT half, avg(informative::DOUBLE) FROM picks GROUP BY 1"
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ def summarize_traces(paths: list[str | Path]) -> dict:
             cols = [d[0] for d in cur.description]
             out[name] = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
         return out
+    finally:
+        con.close()
+
+
+def query_traces(paths: list[str | Path], query: str):
+    """Run ``query`` with the trace files as the view ``picks``; returns a pyarrow table."""
+    import duckdb  # only the trace summary needs DuckDB here
+
+    files = [str(p) for p in paths]
+    missing = [f for f in files if not Path(f).is_file()]
+    if not files or missing:
+        raise FileNotFoundError(f"trace file(s) not found: {', '.join(missing) or '(none given)'}")
+    con = duckdb.connect()
+    try:
+        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)  # a view takes no parameters
+        con.execute(f"CREATE VIEW picks AS SELECT * FROM read_parquet([{listed}])")
+        return con.sql(query).to_arrow_table()
     finally:
         con.close()
 

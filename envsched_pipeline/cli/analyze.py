@@ -7,11 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+import duckdb
+
 from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
-from envsched_pipeline.analysis.trace import summarize_traces, trace_tables
+from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of, names
+from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.scheduler.variants import VARIANTS
@@ -130,6 +133,14 @@ def add_parser(sub) -> None:
     )
     bt.add_argument("files", nargs="+", help="trace Parquet files (seeds of one scheduler are pooled)")
     bt.add_argument("--json", default=None, help="write the summary here as well")
+    bt.add_argument(
+        "--sql",
+        default=None,
+        metavar="QUERY",
+        help='instead of the summary, run QUERY over the files as the view "picks", e.g. '
+        '"SELECT half, avg(informative::DOUBLE) FROM picks GROUP BY 1"',
+    )
+    bt.add_argument("--format", choices=("table", "csv", "json"), default="table", help="--sql output format")
     bt.set_defaults(func=cmd_bench_trace)
 
 
@@ -244,9 +255,14 @@ def cmd_bench_scheduler(args) -> int:
 
 def cmd_bench_trace(args) -> int:
     try:
+        if args.sql:
+            print_table(query_traces(args.files, args.sql), args.format)
+            return 0
         summary = summarize_traces(args.files)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
+    except duckdb.Error as exc:
+        raise UsageError(f"SQL error: {exc}") from exc
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(summary, indent=2))

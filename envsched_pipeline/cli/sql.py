@@ -34,12 +34,18 @@ def run(args) -> int:
         table = lake.sql(args.query)
     except duckdb.Error as exc:
         raise UsageError(f"SQL error: {exc}") from exc
+    print_table(table, args.format)
+    return 0
+
+
+def print_table(table, fmt: str = "table") -> None:
+    """A query's result (a pyarrow table) as an aligned table, CSV or JSON lines."""
     rows = table.to_pylist()
     cols = table.column_names
-    if args.format == "json":
+    if fmt == "json":
         for r in rows:
             print(dumps(r))
-    elif args.format == "csv":
+    elif fmt == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
         for r in rows:
@@ -51,4 +57,3 @@ def run(args) -> int:
         for r in rows:
             print(" | ".join(_cell(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
         print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return 0

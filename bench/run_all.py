@@ -1531,22 +1531,23 @@ def section_traces(traces: str, recorded: str, steps: int, jobs: int, recorded_o
         if checked
         else ""
     )
-    c, r = "envsched@success+adaptive+covscore", "random"
+    c, r, m = "envsched@success+adaptive+covscore", "random", "mopps"
     reading = ""
     if (c, 3) in by and (r, 3) in by:
-        late = by[(c, 3)]
+        none = {"picks": 0, "spread": float("nan"), "median_age": None}
+        late, late_r = by[(c, 3)], by[(r, 3)]
         tot = sum(x["picks"] for x in late.values())
-        solved = late.get("flat, solved", {"picks": 0, "spread": float("nan")})
-        prev = late.get("spread", {"picks": 0, "spread": float("nan")})
+        solved, prev = late.get("flat, solved", none), late.get("spread", none)
+        others = ", ".join(f"{n} {known.get((n, 150), 0):.0f}" for n in (r, m) if (n, 150) in known)
         reading = (
-            f"Reading (last quarter, the covscore form): {prev['picks'] / tot:.2f} of its picks went to tasks "
-            f"whose previous group had spread, and {prev['spread']:.2f} of those had spread again; "
-            f"{solved['picks'] / tot:.2f} went to tasks whose previous group was all solved (median "
-            f"{solved.get('median_age') or 0:.0f} steps earlier), of which {solved['spread']:.2f} had spread. "
-            f"It knew of {known.get((c, 150), 0):.0f} tasks with recent spread at step 150 "
-            f"({known.get((r, 150), 0):.0f} for random) against a batch of 64: late in a run the tasks a "
-            "scheduler has just seen with spread no longer fill a batch, and the rest of the pool is mostly "
-            "solved, so the remaining slots go to tasks whose spread no history predicts."
+            f"Reading (last quarter of the covscore form's run): {prev['picks'] / tot:.2f} of its picks went to "
+            f"tasks whose previous group had spread ({prev['spread']:.2f} of those had spread again) and "
+            f"{solved['picks'] / tot:.2f} to tasks whose previous group was all solved, a median "
+            f"{solved['median_age'] or 0:.0f} steps earlier ({solved['spread']:.2f} of those had spread; random's picks "
+            f"of that kind {late_r.get('flat, solved', none)['spread']:.2f}). "
+            f"At step 150 it knew of {known.get((c, 150), 0):.0f} tasks with recent spread ({others}): "
+            "it concentrates on fewer tasks and solves them, so the tasks it has just seen with spread no longer "
+            "fill a batch, and the other slots go to tasks whose spread the history predicts poorly."
         )
     write_section(
         "neural_traces",

@@ -15,6 +15,7 @@ with the files as the view ``picks``::
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,7 @@ WITH t AS (
         step - LAG(step) OVER w AS age,
         LEAST(3, CAST(FLOOR(4.0 * step / (MAX(step) OVER (PARTITION BY scheduler, seed) + 1)) AS INTEGER))
             AS quarter
-    FROM read_parquet($paths)
+    FROM picks
     WINDOW w AS (PARTITION BY scheduler, seed, task_id ORDER BY step)
 )
 SELECT scheduler, quarter, {key} AS what, count(*) AS picks, avg(informative::DOUBLE) AS spread,
@@ -121,31 +122,11 @@ _PREVIOUS = (
 )
 
 
-def summarize_traces(paths: list[str | Path]) -> dict:
-    """Spread share of the picks per scheduler and quarter of the run, grouped by what the task's
-    previous group in the same run showed (``by_previous``: first look | spread | flat, solved |
-    flat, failed | flat, partial) and by half (``by_half``). Seeds are pooled."""
-    import duckdb  # only the trace summary needs DuckDB here
-
-    files = [str(p) for p in paths]
-    missing = [f for f in files if not Path(f).is_file()]
-    if not files or missing:
-        raise FileNotFoundError(f"trace file(s) not found: {', '.join(missing) or '(none given)'}")
-    con = duckdb.connect()
-    try:
-        out = {}
-        for name, key in (("by_previous", _PREVIOUS), ("by_half", "half")):
-            cur = con.execute(_SUMMARY.format(key=key), {"paths": files})
-            cols = [d[0] for d in cur.description]
-            out[name] = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
-        return out
-    finally:
-        con.close()
-
-
-def query_traces(paths: list[str | Path], query: str):
-    """Run ``query`` with the trace files as the view ``picks``; returns a pyarrow table."""
-    import duckdb  # only the trace summary needs DuckDB here
+@contextmanager
+def _picks(paths: list[str | Path]):
+    """A DuckDB connection with the trace files as the view ``picks`` (FileNotFoundError naming
+    every missing file first)."""
+    import duckdb  # only reading traces needs DuckDB here
 
     files = [str(p) for p in paths]
     missing = [f for f in files if not Path(f).is_file()]
@@ -155,9 +136,31 @@ def query_traces(paths: list[str | Path], query: str):
     try:
         listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)  # a view takes no parameters
         con.execute(f"CREATE VIEW picks AS SELECT * FROM read_parquet([{listed}])")
-        return con.sql(query).to_arrow_table()
+        yield con
     finally:
         con.close()
+
+
+def _rows(cur) -> list[dict]:
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def summarize_traces(paths: list[str | Path]) -> dict:
+    """Spread share of the picks per scheduler and quarter of the run, grouped by what the task's
+    previous group in the same run showed (``by_previous``: first look | spread | flat, solved |
+    flat, failed | flat, partial) and by half (``by_half``). Seeds are pooled."""
+    with _picks(paths) as con:
+        return {
+            name: _rows(con.execute(_SUMMARY.format(key=key)))
+            for name, key in (("by_previous", _PREVIOUS), ("by_half", "half"))
+        }
+
+
+def query_traces(paths: list[str | Path], query: str):
+    """Run ``query`` with the trace files as the view ``picks``; returns a pyarrow table."""
+    with _picks(paths) as con:
+        return con.sql(query).to_arrow_table()
 
 
 def known_informative(paths: list[str | Path], steps: list[int], window: int = 10) -> list[dict]:
@@ -165,26 +168,21 @@ def known_informative(paths: list[str | Path], steps: list[int], window: int = 1
     group before that step, picked within the last ``window`` steps, had spread (per scheduler,
     mean over seeds). Next to the batch size it says whether the scheduler could have filled a batch
     from tasks it had just seen with spread."""
-    import duckdb  # only the trace summary needs DuckDB here
-
-    con = duckdb.connect()
-    try:
+    with _picks(paths) as con:
         cur = con.execute(
             """
             WITH probe AS (SELECT unnest($steps) AS t),
             latest AS (
                 SELECT scheduler, seed, probe.t, task_id, arg_max(informative, step) AS spread, max(step) AS last
-                FROM read_parquet($paths), probe WHERE step < probe.t GROUP BY ALL
+                FROM picks, probe WHERE step < probe.t GROUP BY ALL
             )
             SELECT scheduler, t AS step, count(*) FILTER (WHERE spread AND last >= t - $window)
                 / count(DISTINCT seed) AS tasks
             FROM latest GROUP BY ALL ORDER BY scheduler, step
             """,
-            {"steps": [int(x) for x in steps], "paths": [str(p) for p in paths], "window": int(window)},
+            {"steps": [int(x) for x in steps], "window": int(window)},
         )
-        return [dict(zip(("scheduler", "step", "tasks"), r, strict=True)) for r in cur.fetchall()]
-    finally:
-        con.close()
+        return _rows(cur)
 
 
 def trace_tables(summary: dict) -> str:

@@ -483,3 +483,28 @@ def test_coverage_pick_score_takes_the_best_scored_task_instead_of_the_least_exp
     assert best[0].score > next(p.score for p in fewest if p.task_id == "e0-t3")
     with pytest.raises(ValueError, match="coverage_pick"):
         cfg.with_overrides(coverage_pick="newest")
+
+
+def test_coverage_pick_sampled_draws_in_proportion_to_the_score():
+    """coverage_pick="sampled": each visited environment's coverage pick is drawn in proportion to
+    the score, and its propensity is that probability: the likely-informative tasks take most picks,
+    a different one from visit to visit, and the nearly solved ones are drawn rarely."""
+    cfg = SchedulerConfig(batch_size=2, target="success", coverage_pick="sampled")
+    st_ = make_state(n_envs=1, per_env=4)
+    for t in range(3):  # tasks 0 and 3 half solved, tasks 1-2 solved
+        observe(st_, t, {0: [0.0, 1.0, 0.0, 1.0], 1: [1.0] * 4, 2: [1.0] * 4, 3: [1.0, 0.0, 1.0, 0.0]}, cfg)
+    sched = EnvSched(cfg)
+    score = sched.informativeness(st_, sched.predict(st_))["score"]
+    assert score[0] == score[3] > 5 * max(score[1], score[2]) > 0
+    counts: dict[str, int] = {}
+    for seed in range(200):
+        picks = sched.select(st_, 2, np.random.default_rng(seed), 5).picks
+        (cov,) = [p for p in picks if p.half == "coverage"]
+        counts[cov.task_id] = counts.get(cov.task_id, 0) + 1
+        i = int(cov.task_id.split("-t")[1])
+        # propensity = score share among the candidates (the four tasks, or those the caps leave)
+        assert (
+            score[i] / score.sum() - 1e-9 <= cov.propensity <= score[i] / (score.sum() - 2 * score[1]) + 1e-9
+        )
+    assert counts.get("e0-t0", 0) > 50 and counts.get("e0-t3", 0) > 50
+    assert counts.get("e0-t0", 0) + counts.get("e0-t3", 0) >= 0.8 * 200

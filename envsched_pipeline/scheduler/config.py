@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
-COVERAGE_PICKS = ("fewest", "score")
+COVERAGE_PICKS = ("fewest", "score", "sampled")
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,9 @@ class SchedulerConfig:
     # which task the coverage half takes from each environment it visits: "fewest" = the fewest rollouts
     # spent (ties: higher score, then random; paper); "score" = the highest score (ties random), so the
     # half still spreads the batch over the least recently served environments but never spends a slot
-    # on a task its prediction calls solved or hopeless
+    # on a task its prediction calls solved or hopeless; "sampled" = drawn in proportion to the score
+    # (uniform where every score is 0): likely-informative tasks, but a different one each visit, so
+    # the run keeps seeing more distinct tasks
     coverage_pick: str = "fewest"
     use_graph: bool = True  # graph prior (False: environment prior only)
     use_env_prior: bool = True

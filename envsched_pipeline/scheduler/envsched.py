@@ -224,7 +224,13 @@ class EnvSched(Scheduler):
         def fewest_exposed(cand):  # fewest rollouts spent; ties: higher score, then random
             return best_scored(cand[exposure[cand] == exposure[cand].min()])
 
-        choose = best_scored if c.coverage_pick == "score" else fewest_exposed
+        def score_sampled(cand):  # drawn in proportion to the score; uniform where every score is 0
+            w = np.clip(score[cand], 0.0, None)
+            p = w / w.sum() if w.sum() > 0 else np.full(len(cand), 1.0 / len(cand))
+            k = int(rng.choice(len(cand), p=p))
+            return int(cand[k]), float(p[k])
+
+        choose = {"score": best_scored, "sampled": score_sampled}.get(c.coverage_pick, fewest_exposed)
         for i, snap, prop in self._round_robin(state, cons, env_key, n_cov, choose):
             picks.append(self._pick(state, i, "coverage", pred, inf, snap, prop, 0.0))
         # -- exploitation half: greedy MMR

@@ -65,6 +65,19 @@ def informative(rewards: np.ndarray) -> np.ndarray:
     return np.ptp(r, axis=-1) > SPREAD_EPS if r.size else np.zeros(r.shape[:-1], dtype=bool)
 
 
+def flat_kinds(rewards: np.ndarray) -> np.ndarray:
+    """(n, G) rewards -> (n,) str: '' for a group with spread, else what its one value was: "solved"
+    (every episode 1), "failed" (every episode 0) or "partial" (all at the same partial credit)."""
+    r = np.asarray(rewards, dtype=float)
+    kinds = np.full(r.shape[:-1], "", dtype=object)
+    if not r.size:
+        return kinds
+    flat = ~informative(r)
+    solved, failed = flat & (r.min(axis=-1) >= 1.0), flat & (r.max(axis=-1) <= 0.0)
+    kinds[solved], kinds[failed], kinds[flat & ~solved & ~failed] = "solved", "failed", "partial"
+    return kinds
+
+
 def group_stats(rewards) -> tuple[float, float, float]:
     """(mean, population variance, dispersion) of one group; dispersion is 1.0 if informative."""
     r = np.asarray(rewards, dtype=float)

@@ -37,7 +37,7 @@ from envs.isolation import die_with_parent
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
-from envsched_pipeline.rollouts import informative
+from envsched_pipeline.rollouts import flat_kinds, informative
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
@@ -368,16 +368,10 @@ def zero_variance_kinds(rewards: np.ndarray, informative_groups: np.ndarray) -> 
     """Shares of the batch whose group has no spread, by kind: every episode solved (reward 1),
     every one failed (0), or every one at the same partial credit (a policy stuck on part of the
     checklist: GRPO gets no signal from it any more than from a solved task)."""
-    r = np.asarray(rewards, dtype=float)
-    flat = ~informative_groups
-    top, low = r.max(axis=1), r.min(axis=1)
-    solved, failed = flat & (low >= 1.0), flat & (top <= 0.0)
-    n = max(len(r), 1)
-    return {
-        "solved": float(solved.sum() / n),
-        "failed": float(failed.sum() / n),
-        "partial": float((flat & ~solved & ~failed).sum() / n),
-    }
+    kinds = flat_kinds(rewards)
+    kinds[np.asarray(informative_groups, dtype=bool)] = ""  # the caller's spread decides what counts
+    n = max(len(kinds), 1)
+    return {k: float((kinds == k).sum() / n) for k in ("solved", "failed", "partial")}
 
 
 def headroom_probe(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envsched_pipeline.rollouts import informative
+from envsched_pipeline.rollouts import flat_kinds, informative
 
 # column -> what it holds (docs/algorithm.md §9, "Pick traces")
 COLUMNS = {
@@ -60,16 +60,8 @@ class TraceWriter:
         r = np.asarray(rewards, dtype=float)
         if len(picks) != len(r):
             raise ValueError(f"trace step {step}: {len(picks)} picks but {len(r)} reward groups")
-        inf = informative(r)
-        for slot, (p, g, spread) in enumerate(zip(picks, r, inf, strict=True)):
-            if spread:
-                kind = ""
-            elif g.min() >= 1.0:
-                kind = "solved"
-            elif g.max() <= 0.0:
-                kind = "failed"
-            else:
-                kind = "partial"
+        inf, kinds = informative(r), flat_kinds(r)
+        for slot, (p, g, spread, kind) in enumerate(zip(picks, r, inf, kinds, strict=True)):
             row = {
                 "scheduler": self.scheduler,
                 "seed": self.seed,

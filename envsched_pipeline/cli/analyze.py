@@ -100,7 +100,7 @@ def add_parser(sub) -> None:
         default=None,
         metavar="DIR",
         help="write every run's picks beside their groups' outcomes to DIR/<scheduler>-s<seed>.parquet "
-        "(read them with `envsched bench trace` or `envsched sql`); runs already in --cache are run "
+        "(read them with `envsched bench trace`, or SQL over them with its --sql); runs already in --cache are run "
         "again for their trace, keep their record, and the log says whether the re-run repeated it",
     )
     bs.set_defaults(func=cmd_bench_scheduler)

@@ -109,16 +109,16 @@ VARIANTS: dict[str, dict] = {
     # trace's observations, u ranked the later picks' spread at AUC 0.777 against 0.754. Over 5 seeds:
     # zero-variance 0.65x random (the covscore form 0.68x), held-out seen +0.0133 (4/5) but unseen
     # -0.0047 (2/5) against random (the covscore form +0.0130 / +0.0168): not kept
-    # the adaptive success form with a coverage half drawn in proportion to the score in each visited
-    # environment instead of its best-scored task: in a recorded trace (seed 0, overrun learner) the
-    # covscore form knew of 43 tasks seen with spread in the last 10 steps at step 150, random 86,
-    # because its picks concentrate on fewer tasks and training solves them
-    "envsched@success+adaptive+covsampled": {**_SUCCESS_ADAPTIVE, "coverage_pick": "sampled"},
     "envsched@success+adaptive+covscore+memory32": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "score",
         "h_long": 32.0,
     },
+    # the adaptive success form with a coverage half drawn in proportion to the score in each visited
+    # environment instead of its best-scored task: in a recorded trace (seed 0, overrun learner) the
+    # covscore form knew of 43 tasks seen with spread in the last 10 steps at step 150, random 86,
+    # because its picks concentrate on fewer tasks and training solves them
+    "envsched@success+adaptive+covsampled": {**_SUCCESS_ADAPTIVE, "coverage_pick": "sampled"},
 }
 
 

@@ -378,17 +378,29 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     old_file.write_text(
         json.dumps({k: v for k, v in json.loads(old_file.read_text()).items() if k != "environment"})
     )
+    # a record from before the CPU was kept is not a mismatch but is counted apart; the same
+    # versions on another CPU are a mismatch (a re-run there can depart after a few steps)
+    for s, env in (("0", {k: v for k, v in run_environment().items() if k != "cpu"}), ("2", None)):
+        (f,) = runs.glob(f"envsched-s{s}-*.json")
+        r = json.loads(f.read_text())
+        r["environment"] = env or {**r["environment"], "cpu": "Other CPU (AVX2)"}
+        f.write_text(json.dumps(r))
     capsys.readouterr()
     assert main([*args, "--recorded-only"]) == 0
     said = capsys.readouterr().out
     assert f"recorded under numpy 1.0.0 (now {np.__version__}): a re-run may differ" in said
+    assert f"recorded under cpu Other CPU (AVX2) (now {run_environment()['cpu']})" in said
     assert "1 cached run(s) predate recorded package versions" in said
     prov = json.loads(out.read_text())["provenance"]
-    assert (prov["runs"], prov["current"], prov["unversioned"]) == (5, 3, 1)
-    assert prov["other"] == {f"numpy 1.0.0 (now {np.__version__})": 1}
+    assert (prov["runs"], prov["current"], prov["unversioned"], prov["no_cpu"]) == (5, 2, 1, 1)
+    assert prov["other"] == {
+        f"numpy 1.0.0 (now {np.__version__})": 1,
+        f"cpu Other CPU (AVX2) (now {run_environment()['cpu']})": 1,
+    }
     assert (
-        f"Runs behind this table: 5; 3 under this environment's (Python {platform.python_version()}, " in said
+        f"Runs behind this table: 5; 2 under this environment's (Python {platform.python_version()}, " in said
         and "1 recorded before runs kept their package versions; 1 under other versions (numpy 1.0.0" in said
+        and "Of the versioned runs, 1 were recorded before runs kept their CPU" in said
     )
     assert json.loads(out.read_text())["schedulers"]["random"] == full["schedulers"]["random"]
     # learner settings are part of a run's key: runs of other settings are never taken for these

@@ -516,9 +516,27 @@ def _progress(line: str) -> None:
 RUN_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch")
 
 
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its widest vector extension: the same packages on
+    another CPU can round a float sum differently (other kernels), and one rounding difference
+    changes every sampled episode after it. ``platform.processor()`` where there is no
+    /proc/cpuinfo."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = next(
+        (name for flag, name in (("avx512f", "AVX512"), ("avx2", "AVX2"), ("avx", "AVX")) if flag in flags),
+        "",
+    )
+    return f"{model or 'unknown'}" + (f" ({isa})" if isa else "")
+
+
 def run_environment() -> dict:
-    """Python, machine and the numerically relevant package versions of this process."""
-    out = {"python": platform.python_version(), "machine": platform.machine()}
+    """Python, machine, CPU and the numerically relevant package versions of this process."""
+    out = {"python": platform.python_version(), "machine": platform.machine(), "cpu": cpu_name()}
     for pkg in RUN_PACKAGES:
         try:
             out[pkg] = metadata.version(pkg)
@@ -528,11 +546,15 @@ def run_environment() -> dict:
 
 
 def environment_mismatch(recorded: dict | None, current: dict) -> str | None:
-    """What differs between a record's environment and this one (None: the same, or not recorded)."""
+    """What differs between a record's environment and this one (None: the same, or not recorded).
+    A field the record does not have (records made before the CPU was kept) is not compared:
+    :func:`provenance` counts those records apart."""
     if not recorded:
         return None
     diff = [
-        f"{k} {recorded.get(k)} (now {current.get(k)})" for k in current if recorded.get(k) != current.get(k)
+        f"{k} {recorded.get(k)} (now {current.get(k)})"
+        for k in current
+        if k in recorded and recorded.get(k) != current.get(k)
     ]
     return ", ".join(diff) or None
 
@@ -548,6 +570,7 @@ def provenance(environments: list[dict | None], current: dict) -> dict:
         "runs": len(environments),
         "current": sum(1 for e, d in zip(environments, differs, strict=True) if e and not d),
         "unversioned": sum(1 for e in environments if not e),
+        "no_cpu": sum(1 for e in environments if e and "cpu" not in e),
         "other": other,
         "environment": current,
     }
@@ -556,13 +579,19 @@ def provenance(environments: list[dict | None], current: dict) -> dict:
 def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
     """One sentence for a report: under which package versions a table's runs were recorded."""
     env = prov["environment"]
-    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine"))
+    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine", "cpu"))
     parts = [f"{prov['current']} under this environment's (Python {env['python']}, {versions})"]
     if prov["unversioned"]:
         parts.append(f"{prov['unversioned']} recorded before runs kept their package versions")
     parts += [f"{n} under other versions ({diff})" for diff, n in prov["other"].items()]
     tail = " (a re-run of those may differ)" if prov["unversioned"] or prov["other"] else ""
-    return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "."
+    cpu = ""
+    if prov.get("no_cpu"):
+        cpu = (
+            f" Of the versioned runs, {prov['no_cpu']} were recorded before runs kept their CPU (this "
+            f"one: {env.get('cpu', 'unknown')}); on another CPU a re-run can depart after a few steps."
+        )
+    return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "." + cpu
 
 
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:

@@ -508,3 +508,40 @@ def test_coverage_pick_sampled_draws_in_proportion_to_the_score():
         )
     assert counts.get("e0-t0", 0) > 50 and counts.get("e0-t3", 0) > 50
     assert counts.get("e0-t0", 0) + counts.get("e0-t3", 0) >= 0.8 * 200
+
+
+def test_own_floor_keeps_a_forgotten_task_s_own_evidence_and_the_task_prior_counts_each_task_once():
+    """own_floor: an observed task's decayed sums are scaled up to at least that many groups (its
+    means kept), so a task seen long ago is not predicted from the prior alone. env_prior="task":
+    the environment prior is the mean of its observed tasks' own estimates, each task once, instead
+    of decayed sums that the most recently and most often picked tasks dominate."""
+    cfg = SchedulerConfig(use_graph=False, h_long=8.0, lambda_s=2.0)
+    st_ = make_state(n_envs=1, per_env=4)
+    observe(st_, 0, {0: [1.0] * 8}, cfg)  # task 0: solved once, 20 steps ago
+    for t in range(17, 21):  # task 1: spread, four times lately; task 2: never seen; task 3: solved lately
+        observe(st_, t, {1: [0.0, 1.0] * 4, 3: [1.0] * 8}, cfg)
+    a = st_.arrays
+    w0 = 2.0 ** (-20 / 8)
+    assert np.isclose(a["W"][0], w0)
+    base = EnvSched(cfg).predict(st_)
+    env_d = a["Xd"].sum() / a["W"].sum()  # decayed: task 1's four groups with spread dominate
+    assert np.isclose(base["prior_d"][0], env_d) and np.isclose(base["hat_d"][0], 2 * env_d / (w0 + 2))
+    floored = EnvSched(cfg.with_overrides(own_floor=1.0)).predict(st_)
+    # task 0 keeps one group's worth of "no spread"; tasks with more weight than the floor are unchanged
+    assert np.isclose(floored["W"][0], 1.0) and np.isclose(floored["own_d"][0], 0.0)
+    assert np.allclose(floored["W"][[1, 3]], a["W"][[1, 3]]) and floored["W"][2] == 0.0
+    env_d_floor = a["Xd"][1] / (1.0 + a["W"][1] + a["W"][3])
+    assert np.isclose(floored["hat_d"][0], 2 * env_d_floor / (1.0 + 2))
+    assert floored["hat_d"][0] < base["hat_d"][0]
+    per_task = EnvSched(cfg.with_overrides(env_prior="task")).predict(st_)
+    # three observed tasks, each once: d = 0 (task 0), 1 (task 1), 0 (task 3)
+    assert np.isclose(per_task["prior_d"][2], 1.0 / 3) and np.isclose(per_task["hat_d"][2], 1.0 / 3)
+    assert np.isclose(per_task["prior_m"][2], (1.0 + 0.5 + 1.0) / 3)
+    # defaults are the paper's rule, float for float
+    same = EnvSched(cfg.with_overrides(own_floor=0.0, env_prior="decayed")).predict(st_)
+    assert all(np.array_equal(same[k], base[k], equal_nan=True) for k in base)
+    with pytest.raises(ValueError, match="env_prior"):
+        cfg.with_overrides(env_prior="uniform")
+    for bad in (-1.0, "1", True, float("nan")):
+        with pytest.raises(ValueError, match="own_floor"):
+            cfg.with_overrides(own_floor=bad)

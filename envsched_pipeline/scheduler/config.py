@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
 COVERAGE_PICKS = ("fewest", "score", "sampled")
+ENV_PRIORS = ("decayed", "task")
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,23 @@ class SchedulerConfig:
     # "proportional" only: draw in proportion to value ** exploit_power (below 1 flattens the draw
     # towards uniform over the eligible tasks with a positive value, above 1 sharpens it towards greedy)
     exploit_power: float = 1.0
+    # an observed task's own history never weighs less than this many groups: its decayed sums are
+    # scaled up to that weight, keeping their means (0: plain decay, paper). With an 8-step half-life
+    # a task last seen 20 steps ago keeps 0.18 of a group, and its prediction is the prior's
+    own_floor: float = 0.0
+    # the environment prior: "decayed" = the environment's decayed sums over its decayed weight, so
+    # the tasks the scheduler picked recently and often dominate it (paper); "task" = the mean of its
+    # observed tasks' own estimates, each task once, so the prior is not pulled towards what the
+    # scheduler chose to pick (late in a run it picks tasks with spread, and the decayed prior then
+    # credits every forgotten task of the environment with their chance of spread)
+    env_prior: str = "decayed"
 
     def __post_init__(self):
         for name, choices in (
             ("exploit_sampling", EXPLOIT_SAMPLING),
             ("target", TARGETS),
             ("coverage_pick", COVERAGE_PICKS),
+            ("env_prior", ENV_PRIORS),
         ):
             value = getattr(self, name)
             if value not in choices:
@@ -115,6 +127,7 @@ class SchedulerConfig:
             ("stale_after", 0, True, 1000),
             ("spread_floor", 0, True, 1),
             ("spread_power", 0, False, 16),
+            ("own_floor", 0, True, 100),
         ):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -48,6 +48,11 @@ class EnvSched(Scheduler):
         c, a = self.config, state.arrays
         W = a["W"]
         obs = W > 0
+        # own_floor: scale an observed task's decayed sums up to at least that many groups (means kept)
+        floor = (
+            np.where(obs, np.maximum(1.0, c.own_floor / np.maximum(W, 1e-12)), 1.0) if c.own_floor else 1.0
+        )
+        W = W * floor
         n = state.n_tasks
         out: dict[str, np.ndarray] = {"W": W}
         # environment and global decay-weighted means
@@ -66,14 +71,20 @@ class EnvSched(Scheduler):
             out["n_within"] = out["n_cross"] = np.zeros(n, dtype=np.int64)
         n_nb = mass_w + mass_x
         out["n_nb"] = n_nb
+        n_obs_env = np.bincount(state.env, weights=obs.astype(float), minlength=state.n_envs)
         for x in STATS:
-            X = a[_SUM[x]]
+            X = a[_SUM[x]] * floor
             own = np.where(obs, X / np.maximum(W, 1e-12), np.nan)
             glob = X.sum() / tot_W if tot_W > 0 else cold[x]
             if x == "s2" and tot_W == 0:
                 glob = c.cold_var
-            env_X = np.bincount(state.env, weights=X, minlength=state.n_envs)
-            x_env = np.where(env_W > 0, env_X / np.maximum(env_W, 1e-12), glob)[state.env]
+            if c.env_prior == "task":  # each observed task once, by its own estimate
+                own0 = np.where(obs, own, 0.0)
+                glob = float(own0[obs].mean()) if obs.any() else glob
+                env_X, env_n = np.bincount(state.env, weights=own0, minlength=state.n_envs), n_obs_env
+            else:
+                env_X, env_n = np.bincount(state.env, weights=X, minlength=state.n_envs), env_W
+            x_env = np.where(env_n > 0, env_X / np.maximum(env_n, 1e-12), glob)[state.env]
             if not c.use_env_prior:
                 x_env = np.full(n, glob)
             if use_graph:

@@ -119,6 +119,19 @@ VARIANTS: dict[str, dict] = {
     # covscore form knew of 43 tasks seen with spread in the last 10 steps at step 150, random 86,
     # because its picks concentrate on fewer tasks and training solves them
     "envsched@success+adaptive+covsampled": {**_SUCCESS_ADAPTIVE, "coverage_pick": "sampled"},
+    # the covscore form with a forgotten task's own evidence kept (own_floor = 1 group) and an
+    # environment prior that counts each observed task once (env_prior = "task"). Its seed-0 trace at
+    # step 150 (overrun learner): the tasks last seen all solved 11-40 steps earlier were predicted to
+    # spread at 0.27 from the decayed prior, which the scheduler's own spread-heavy picks dominate,
+    # and realized 0.15 when picked (under random's history the same predictor says 0.11); replaying
+    # the trace, u ranked the picks from step 100 on at AUC 0.774 (the covscore form 0.754, memory32
+    # 0.777), with the environment prior still tracking at the 8-step half-life
+    "envsched@success+adaptive+covscore+floor1+taskprior": {
+        **_SUCCESS_ADAPTIVE,
+        "coverage_pick": "score",
+        "own_floor": 1.0,
+        "env_prior": "task",
+    },
 }
 
 

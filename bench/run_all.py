@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from envsched_pipeline.analysis.bench import (  # noqa: E402
     VARIANTS,
+    first_departure,
     prepare_pool,
     provenance_text,
     run_benchmark,
@@ -1364,11 +1365,8 @@ def section_headroom(
             a = list(Path(runs).glob(f"{n}-s{seed}-*.json"))
             b = list(Path(recorded).glob(f"{n}-s{seed}-*.json"))
             if len(a) == 1 and len(b) == 1:
-                za = json.loads(a[0].read_text())["mean_reward"]
-                zb = json.loads(b[0].read_text())["mean_reward"]
-                twins.append(
-                    (n, seed, next((k for k, (x, y) in enumerate(zip(za, zb, strict=True)) if x != y), None))
-                )
+                rec, probed = (json.loads(f[0].read_text()) for f in (b, a))
+                twins.append((n, seed, first_departure(rec, probed)))
     departed = [f"{n} seed {seed} from step {k}" for n, seed, k in twins if k is not None]
     twin_text = (
         f"{len(twins) - len(departed)} of {len(twins)} probed runs repeat their run recorded without probes "

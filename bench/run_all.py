@@ -954,24 +954,39 @@ def _beside_paper(S: dict) -> list[str]:
     return side
 
 
+def recorded_seeds(runs: str | Path, name: str) -> list[int]:
+    """The seeds of scheduler ``name`` on record in ``runs``, by exact name (the runs of
+    ``envsched@success-sampled`` are not runs of ``envsched@success``)."""
+    pat = re.compile(re.escape(name) + r"-s(\d+)-[0-9a-f]+\.json")
+    found = (pat.fullmatch(f.name) for f in Path(runs).glob(f"{name}-s*.json"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def recorded_variants(runs: str | Path) -> list[str]:
+    """Every scheduler variant with a run on record in ``runs``, in the order variants are defined:
+    the rows a section shows when ``--extra`` does not name them (every experiment, kept or not)."""
+    return [v for v in VARIANTS if recorded_seeds(runs, v)]
+
+
 def section_neural(
-    steps: int, seeds: int, jobs: int, cache: str, extra: list[str] | None = None, recorded_only: bool = False
+    steps: int,
+    seeds: int,
+    jobs: int,
+    cache: str,
+    extra: list[str] | None = None,
+    recorded_only: bool = False,
+    extra_recorded: list[str] | None = None,
 ) -> dict:
-    """The paper's ablation on the neural learner (plus any extra scheduler variants). With
-    ``recorded_only`` the table is built from the runs on record (each row over the seeds it has)."""
+    """The paper's ablation on the neural learner (plus any extra scheduler variants, run where
+    missing). With ``recorded_only`` the table is built from the runs on record (each row over the
+    seeds it has); ``extra_recorded``: more rows from the runs on record only, never run here."""
     names = COMPARED + (extra or [])
     t0 = time.perf_counter()
-    out = run_benchmark(
-        names,
-        steps=steps,
-        seed=0,
-        seeds=seeds,
-        learner="neural",
-        jobs=jobs,
-        cache_dir=cache,
-        eval_every=50,
-        recorded_only=recorded_only,
-    )
+    kw = dict(steps=steps, seed=0, seeds=seeds, learner="neural", jobs=jobs, cache_dir=cache, eval_every=50)
+    if not recorded_only:  # run what the table's own rows still miss
+        run_benchmark(names, **kw)
+    names += [n for n in extra_recorded or [] if n not in names]
+    out = run_benchmark(names, recorded_only=True, **kw)
     (HERE / "neural_results.json").write_text(
         json.dumps({k: out[k] for k in ("schedulers", "paired_vs_random", "setup")}, indent=2)
     )
@@ -1089,7 +1104,7 @@ def section_neural_seeds(
         if exp
         else ("neural_seeds", "neural", None, "The top rows of the neural ablation over more seeds")
     )
-    counts = {n: len(list(Path(runs).glob(f"{n}-s*.json"))) for n in COMPARED + (extra or [])}
+    counts = {n: len(recorded_seeds(runs, n)) for n in COMPARED + (extra or [])}
     names = [n for n, c in counts.items() if c > base_seeds]
     if "random" not in names or len(names) < 2:
         print(f"{section}: no scheduler besides random has more than {base_seeds} seeds in {runs}")
@@ -1179,7 +1194,7 @@ def _learner_experiment(
     table and targets, and what the setting did to each of them against the default learner's runs in
     ``baseline_runs``, paired by seed. Built from recorded runs only."""
     name, cfg, label, title = exp.section, exp.config, exp.label, exp.title
-    names = [n for n in COMPARED + (extra or []) if any(Path(runs).glob(f"{n}-s*.json"))]
+    names = [n for n in COMPARED + (extra or []) if recorded_seeds(runs, n)]
     if "random" not in names or "envsched" not in names:
         print(f"{name}: random and envsched runs are needed in {runs}; section left as it was")
         return None
@@ -1763,7 +1778,12 @@ def main() -> int:
         default=str(HERE / "runs" / "neural-overrun-traces"),
         help="pick traces of overrun-learner runs (section neural_traces)",
     )
-    ap.add_argument("--extra", default="", help="extra neural scheduler variants, e.g. envsched@adaptive")
+    ap.add_argument(
+        "--extra",
+        default=None,
+        help="extra neural scheduler variants, e.g. envsched@adaptive (run where missing); default: "
+        "every variant with a run on record in a section's runs directory (rows from the records only)",
+    )
     ap.add_argument(
         "--neural-recorded-only",
         action="store_true",
@@ -1771,7 +1791,11 @@ def main() -> int:
     )
     args = ap.parse_args()
     sections = args.sections.split(",")
-    extra = [x for x in args.extra.split(",") if x]
+    named = None if args.extra is None else [x for x in args.extra.split(",") if x]
+
+    def extra_for(runs: str) -> list[str]:  # the rows beyond the paper's eight in a section
+        return named if named is not None else recorded_variants(runs)
+
     if "schedulers" in sections:
         section_schedulers(args.steps, args.seeds)
     if "rho" in sections:
@@ -1802,11 +1826,12 @@ def main() -> int:
             args.neural_seeds,
             args.jobs,
             args.neural_runs,
-            extra,
+            named,
             recorded_only=args.neural_recorded_only,
+            extra_recorded=extra_for(args.neural_runs),
         )
     if "neural_seeds" in sections:
-        section_neural_seeds(args.neural_runs, args.neural_seeds, args.steps, extra)
+        section_neural_seeds(args.neural_runs, args.neural_seeds, args.steps, extra_for(args.neural_runs))
     if "neural_headroom" in sections:
         section_headroom(
             args.neural_probe_runs,
@@ -1836,10 +1861,10 @@ def main() -> int:
                 baseline_runs=args.neural_runs,
                 seeds=args.neural_seeds,
                 steps=args.steps,
-                extra=extra,
+                extra=extra_for(runs),
             )
         if f"{exp.section}_seeds" in sections:
-            section_neural_seeds(runs, args.neural_seeds, args.steps, extra, exp=exp)
+            section_neural_seeds(runs, args.neural_seeds, args.steps, extra_for(runs), exp=exp)
     print(f"wrote {RESULTS}")
     return 0
 

@@ -1476,6 +1476,7 @@ TRACED = (
     "mopps",
     "envsched@success+adaptive+covscore",
     "envsched@success+adaptive+covscore+memory32",
+    "envsched@success+adaptive+covsampled",
 )
 _PREVIOUS = ("first look", "spread", "flat, solved", "flat, partial", "flat, failed")
 
@@ -1540,7 +1541,8 @@ def section_traces(traces: str, recorded: str, steps: int, jobs: int, recorded_o
     rerun_text = (
         "Each traced run is a re-run of its record in `bench/runs/neural-overrun/`; against it: "
         + "; ".join(checked)
-        + " (step for step)."
+        + " (step for step; where a re-run departs, its trace follows the re-run from that step on, a run "
+        "with the same settings that the recording machine did not make)."
         if checked
         else ""
     )

@@ -525,8 +525,11 @@ def cpu_name() -> str:
         info = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return platform.processor() or "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    first: dict[str, str] = {}  # the first core's fields
+    for ln in info.splitlines():
+        key, _, value = ln.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    model, flags = first.get("model name", ""), set(first.get("flags", "").split())
     isa = next(
         (name for flag, name in (("avx512f", "AVX512"), ("avx2", "AVX2"), ("avx", "AVX")) if flag in flags),
         "",

@@ -50,9 +50,10 @@ class EnvSched(Scheduler):
         obs = W > 0
         # own_floor: scale an observed task's decayed sums up to at least that many groups (means kept)
         floor = (
-            np.where(obs, np.maximum(1.0, c.own_floor / np.maximum(W, 1e-12)), 1.0) if c.own_floor else 1.0
+            np.where(obs, np.maximum(1.0, c.own_floor / np.maximum(W, 1e-12)), 1.0) if c.own_floor else None
         )
-        W = W * floor
+        if floor is not None:
+            W = W * floor
         n = state.n_tasks
         out: dict[str, np.ndarray] = {"W": W}
         # environment and global decay-weighted means
@@ -71,9 +72,10 @@ class EnvSched(Scheduler):
             out["n_within"] = out["n_cross"] = np.zeros(n, dtype=np.int64)
         n_nb = mass_w + mass_x
         out["n_nb"] = n_nb
-        n_obs_env = np.bincount(state.env, weights=obs.astype(float), minlength=state.n_envs)
+        if c.env_prior == "task":  # observed tasks per environment: the task prior's denominator
+            n_obs_env = np.bincount(state.env, weights=obs.astype(float), minlength=state.n_envs)
         for x in STATS:
-            X = a[_SUM[x]] * floor
+            X = a[_SUM[x]] if floor is None else a[_SUM[x]] * floor
             own = np.where(obs, X / np.maximum(W, 1e-12), np.nan)
             glob = X.sum() / tot_W if tot_W > 0 else cold[x]
             if x == "s2" and tot_W == 0:

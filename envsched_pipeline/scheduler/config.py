@@ -15,6 +15,7 @@ EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
 COVERAGE_PICKS = ("fewest", "score", "sampled")
 ENV_PRIORS = ("decayed", "task")
+SPREAD_MODELS = ("none", "logistic")
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,16 @@ class SchedulerConfig:
     # scheduler chose to pick (late in a run it picks tasks with spread, and the decayed prior then
     # credits every forgotten task of the environment with their chance of spread)
     env_prior: str = "decayed"
+    # the chance of spread d_hat: "none" = the shrunk decayed estimate above (paper); "logistic" = a
+    # logistic regression fitted every step on the run's own history of picks (features the state
+    # had when each was picked: first look or not, the last group's spread and mean, steps since,
+    # groups so far, the shrunk estimates and their prior; label: the group had spread), which then
+    # predicts every task's chance at the coming step. The decayed estimate forgets a task within a
+    # few half-lives, and an all-solved group and a group stuck at one partial credit look alike to
+    # it; the fitted model learns from the run how much each still says (docs/algorithm.md §4)
+    spread_model: str = "none"
+    spread_model_rows: int = 4096  # "logistic" only: the most recent picks it is fitted on
+    spread_model_min_rows: int = 256  # ... and the fewest (before: the decayed estimate)
 
     def __post_init__(self):
         for name, choices in (
@@ -116,6 +127,7 @@ class SchedulerConfig:
             ("target", TARGETS),
             ("coverage_pick", COVERAGE_PICKS),
             ("env_prior", ENV_PRIORS),
+            ("spread_model", SPREAD_MODELS),
         ):
             value = getattr(self, name)
             if value not in choices:
@@ -128,6 +140,8 @@ class SchedulerConfig:
             ("spread_floor", 0, True, 1),
             ("spread_power", 0, False, 16),
             ("own_floor", 0, True, 100),
+            ("spread_model_rows", 1, True, 10_000_000),
+            ("spread_model_min_rows", 2, True, 10_000_000),
         ):
             v = getattr(self, name)
             number = isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -16,7 +16,7 @@ from envsched_pipeline.scheduler.base import Pick, Scheduler, Selection
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.constraints import BatchConstraints
 from envsched_pipeline.scheduler.graph import TaskGraph
-from envsched_pipeline.scheduler.state import SchedulerState
+from envsched_pipeline.scheduler.state import Observations, SchedulerState
 
 STATS = ("m", "s2", "d")
 _SUM = {"m": "Xm", "s2": "Xs2", "d": "Xd"}
@@ -44,7 +44,9 @@ class EnvSched(Scheduler):
         super().__init__(config, graph)
 
     # ------------------------------------------------------------------ §2 + §4
-    def predict(self, state: SchedulerState) -> dict[str, np.ndarray]:
+    def predict(self, state: SchedulerState, model: bool = True) -> dict[str, np.ndarray]:
+        """Per-task estimates (hat_m, hat_s2, hat_d and their parts). With the config's spread_model
+        and ``model``, hat_d is the fitted model's chance of spread (the shrunk estimate: base_d)."""
         c, a = self.config, state.arrays
         W = a["W"]
         obs = W > 0
@@ -102,7 +104,40 @@ class EnvSched(Scheduler):
                 prior = x_env
             hat = (X + c.lambda_s * prior) / (W + c.lambda_s)
             out[f"own_{x}"], out[f"prior_{x}"], out[f"hat_{x}"] = own, prior, hat
+        if model and c.spread_model == "logistic":
+            p = self._fit_spread_model(state, out)
+            if p is not None:
+                out["base_d"], out["hat_d"] = out["hat_d"], p
         return out
+
+    def _fit_spread_model(self, state: SchedulerState, pred: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The chance of spread at the coming step from a logistic regression on the run's past picks
+        (``state.model_rows``); None until there are spread_model_min_rows rows with both outcomes."""
+        rows = state.model_rows
+        feats = spread_features(state, pred, state.step + 1)
+        if rows.shape[0] < self.config.spread_model_min_rows or rows.shape[1] != feats.shape[1] + 1:
+            return None
+        X, y = rows[:, :-1], rows[:, -1] > 0.5
+        if y.all() or not y.any():
+            return None
+        from sklearn.linear_model import LogisticRegression  # scikit-learn loads slowly; only this option
+
+        mu, sd = X.mean(axis=0), X.std(axis=0)
+        sd[sd == 0] = 1.0
+        fit = LogisticRegression(C=1.0, max_iter=1000).fit((X - mu) / sd, y)
+        return fit.predict_proba((feats - mu) / sd)[:, 1]
+
+    def update(
+        self, state: SchedulerState, obs: Observations, predicted_u: np.ndarray | None = None
+    ) -> SchedulerState:
+        if self.config.spread_model != "none":
+            has = obs.rollouts > 0
+            if has.any():  # the features the state had when these tasks were picked, and the outcome
+                feats = spread_features(state, self.predict(state, model=False), obs.step)
+                new = np.column_stack([feats[obs.task_idx[has]], obs.dispersion[has]])
+                old = state.model_rows if state.model_rows.shape[1:] == new.shape[1:] else new[:0]
+                state.model_rows = np.concatenate([old, new])[-self.config.spread_model_rows :]
+        return super().update(state, obs, predicted_u)
 
     # ------------------------------------------------------------------ §5
     def informativeness(
@@ -394,6 +429,32 @@ class EnvSched(Scheduler):
             reason=reason,
             index=i,
         )
+
+
+def spread_features(state: SchedulerState, pred: dict[str, np.ndarray], step: int) -> np.ndarray:
+    """(tasks, 11) what the spread model sees of each task at ``step``: first look, the last group's
+    spread, mean and pass/fail variance, log steps since it (and times its spread), log groups so
+    far, the shrunk estimates hat_d, hat_m, 4 hat_m (1 - hat_m), and hat_d's prior."""
+    a = state.arrays
+    never = a["n_groups"] <= 0
+    last_d = np.nan_to_num(a["recent_disp_0"], nan=0.0)
+    last_m = np.clip(np.nan_to_num(a["recent_mean_0"], nan=0.0), 0.0, 1.0)
+    age = np.where(never, 0.0, np.log1p(np.maximum(step - a["last_seen"], 0.0)))
+    d, m = np.clip(pred["hat_d"], 0.0, 1.0), np.clip(pred["hat_m"], 0.0, 1.0)
+    cols = (
+        never,
+        last_d,
+        last_m,
+        _pass_fail_variance(last_m),
+        age,
+        last_d * age,
+        np.log1p(a["n_groups"]),
+        d,
+        m,
+        _pass_fail_variance(m),
+        np.clip(pred["prior_d"], 0.0, 1.0),
+    )
+    return np.column_stack(cols).astype(float)
 
 
 def _pass_fail_variance(m: np.ndarray) -> np.ndarray:

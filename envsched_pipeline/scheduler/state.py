@@ -79,6 +79,9 @@ class SchedulerState:
     calib_s2: list[np.ndarray] = field(default_factory=list)
     recent_picks: list[np.ndarray] = field(default_factory=list)  # last 3 steps' picked indices
     extra: dict = field(default_factory=dict)  # JSON-able extras (baselines' scalars)
+    # the spread model's training rows (features the state had when a task was picked, then whether
+    # its group had spread), the most recent last; empty unless the config's spread_model fits one
+    model_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     TASK_ARRAYS = (
         "W",
@@ -170,6 +173,8 @@ class SchedulerState:
             payload[f"calib_s2_{j}"] = s
         for j, p in enumerate(self.recent_picks):
             payload[f"picks_{j}"] = p
+        if self.model_rows.size:
+            payload["model_rows"] = self.model_rows
         payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         buf = io.BytesIO()
         np.savez_compressed(buf, **payload)
@@ -183,6 +188,8 @@ class SchedulerState:
         st.arrays = {k[2:]: z[k].copy() for k in z.files if k.startswith("a_")}
         st.realized_var = list(meta["realized_var"])
         st.extra = dict(meta["extra"])
+        if "model_rows" in z.files:
+            st.model_rows = z["model_rows"].copy()
         j = 0
         while f"calib_u_{j}" in z.files:
             st.calib_u.append(z[f"calib_u_{j}"])
@@ -274,6 +281,7 @@ def align_state(state: SchedulerState, task_ids, env_ids_per_task, hashes) -> tu
     remap[src[src >= 0]] = np.flatnonzero(src >= 0)
     new.recent_picks = [remap[p][remap[p] >= 0] for p in state.recent_picks]
     new.realized_var, new.calib_u, new.calib_s2 = state.realized_var, state.calib_u, state.calib_s2
+    new.model_rows = state.model_rows  # features and outcomes of past picks, not per task
     new.extra = {k: v for k, v in state.extra.items() if not k.startswith("_")}
     new.step = state.step
     report = {

@@ -145,6 +145,17 @@ VARIANTS: dict[str, dict] = {
         "own_floor": 1.0,
         "env_prior": "task",
     },
+    # the sampled form with the chance of spread from a logistic regression fitted every step on the
+    # run's own picks (spread_model). Replaying seed 0's traces (overrun learner), the shrunk estimate
+    # ranked random's picks from step 100 on at AUC 0.808 and the sampled form's at 0.770; the fitted
+    # model at 0.853 and 0.798 (from step 150: 0.816 -> 0.867, 0.748 -> 0.782): the decayed estimate
+    # treats a task last seen with spread 40+ steps earlier (re-picked under random: spread 0.34) like
+    # a forgotten solved one (0.04), and a group stuck at one partial credit (0.35) like a solved one
+    "envsched@success+adaptive+covsampled+lr": {
+        **_SUCCESS_ADAPTIVE,
+        "coverage_pick": "sampled",
+        "spread_model": "logistic",
+    },
 }
 
 

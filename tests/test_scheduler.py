@@ -545,3 +545,59 @@ def test_own_floor_keeps_a_forgotten_task_s_own_evidence_and_the_task_prior_coun
     for bad in (-1.0, "1", True, float("nan")):
         with pytest.raises(ValueError, match="own_floor"):
             cfg.with_overrides(own_floor=bad)
+
+
+def test_spread_model_learns_from_the_run_what_the_decayed_estimate_cannot_tell_apart():
+    """spread_model="logistic": each update keeps the features the state had for the picked tasks and
+    whether their group had spread; predict fits a logistic regression on those rows. In this history
+    the odd tasks alternate between a group stuck at one partial credit and a group with spread, the
+    even ones are always solved: after a partial group comes spread, after spread or solved none. The
+    shrunk estimate sees an odd task as half spread whichever its last group was; the model tells."""
+    cfg = SchedulerConfig(
+        use_graph=False, target="success", spread_model="logistic", spread_model_min_rows=64
+    )
+    sched, st_ = EnvSched(cfg), make_state(n_envs=2, per_env=40)
+    rng = np.random.default_rng(0)
+    last: dict[int, str] = {}
+    for step in range(30):
+        if step == 3:  # below spread_model_min_rows: the shrunk estimate, unchanged
+            early = sched.predict(st_)
+            assert "base_d" not in early and len(st_.model_rows) == 48
+        groups = {}
+        for i in rng.choice(80, 16, replace=False).tolist():
+            kind = "solved" if i % 2 == 0 else ("spread" if last.get(i) == "partial" else "partial")
+            groups[i] = {"solved": [1.0] * 8, "partial": [0.5] * 8, "spread": [0.0, 1.0] * 4}[kind]
+            last[i] = kind
+        sched.update(
+            st_, Observations.from_groups(step, list(groups), [np.array(g) for g in groups.values()])
+        )
+    assert st_.model_rows.shape == (480, 12)  # 11 features and the outcome per pick
+    pred = sched.predict(st_)
+    after_partial = [i for i, k in last.items() if k == "partial"]
+    after_spread = [i for i, k in last.items() if k == "spread"]
+    after_solved = [i for i, k in last.items() if k == "solved"]
+    assert pred["hat_d"][after_partial].min() > 0.8
+    assert pred["hat_d"][after_spread].max() < 0.2 and pred["hat_d"][after_solved].max() < 0.2
+    # the shrunk estimate ranks the two kinds of odd task the other way round (the last group with
+    # spread raised it); it stays available as base_d
+    assert pred["base_d"][after_partial].mean() < pred["base_d"][after_spread].mean()
+    # the rows persist with the state, survive re-keying onto the same pool, and are bounded
+    back = SchedulerState.from_bytes(st_.to_bytes())
+    assert np.array_equal(back.model_rows, st_.model_rows)
+    assert np.allclose(EnvSched(cfg).predict(back)["hat_d"], pred["hat_d"])
+    from envsched_pipeline.scheduler.state import align_state  # only this test re-keys a state
+
+    aligned, _ = align_state(st_, st_.task_ids, [st_.env_ids[e] for e in st_.env], st_.task_ids)
+    assert np.array_equal(aligned.model_rows, st_.model_rows)
+    small = EnvSched(cfg.with_overrides(spread_model_rows=100))
+    st2 = make_state(n_envs=2, per_env=40)
+    for step in range(10):
+        small.update(st2, Observations.from_groups(step, list(range(16)), [np.array([0.0, 1.0])] * 16))
+    assert st2.model_rows.shape == (100, 12)
+    # off (the default): no rows kept, the paper's estimate
+    plain = EnvSched(cfg.with_overrides(spread_model="none"))
+    st3 = make_state(n_envs=2, per_env=40)
+    plain.update(st3, Observations.from_groups(0, [0, 1], [np.array([0.0, 1.0])] * 2))
+    assert st3.model_rows.size == 0 and "base_d" not in plain.predict(st3)
+    with pytest.raises(ValueError, match="spread_model"):
+        cfg.with_overrides(spread_model="forest")

@@ -1477,6 +1477,7 @@ TRACED = (
     "envsched@success+adaptive+covscore",
     "envsched@success+adaptive+covscore+memory32",
     "envsched@success+adaptive+covsampled",
+    "envsched@success+adaptive+covsampled+lr",
 )
 _PREVIOUS = ("first look", "spread", "flat, solved", "flat, partial", "flat, failed")
 

@@ -1350,7 +1350,13 @@ OVERRUN = LearnerExperiment(
 )
 
 
-HEADROOM = ("random", "mopps", "envsched", "envsched@success+adaptive+covscore")
+HEADROOM = (
+    "random",
+    "mopps",
+    "envsched",
+    "envsched@success+adaptive+covscore",
+    "envsched@success+adaptive+covsampled+lr",
+)
 
 
 def section_headroom(

@@ -92,7 +92,7 @@ def statistics_step(lake: Lake, step: int) -> dict:
     w = np.maximum(a["W"][i], 1e-12)
     # what the scheduler now believes about these tasks (graph/environment prior and blend)
     prior_var = hat_var = np.full(len(i), np.nan)
-    belief = sched.predict(state)
+    belief = sched.predict(state, model=False)  # the variance estimates below; no spread model fit
     if belief is not None:
         prior_var, hat_var = belief["prior_s2"][i], belief["hat_s2"][i]
     rows = {

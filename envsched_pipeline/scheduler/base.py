@@ -61,7 +61,9 @@ class Scheduler(ABC):
     ) -> SchedulerState:
         return update_state(state, obs, self.config, predicted_u)
 
-    def predict(self, state: SchedulerState) -> dict[str, np.ndarray] | None:
+    def predict(self, state: SchedulerState, model: bool = True) -> dict[str, np.ndarray] | None:
+        """Per-task estimates, or None for a scheduler without any; ``model=False`` skips a fitted
+        model on top of them (EnvSched's spread_model) where only the shrunk estimates are needed."""
         return None
 
     @abstractmethod

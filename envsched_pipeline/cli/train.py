@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
         default="envsched",
         help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
         "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them), e.g. "
-        "envsched@success+adaptive+covsampled+lr, the best form on the neural learner's bench",
+        "envsched@success+adaptive+covsampled, the best form on the neural learner's bench",
     )
     t.add_argument(
         "--scheduler-config",

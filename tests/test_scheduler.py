@@ -11,7 +11,7 @@ from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.constraints import BatchConstraints
 from envsched_pipeline.scheduler.envsched import EnvSched
 from envsched_pipeline.scheduler.graph import TaskGraph
-from envsched_pipeline.scheduler.state import Observations, SchedulerState
+from envsched_pipeline.scheduler.state import Observations, SchedulerState, align_state
 from envsched_pipeline.scheduler.update import update_state
 
 
@@ -585,8 +585,6 @@ def test_spread_model_learns_from_the_run_what_the_decayed_estimate_cannot_tell_
     back = SchedulerState.from_bytes(st_.to_bytes())
     assert np.array_equal(back.model_rows, st_.model_rows)
     assert np.allclose(EnvSched(cfg).predict(back)["hat_d"], pred["hat_d"])
-    from envsched_pipeline.scheduler.state import align_state  # only this test re-keys a state
-
     aligned, _ = align_state(st_, st_.task_ids, [st_.env_ids[e] for e in st_.env], st_.task_ids)
     assert np.array_equal(aligned.model_rows, st_.model_rows)
     small = EnvSched(cfg.with_overrides(spread_model_rows=100))

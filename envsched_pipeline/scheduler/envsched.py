@@ -114,11 +114,13 @@ class EnvSched(Scheduler):
         """The chance of spread at the coming step from a logistic regression on the run's past picks
         (``state.model_rows``); None until there are spread_model_min_rows rows with both outcomes."""
         rows = state.model_rows
-        feats = spread_features(state, pred, state.step + 1)
-        if rows.shape[0] < self.config.spread_model_min_rows or rows.shape[1] != feats.shape[1] + 1:
+        if rows.shape[0] < self.config.spread_model_min_rows:
             return None
         X, y = rows[:, :-1], rows[:, -1] > 0.5
         if y.all() or not y.any():
+            return None
+        feats = spread_features(state, pred, state.step + 1)
+        if X.shape[1] != feats.shape[1]:  # rows from another feature set
             return None
         from sklearn.linear_model import LogisticRegression  # scikit-learn loads slowly; only this option
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from envs.registry import load_synthetic
-from envsched_pipeline.analysis.bench import run_environment
+from envsched_pipeline.analysis.bench import UPDATE_DIAGNOSTICS, run_environment
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -159,6 +159,9 @@ def test_dual_clip_and_untrained_forced_stops_keep_an_overflowing_update_finite(
         before = [p.detach().clone() for p in lrn.model.parameters()]
         info = lrn.learn()
         assert info["skipped_updates"] == 0 and np.isfinite(info["grad_norm"])
+        # the update's diagnostics see the overflow: the ratio's log passed 100, and decisions with
+        # a negative advantage sit past the dual clip's bound
+        assert info["log_ratio_max"] > 100 and 0 < info["negative_ratio_over3"] < 1
         assert all(torch.isfinite(p).all() for p in lrn.model.parameters())
         assert any(not torch.equal(a, b) for a, b in zip(before, lrn.model.parameters(), strict=True))
     finally:
@@ -180,6 +183,10 @@ def test_dual_clip_and_untrained_forced_stops_keep_an_overflowing_update_finite(
         capped = np.mean([len(t.tool_choice) > lrn.config.max_actions for t in traces])
         assert 0 < capped and info["forced_stop_share"] == pytest.approx(capped)
         assert info["trained_episodes"] > 0
+        # one minibatch: the policy the loss sees is the one that sampled (ratio 1)
+        assert abs(info["log_ratio_max"]) < 1e-4 and info["negative_ratio_over3"] == 0
+        # the log-probability the cap's stops had, reported only where they are trained
+        assert (info["forced_stop_logp"] < 0) if train_forced_stop else np.isnan(info["forced_stop_logp"])
     # the forced stop's tool logits are the only difference: the two gradients differ
     assert any(not torch.allclose(a, b) for a, b in zip(grads[True], grads[False], strict=True))
 
@@ -310,6 +317,10 @@ def test_bench_json_on_the_neural_learner(tmp_path):
         assert 1 <= m["distinct_tasks"] <= 24 and m["max_task_picks"] >= 1
     # the coverage half's picks per step: none at the cold start, then round(rho B) = 2
     assert doc["series"]["envsched"]["coverage_picks"] == [0, 2]
+    # every step's update statistics are in the record
+    for k in UPDATE_DIAGNOSTICS:
+        assert len(doc["series"]["random"][f"update_{k}"]) == 2
+    assert all(np.isfinite(doc["series"]["random"]["update_grad_norm"]))
     paired = doc["paired_vs_random"]["envsched"]["heldout_unseen_final"]
     m, r = doc["schedulers"]["envsched"], doc["schedulers"]["random"]
     assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]

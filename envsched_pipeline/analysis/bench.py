@@ -174,6 +174,19 @@ class NeuralBench:
         self.testbed.close()
 
 
+# the neural learner's per-step update statistics a bench record keeps (as update_<name> series):
+# how hard the step pushed and how far the policy had moved from what sampled the episodes
+UPDATE_DIAGNOSTICS = (
+    "grad_norm",
+    "clip_fraction",
+    "kl",
+    "entropy",
+    "log_ratio_max",
+    "negative_ratio_over3",
+    "forced_stop_logp",
+)
+
+
 def check_learner_config(kind: str, config: dict) -> dict:
     """Refuse unknown or invalid learner settings before any run starts (ValueError naming them).
     Returns the settings as recorded runs are keyed: a whole number given for a float setting
@@ -321,6 +334,9 @@ def run_one(
                 )
             if "forced_stop_share" in info:  # neural: episodes the max_actions cap ended
                 series.setdefault("forced_stop_share", []).append(float(info["forced_stop_share"]))
+            for k in UPDATE_DIAGNOSTICS:  # neural: what the step's update did (NaN: nothing trained)
+                if k in info:
+                    series.setdefault(f"update_{k}", []).append(float(info[k]))
             obs = Observations.from_groups(t, idx, list(r))
             obs.cost = np.asarray(out["seconds"]).mean(axis=1)
             obs.halves = np.array([p.half for p in picks])

@@ -519,6 +519,9 @@ class NeuralLearner:
             "clip_fraction": float("nan"),
             "kl": float("nan"),
             "entropy": float("nan"),
+            "log_ratio_max": float("nan"),
+            "negative_ratio_over3": float("nan"),
+            "forced_stop_logp": float("nan"),
             "lr": self.config.lr,
             "informative_decision_share": share,
             "loss_scale": scale,
@@ -545,9 +548,11 @@ class NeuralLearner:
         model.train()
         order = np.arange(len(traces))
         parts = [order[j :: c.minibatches] for j in range(c.minibatches) if len(order[j :: c.minibatches])]
-        losses, norms, clips, kls, ents = [], [], [], [], []
+        losses, norms, clips, kls, ents, tops, overs = [], [], [], [], [], [], []
         skipped = 0
         forced = c.max_actions * (1 + MAX_PARAMS)  # the tool decision of the capped action
+        # log-probability the trained forced stops had when the cap imposed them (never sampled)
+        stops = [old_np[b, forced] for b, t in enumerate(traces) if self.capped(t)] if c.train_forced_stop else []
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)
@@ -575,6 +580,13 @@ class NeuralLearner:
             with torch.no_grad():
                 d = (lp - old[idx][:, : lp.shape[1]]) * mask
                 kls.append(float(((torch.exp(-d) - 1 + d) * mask).sum() / mask.sum().clamp_min(1)))
+                # how far a decision's probability moved since it was sampled (0 on the first
+                # minibatch), and the share of decisions with a negative advantage whose ratio passed
+                # 3: the unbounded side of the clipped surrogate (what dual clip would hold)
+                d = (lp - old[idx][:, : lp.shape[1]]).masked_fill(~mask.bool(), -math.inf)
+                tops.append(float(d.max()))
+                neg = torch.as_tensor(adv[part] < 0).unsqueeze(-1) & mask.bool()
+                overs.append(float((neg & (d > math.log(3.0))).sum() / mask.sum().clamp_min(1)))
             ents.append(float(ent.mean()))
         model.eval()
         return {
@@ -584,6 +596,9 @@ class NeuralLearner:
             "clip_fraction": float(np.mean(clips)),
             "kl": float(np.mean(kls)),
             "entropy": float(np.mean(ents)),
+            "log_ratio_max": float(np.max(tops)),
+            "negative_ratio_over3": float(np.mean(overs)),
+            "forced_stop_logp": float(np.mean(stops)) if stops else float("nan"),
         }
 
     # ------------------------------------------------------------------ warm start

@@ -552,7 +552,9 @@ class NeuralLearner:
         skipped = 0
         forced = c.max_actions * (1 + MAX_PARAMS)  # the tool decision of the capped action
         # log-probability the trained forced stops had when the cap imposed them (never sampled)
-        stops = [old_np[b, forced] for b, t in enumerate(traces) if self.capped(t)] if c.train_forced_stop else []
+        stops = (
+            [old_np[b, forced] for b, t in enumerate(traces) if self.capped(t)] if c.train_forced_stop else []
+        )
         for part in parts:
             sub = [traces[j] for j in part]
             lp, mask, ent = decision_logprobs(model, sub)

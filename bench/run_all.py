@@ -1350,6 +1350,152 @@ OVERRUN = LearnerExperiment(
 )
 
 
+NO_FORCED_STOP = {"train_forced_stop": False}
+
+
+def _block_cells(series: dict, lo: int, hi: int) -> list[str]:
+    """One 25-step block of a run's update statistics (records from before they were kept: dashes)."""
+
+    def part(k):
+        v = np.asarray(series.get(k, [])[lo:hi], dtype=float)
+        v = v[np.isfinite(v)]
+        return v if len(v) else None
+
+    stop, norm, kl, top = (
+        part(f"update_{k}") for k in ("forced_stop_logp", "grad_norm", "kl", "log_ratio_max")
+    )
+    return [
+        f"{stop.mean():.1f}" if stop is not None else "—",
+        f"{np.median(norm):.2f} / {norm.max():.3g}" if norm is not None else "—",
+        f"{kl.max():.3g}" if kl is not None else "—",
+        f"{top.max():.1f}" if top is not None else "—",
+        f"{np.mean(series['forced_stop_share'][lo:hi]):.2f}" if series.get("forced_stop_share") else "—",
+    ]
+
+
+def _mean_over(per: dict, metric: str, over: list[int]) -> float:
+    return float(np.mean([per[s][metric] for s in over])) if over else float("nan")
+
+
+def _paired_mean(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
+    return float(np.mean([per[s][metric] - rnd[s][metric] for s in over])) if over else float("nan")
+
+
+def _ratio_over(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
+    return _mean_over(per, metric, over) / _mean_over(rnd, metric, over) if over else float("nan")
+
+
+def section_forced_stop(
+    noforced_runs: str, default_runs: str, updates_runs: str, steps: int, every: int = 25
+) -> None:
+    """Why the default learner's held-out falls late: its update statistics step by step (default-
+    learner runs re-run to record them, in ``updates_runs``), and every run recorded with
+    ``train_forced_stop=false`` paired with the default learner's run of the same scheduler and seed.
+    Built from recorded runs only."""
+    names = [n for n in COMPARED + recorded_variants(noforced_runs) if recorded_seeds(noforced_runs, n)]
+    if "random" not in names:
+        print(f"neural_forced_stop: random's runs are needed in {noforced_runs}; section left as it was")
+        return
+    quiet = lambda _m: None  # noqa: E731
+    seeds = sorted({s for n in names for s in recorded_seeds(noforced_runs, n)})
+    kw = dict(steps=steps, learner="neural", eval_every=50, recorded_only=True, log=quiet)
+
+    def runs_of(cache: str, cfg: dict | None, seed: int, n_seeds: int = 1) -> dict:
+        return run_benchmark(names, cache_dir=cache, learner_config=cfg, seed=seed, seeds=n_seeds, **kw)
+
+    lo, hi = min(seeds), max(seeds)
+    nf = runs_of(noforced_runs, NO_FORCED_STOP, lo, hi - lo + 1)
+    base = runs_of(default_runs, None, lo, hi - lo + 1)
+    # step by step: the default learner's runs that record their updates, beside the same run without
+    # the forced stop in the loss
+    dyn = [
+        "| run | steps | forced stop's log-prob when imposed (mean) | grad norm before clipping (median / max) "
+        "| KL to the sampling policy (max) | largest log-ratio | episodes the cap ended |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    shown = []
+    for n in names:
+        for s in recorded_seeds(updates_runs, n):
+            one = runs_of(updates_runs, None, s)["series"].get(n, {})
+            if "update_grad_norm" not in one:
+                continue
+            other = runs_of(noforced_runs, NO_FORCED_STOP, s)["series"].get(n, {})
+            shown.append((n, s))
+            for label, ser in (("default", one), ("no forced stop", other)):
+                if not ser:
+                    continue
+                for b in range(0, steps, every):
+                    dyn.append(
+                        f"| {n} seed {s}, {label} | {b}..{b + every - 1} | {' | '.join(_block_cells(ser, b, b + every))} |"
+                    )
+    # every pair: held-out at the end, late declines, against random under each setting
+    pairs = [
+        "| scheduler | seeds | held-out seen: default → no forced stop | held-out unseen: default → no forced stop "
+        "| late declines: default / no forced stop | seen Δ vs random: default / no forced stop | unseen Δ vs "
+        "random: default / no forced stop | zero-var frac × random: default / no forced stop |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    fell = {"default": 0, "nf": 0}
+    for n in names:
+        a, b = nf["per_seed"].get(n, {}), base["per_seed"].get(n, {})
+        common = sorted(set(a) & set(b))
+        if not common:
+            continue
+        ra, rb = nf["per_seed"].get("random", {}), base["per_seed"].get("random", {})
+        both = [s for s in common if s in ra and s in rb]
+
+        drops_b = [s for s in common if b[s]["heldout_seen_drop"] > 0.02]
+        drops_a = [s for s in common if a[s]["heldout_seen_drop"] > 0.02]
+        fell["default"] += len(drops_b)
+        fell["nf"] += len(drops_a)
+        pairs.append(
+            f"| {n} | {', '.join(map(str, common))} | {_mean_over(b, 'heldout_seen_final', common):.4f} → "
+            f"{_mean_over(a, 'heldout_seen_final', common):.4f} | {_mean_over(b, 'heldout_unseen_final', common):.4f} → "
+            f"{_mean_over(a, 'heldout_unseen_final', common):.4f} | {len(drops_b)} ({', '.join(map(str, drops_b)) or '-'}) / "
+            f"{len(drops_a)} ({', '.join(map(str, drops_a)) or '-'}) | "
+            + (
+                f"{_paired_mean(b, rb, 'heldout_seen_final', both):+.4f} / "
+                f"{_paired_mean(a, ra, 'heldout_seen_final', both):+.4f} | "
+                f"{_paired_mean(b, rb, 'heldout_unseen_final', both):+.4f} / "
+                f"{_paired_mean(a, ra, 'heldout_unseen_final', both):+.4f} | "
+                f"{_ratio_over(b, rb, 'zero_variance_fraction', both):.2f} / "
+                f"{_ratio_over(a, ra, 'zero_variance_fraction', both):.2f} (seeds {', '.join(map(str, both))}) |"
+                if n != "random" and both
+                else "— | — | — |"
+            )
+        )
+    write_section(
+        "neural_forced_stop",
+        "\n".join(
+            [
+                "## Why the default learner's held-out falls late: the trained forced stop",
+                "",
+                "The default learner trains the stop that the 8-action cap imposes as if the policy had "
+                "sampled it (`train_forced_stop`, docs/algorithm.md §8b). It never is sampled, so nothing "
+                "pulls its probability back up: each capped episode with a negative advantage pushes it "
+                "down, and a batch with more informative groups pushes more often. Runs now record each "
+                "step's update statistics (`update_*` series). Default-learner runs re-run to record them "
+                f"(`bench/runs/{Path(updates_runs).name}/`; a re-run of a record kept before package versions "
+                "were can depart from it, so these stand beside the records, not in their place), each beside "
+                "the same run with `train_forced_stop=false` (everything else as the default learner; runs in "
+                f"`bench/runs/{Path(noforced_runs).name}/`), per {every} steps:",
+                "",
+                *(dyn if shown else ["(no default-learner run on record carries update statistics yet)"]),
+                "",
+                "Every run recorded without the forced stop in the loss, against the default learner's run of "
+                "the same scheduler and seed (final held-out, late declines as in the tables above, and the "
+                "paired difference against random under each setting over the seeds where random has both):",
+                "",
+                *pairs,
+                "",
+                f"Late declines over these pairs: {fell['default']} with the forced stop trained, {fell['nf']} "
+                "without it.",
+            ]
+        ),
+        after="neural_seeds",
+    )
+
+
 HEADROOM = (
     "random",
     "mopps",
@@ -1746,7 +1892,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_traces",
+        "neural_traces,neural_forced_stop",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1780,6 +1926,16 @@ def main() -> int:
         "--neural-probe-runs",
         default=str(HERE / "runs" / "neural-overrun-probe"),
         help="recorded overrun-learner runs with pool probes (section neural_headroom)",
+    )
+    ap.add_argument(
+        "--neural-noforced-runs",
+        default=str(HERE / "runs" / "neural-noforced"),
+        help="recorded neural runs with train_forced_stop=false (section neural_forced_stop)",
+    )
+    ap.add_argument(
+        "--neural-updates-runs",
+        default=str(HERE / "runs" / "neural-updates"),
+        help="default-learner runs re-run to record their update statistics (section neural_forced_stop)",
     )
     ap.add_argument("--headroom-seeds", type=int, default=2, help="seeds of the headroom section")
     ap.add_argument(
@@ -1850,6 +2006,8 @@ def main() -> int:
             args.jobs,
             recorded_only=args.neural_recorded_only,
         )
+    if "neural_forced_stop" in sections:
+        section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:
         section_traces(
             args.neural_traces,

@@ -1471,9 +1471,10 @@ def section_forced_stop(
                 "## Why the default learner's held-out falls late: the trained forced stop",
                 "",
                 "The default learner trains the stop that the 8-action cap imposes as if the policy had "
-                "sampled it (`train_forced_stop`, docs/algorithm.md §8b). It never is sampled, so nothing "
-                "pulls its probability back up: each capped episode with a negative advantage pushes it "
-                "down, and a batch with more informative groups pushes more often. Runs now record each "
+                "sampled it (`train_forced_stop`, docs/algorithm.md §8b). A sampled decision that negative "
+                "advantages push down gets sampled less, so the push stops; the imposed stop is trained in "
+                "every capped episode whatever its probability, so nothing bounds the push: its log-probability "
+                "can fall for the whole run, with the logits behind it growing. Runs now record each "
                 "step's update statistics (`update_*` series). Default-learner runs re-run to record them "
                 f"(`bench/runs/{Path(updates_runs).name}/`; a re-run of a record kept before package versions "
                 "were can depart from it, so these stand beside the records, not in their place), each beside "

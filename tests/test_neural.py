@@ -263,6 +263,8 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
     assert lake.read("rollouts").num_rows == 2 * 4 * 4
     tm = lake.read("train_metrics", step=1).to_pylist()[0]
     assert tm["policy"] == "neural" and tm["skipped_updates"] == 0 and 0 <= tm["forced_stop_share"] <= 1
+    # the update's diagnostics reach the lake; no forced stop is trained here, so it has no log-prob
+    assert "log_ratio_max" in tm and "negative_ratio_over3" in tm and not tm["forced_stop_logp"] < 0
     for t in range(2):  # the whole-batch denominator: the step shrinks with the informative share
         m = lake.read("train_metrics", step=t).to_pylist()[0]
         assert 0 <= m["loss_scale"] < 1 and (m["loss_scale"] > 0) == (m["trained_groups"] > 0)

@@ -151,6 +151,11 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
                     "loss_scale",
                     "skipped_updates",
                     "forced_stop_share",
+                    # how far the update moved the policy from what sampled, and the log-probability
+                    # of the trained forced stops: the signs of a run heading for a blow-up
+                    "log_ratio_max",
+                    "negative_ratio_over3",
+                    "forced_stop_logp",
                 )
             },
         }

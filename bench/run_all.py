@@ -1908,36 +1908,40 @@ def main() -> int:
         help="finished neural runs, one JSON per (scheduler, seed); committed, so more seeds or "
         "schedulers extend the table without re-running the others",
     )
-    ap.add_argument(
-        "--neural-batch-runs",
-        default=str(HERE / "runs" / "neural-batch"),
-        help="recorded neural runs with the whole-batch loss denominator (section neural_denominator)",
-    )
-    ap.add_argument(
-        "--neural-dualclip-runs",
-        default=str(HERE / "runs" / "neural-dualclip"),
-        help="recorded neural runs with dual_clip=3 (section neural_dualclip)",
-    )
-    ap.add_argument(
-        "--neural-overrun-runs",
-        default=str(HERE / "runs" / "neural-overrun"),
-        help="recorded neural runs with overrun_penalty=0.1, train_forced_stop=false (section neural_overrun)",
-    )
-    ap.add_argument(
-        "--neural-probe-runs",
-        default=str(HERE / "runs" / "neural-overrun-probe"),
-        help="recorded overrun-learner runs with pool probes (section neural_headroom)",
-    )
-    ap.add_argument(
-        "--neural-noforced-runs",
-        default=str(HERE / "runs" / "neural-noforced"),
-        help="recorded neural runs with train_forced_stop=false (section neural_forced_stop)",
-    )
-    ap.add_argument(
-        "--neural-updates-runs",
-        default=str(HERE / "runs" / "neural-updates"),
-        help="default-learner runs re-run to record their update statistics (section neural_forced_stop)",
-    )
+    # recorded-run directories of the neural sections: (flag, directory under bench/runs, what it holds)
+    for flag, folder, what in (
+        (
+            "--neural-batch-runs",
+            "neural-batch",
+            "recorded neural runs with the whole-batch loss denominator (section neural_denominator)",
+        ),
+        (
+            "--neural-dualclip-runs",
+            "neural-dualclip",
+            "recorded neural runs with dual_clip=3 (section neural_dualclip)",
+        ),
+        (
+            "--neural-overrun-runs",
+            "neural-overrun",
+            "recorded neural runs with overrun_penalty=0.1, train_forced_stop=false (section neural_overrun)",
+        ),
+        (
+            "--neural-probe-runs",
+            "neural-overrun-probe",
+            "recorded overrun-learner runs with pool probes (section neural_headroom)",
+        ),
+        (
+            "--neural-noforced-runs",
+            "neural-noforced",
+            "recorded neural runs with train_forced_stop=false (section neural_forced_stop)",
+        ),
+        (
+            "--neural-updates-runs",
+            "neural-updates",
+            "default-learner runs re-run to record their update statistics (section neural_forced_stop)",
+        ),
+    ):
+        ap.add_argument(flag, default=str(HERE / "runs" / folder), help=what)
     ap.add_argument("--headroom-seeds", type=int, default=2, help="seeds of the headroom section")
     ap.add_argument(
         "--neural-traces",

@@ -1377,8 +1377,13 @@ def _mean_over(per: dict, metric: str, over: list[int]) -> float:
     return float(np.mean([per[s][metric] for s in over])) if over else float("nan")
 
 
-def _paired_mean(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
-    return float(np.mean([per[s][metric] - rnd[s][metric] for s in over])) if over else float("nan")
+def _paired_mean(per: dict, rnd: dict, metric: str, over: list[int]) -> str:
+    """Mean paired difference over ``over`` (± sd over seeds) and in how many seeds it is positive."""
+    d = [per[s][metric] - rnd[s][metric] for s in over]
+    if not d:
+        return "—"
+    sd = np.std(d, ddof=1) if len(d) > 1 else 0.0
+    return f"{np.mean(d):+.4f} ± {sd:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
 
 
 def _ratio_over(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
@@ -1431,8 +1436,8 @@ def section_forced_stop(
     # every pair: held-out at the end, late declines, against random under each setting
     pairs = [
         "| scheduler | seeds | held-out seen: default → no forced stop | held-out unseen: default → no forced stop "
-        "| late declines: default / no forced stop | seen Δ vs random: default / no forced stop | unseen Δ vs "
-        "random: default / no forced stop | zero-var frac × random: default / no forced stop |",
+        "| late declines: default / no forced stop | seen Δ vs random (± sd), wins: default / no forced stop | unseen Δ vs "
+        "random (± sd), wins: default / no forced stop | zero-var frac × random: default / no forced stop |",
         "|---|---|---|---|---|---|---|---|",
     ]
     fell = {"default": 0, "nf": 0}
@@ -1454,10 +1459,10 @@ def section_forced_stop(
             f"{_mean_over(a, 'heldout_unseen_final', common):.4f} | {len(drops_b)} ({', '.join(map(str, drops_b)) or '-'}) / "
             f"{len(drops_a)} ({', '.join(map(str, drops_a)) or '-'}) | "
             + (
-                f"{_paired_mean(b, rb, 'heldout_seen_final', both):+.4f} / "
-                f"{_paired_mean(a, ra, 'heldout_seen_final', both):+.4f} | "
-                f"{_paired_mean(b, rb, 'heldout_unseen_final', both):+.4f} / "
-                f"{_paired_mean(a, ra, 'heldout_unseen_final', both):+.4f} | "
+                f"{_paired_mean(b, rb, 'heldout_seen_final', both)} / "
+                f"{_paired_mean(a, ra, 'heldout_seen_final', both)} | "
+                f"{_paired_mean(b, rb, 'heldout_unseen_final', both)} / "
+                f"{_paired_mean(a, ra, 'heldout_unseen_final', both)} | "
                 f"{_ratio_over(b, rb, 'zero_variance_fraction', both):.2f} / "
                 f"{_ratio_over(a, ra, 'zero_variance_fraction', both):.2f} (seeds {', '.join(map(str, both))}) |"
                 if n != "random" and both

@@ -1382,8 +1382,7 @@ def _paired_mean(per: dict, rnd: dict, metric: str, over: list[int]) -> str:
     d = [per[s][metric] - rnd[s][metric] for s in over]
     if not d:
         return "—"
-    sd = np.std(d, ddof=1) if len(d) > 1 else 0.0
-    return f"{np.mean(d):+.4f} ± {sd:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
+    return f"{_pm(np.mean(d), np.std(d, ddof=1) if len(d) > 1 else 0.0)}, {sum(x > 0 for x in d)}/{len(d)}"
 
 
 def _ratio_over(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
@@ -1449,8 +1448,8 @@ def section_forced_stop(
         ra, rb = nf["per_seed"].get("random", {}), base["per_seed"].get("random", {})
         both = [s for s in common if s in ra and s in rb]
 
-        drops_b = [s for s in common if b[s]["heldout_seen_drop"] > 0.02]
-        drops_a = [s for s in common if a[s]["heldout_seen_drop"] > 0.02]
+        drops_b = [s for s in common if b[s]["heldout_seen_drop"] > LATE_DECLINE]
+        drops_a = [s for s in common if a[s]["heldout_seen_drop"] > LATE_DECLINE]
         fell["default"] += len(drops_b)
         fell["nf"] += len(drops_a)
         pairs.append(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from envs.registry import load_synthetic
-from envsched_pipeline.analysis.bench import UPDATE_DIAGNOSTICS, run_environment
+from envsched_pipeline.analysis.bench import run_environment
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -18,6 +18,7 @@ from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
 from tests.gradients import GradientTaker, assert_scaled
+from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.step import run_step
 

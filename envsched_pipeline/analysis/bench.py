@@ -43,6 +43,7 @@ from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from envsched_pipeline.scheduler.variants import VARIANTS
+from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
@@ -172,19 +173,6 @@ class NeuralBench:
 
     def close(self) -> None:
         self.testbed.close()
-
-
-# the neural learner's per-step update statistics a bench record keeps (as update_<name> series):
-# how hard the step pushed and how far the policy had moved from what sampled the episodes
-UPDATE_DIAGNOSTICS = (
-    "grad_norm",
-    "clip_fraction",
-    "kl",
-    "entropy",
-    "log_ratio_max",
-    "negative_ratio_over3",
-    "forced_stop_logp",
-)
 
 
 def check_learner_config(kind: str, config: dict) -> dict:

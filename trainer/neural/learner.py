@@ -580,15 +580,15 @@ class NeuralLearner:
             losses.append(float(loss.detach()))
             clips.append(stats["clip_fraction"])
             with torch.no_grad():
-                d = (lp - old[idx][:, : lp.shape[1]]) * mask
+                log_ratio, on = lp - old[idx][:, : lp.shape[1]], mask.bool()
+                d = log_ratio * mask
                 kls.append(float(((torch.exp(-d) - 1 + d) * mask).sum() / mask.sum().clamp_min(1)))
                 # how far a decision's probability moved since it was sampled (0 on the first
                 # minibatch), and the share of decisions with a negative advantage whose ratio passed
                 # 3: the unbounded side of the clipped surrogate (what dual clip would hold)
-                d = (lp - old[idx][:, : lp.shape[1]]).masked_fill(~mask.bool(), -math.inf)
-                tops.append(float(d.max()))
-                neg = torch.as_tensor(adv[part] < 0).unsqueeze(-1) & mask.bool()
-                overs.append(float((neg & (d > math.log(3.0))).sum() / mask.sum().clamp_min(1)))
+                tops.append(float(log_ratio.masked_fill(~on, -math.inf).max()))
+                neg = torch.as_tensor(adv[part] < 0).unsqueeze(-1) & on
+                overs.append(float((neg & (log_ratio > math.log(3.0))).sum() / mask.sum().clamp_min(1)))
             ents.append(float(ent.mean()))
         model.eval()
         return {

@@ -20,6 +20,7 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec
 from trainer.grpo import group_advantages
+from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
 
@@ -141,21 +142,13 @@ def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
                 k: info[k]
                 for k in (
                     "loss",
-                    "grad_norm",
-                    "clip_fraction",
-                    "kl",
-                    "entropy",
+                    *UPDATE_DIAGNOSTICS,
                     "lr",
                     "update_seconds",
                     "trained_groups",
                     "loss_scale",
                     "skipped_updates",
                     "forced_stop_share",
-                    # how far the update moved the policy from what sampled, and the log-probability
-                    # of the trained forced stops: the signs of a run heading for a blow-up
-                    "log_ratio_max",
-                    "negative_ratio_over3",
-                    "forced_stop_logp",
                 )
             },
         }

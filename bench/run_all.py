@@ -42,7 +42,11 @@ PAPER = {  # Qwen3-4B, 200 steps (paper's table)
 }
 PAPER_SELECT_SECONDS = 34.93
 # the neural learner of section neural_dualclip (docs/algorithm.md §8b)
-DUAL_CLIP = {"dual_clip": 3.0}
+# the learner the runs in bench/runs/neural (and the experiments beside them) were recorded with: it
+# trains the stop the action cap forced like a decision the policy made (the default until 2026-12;
+# docs/algorithm.md §8b). Named explicitly so those runs stay found after the default changed
+FORCED_STOP = {"train_forced_stop": True}
+DUAL_CLIP = {**FORCED_STOP, "dual_clip": 3.0}
 # the eight schedulers of every comparison (the paper's ablation and the published baselines)
 COMPARED = [
     "random",
@@ -982,7 +986,16 @@ def section_neural(
     seeds it has); ``extra_recorded``: more rows from the runs on record only, never run here."""
     names = COMPARED + (extra or [])
     t0 = time.perf_counter()
-    kw = dict(steps=steps, seed=0, seeds=seeds, learner="neural", jobs=jobs, cache_dir=cache, eval_every=50)
+    kw = dict(
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        jobs=jobs,
+        cache_dir=cache,
+        eval_every=50,
+        learner_config=FORCED_STOP,
+    )
     if not recorded_only:  # run what the table's own rows still miss
         run_benchmark(names, **kw)
     names += [n for n in extra_recorded or [] if n not in names]
@@ -1002,11 +1015,15 @@ def section_neural(
         "neural",
         "\n".join(
             [
-                "## The ablation on the neural learner (default settings; the evidence is the overrun setting below)",
+                "## The ablation on the neural learner (the forced-stop learner, the default settings until 2026-12; the "
+                "evidence is the overrun setting below)",
                 "",
                 f"A {rnd.get('parameters', '1.2M')}-parameter pointer policy acting in the synthetic pool's real sandboxed "
                 "environments, GRPO with the project's loss (docs/algorithm.md §8b); warm start: 60 behaviour-cloning steps on "
-                f"the disjoint `warmstart` family. {setup['envs']} × {setup['tasks_per_env']} pool, B = {setup['batch_size']}, "
+                f"the disjoint `warmstart` family; learner setting `train_forced_stop=true` (the stop the 8-action cap "
+                "forces is trained like a decision the policy made; the default until 2026-12, left out since: section "
+                '"Why the forced-stop learner\'s held-out falls late"). '
+                f"{setup['envs']} × {setup['tasks_per_env']} pool, B = {setup['batch_size']}, "
                 f"G = {setup['group_size']}, {setup['steps']} steps, seeds 0..{seeds - 1} (column *seeds*: how many a row "
                 "averages; every scheduler of a seed starts from the same warm-started weights). Held-out = mean reward over 16 sampled episodes per task on 204 unseen "
                 "tasks of the training environments (seen) and 120 tasks of 12 environments the pool does not contain "
@@ -1102,7 +1119,7 @@ def section_neural_seeds(
     section, after, config, title = (
         (f"{exp.section}_seeds", exp.section, exp.config, f"Experiment: {exp.title}, over more seeds")
         if exp
-        else ("neural_seeds", "neural", None, "The top rows of the neural ablation over more seeds")
+        else ("neural_seeds", "neural", FORCED_STOP, "The top rows of the neural ablation over more seeds")
     )
     counts = {n: len(recorded_seeds(runs, n)) for n in COMPARED + (extra or [])}
     names = [n for n, c in counts.items() if c > base_seeds]
@@ -1178,7 +1195,7 @@ class LearnerExperiment:
 
 def _capped_cell(setting: dict, default: dict) -> str:
     """Mean share of episodes the max_actions cap ended in the last quarter of the steps, under the
-    setting and (in brackets) the default learner, over the seeds that recorded it."""
+    setting and (in brackets) the forced-stop learner, over the seeds that recorded it."""
 
     def mean(per_seed):
         v = [x["capped_last_quarter"] for x in per_seed.values() if "capped_last_quarter" in x]
@@ -1191,7 +1208,7 @@ def _learner_experiment(
     exp: LearnerExperiment, runs: str, baseline_runs: str, seeds: int, steps: int, extra: list[str] | None
 ) -> dict | None:
     """The schedulers recorded in ``runs`` under the experiment's learner settings, their own paired
-    table and targets, and what the setting did to each of them against the default learner's runs in
+    table and targets, and what the setting did to each of them against the forced-stop learner's runs in
     ``baseline_runs``, paired by seed. Built from recorded runs only."""
     name, cfg, label, title = exp.section, exp.config, exp.label, exp.title
     names = [n for n in COMPARED + (extra or []) if recorded_seeds(runs, n)]
@@ -1203,16 +1220,16 @@ def _learner_experiment(
         steps=steps, seed=0, seeds=seeds, learner="neural", eval_every=50, recorded_only=True, log=quiet
     )
     out = run_benchmark(names, cache_dir=runs, learner_config=cfg, **kw)
-    base = run_benchmark(names, cache_dir=baseline_runs, **kw)
+    base = run_benchmark(names, cache_dir=baseline_runs, learner_config=FORCED_STOP, **kw)
     plot = heldout_plots(out, HERE / exp.plot_file)
     S, P = out["schedulers"], out["paired_vs_random"]
     rows, speed = _neural_tables(S, P, out["per_seed"])
     trows, resolution = _neural_targets(S, P)
-    # the setting's own effect on each scheduler: this setting minus the default learner, same seed
+    # the setting's own effect on each scheduler: this setting minus the forced-stop learner, same seed
     effect = [
-        f"| scheduler | seeds | held-out seen: {label} − default (± sd), higher in | held-out unseen: {label} − "
-        "default, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
-        f"zero-var frac: {label} / default | episodes the action cap ended, last quarter: {label} (default) |",
+        f"| scheduler | seeds | held-out seen: {label} − forced stop (± sd), higher in | held-out unseen: {label} − "
+        "forced stop, higher in | seen, mean over steps 50..200 | unseen, mean over steps 50..200 | "
+        f"zero-var frac: {label} / forced stop | episodes the action cap ended, last quarter: {label} (forced stop) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     moved: dict[tuple[str, str], float] = {}  # (scheduler, metric) -> mean change from the setting
@@ -1245,7 +1262,7 @@ def _learner_experiment(
     # reading: envsched's gain under this setting, how much of it is random moving, and which
     # (setting, scheduler) has the best absolute held-out
     pe = P["envsched"]
-    both = {(n, "default"): m for n, m in base["schedulers"].items() if n in S}
+    both = {(n, "forced-stop"): m for n, m in base["schedulers"].items() if n in S}
     both.update({(n, label): m for n, m in S.items()})
     reading = []
     for k, kind in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
@@ -1273,13 +1290,13 @@ def _learner_experiment(
                 f"{setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`. Columns as in the table above. "
                 + provenance_text(out["provenance"])
                 + " "
-                + provenance_text(base["provenance"], what="The default learner's runs beside it"),
+                + provenance_text(base["provenance"], what="The forced-stop learner's runs beside it"),
                 "",
                 *rows,
                 "",
                 *speed,
                 "",
-                f"What the setting did to each scheduler (this table's runs minus the default learner's, same seed; "
+                f"What the setting did to each scheduler (this table's runs minus the forced-stop learner's, same seed; "
                 f'"{label}" = this setting):',
                 "",
                 *effect,
@@ -1311,7 +1328,7 @@ def _learner_experiment(
 
 DENOMINATOR = LearnerExperiment(
     "neural_denominator",
-    {"loss_denominator": "batch"},
+    {**FORCED_STOP, "loss_denominator": "batch"},
     "batch",
     "the neural learner with a whole-batch loss denominator",
     "The learner of the table above averages its loss over the decisions of informative episodes "
@@ -1326,7 +1343,7 @@ DUALCLIP = LearnerExperiment(
     DUAL_CLIP,
     "dual-clip",
     "the neural learner with dual-clip PPO",
-    "The default learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
+    "The forced-stop learner's clipped surrogate is unbounded for a negative advantage whose ratio has "
     "grown: the source of the non-finite updates (skipped since) and a suspect for the late "
     "declines of held-out in the concentrating schedulers. This setting bounds it at c * A with "
     "c = 3 (an overflowing ratio then holds one decision instead of skipping the update).",
@@ -1338,7 +1355,7 @@ OVERRUN = LearnerExperiment(
     "overrun",
     "the neural learner with an overrun penalty",
     "The checklist verifiers read only the final state, so nothing charges for acting on after a task "
-    "is done, and the default learner drifts into running every episode to the 8-action cap (column "
+    "is done, and the forced-stop learner drifts into running every episode to the 8-action cap (column "
     "*episodes the action cap ended* below). This setting takes 0.1 off the trained reward of an "
     "episode the cap ended (DAPO's overlong penalty, counted in actions; less than one check's "
     "credit), and leaves the forced stop itself out of the loss: a penalised episode's advantage is "
@@ -1392,9 +1409,9 @@ def _ratio_over(per: dict, rnd: dict, metric: str, over: list[int]) -> float:
 def section_forced_stop(
     noforced_runs: str, default_runs: str, updates_runs: str, steps: int, every: int = 25
 ) -> None:
-    """Why the default learner's held-out falls late: its update statistics step by step (default-
-    learner runs re-run to record them, in ``updates_runs``), and every run recorded with
-    ``train_forced_stop=false`` paired with the default learner's run of the same scheduler and seed.
+    """Why the forced-stop learner's held-out falls late: its update statistics step by step (its
+    runs re-run to record them, in ``updates_runs``), and every run recorded with
+    ``train_forced_stop=false`` paired with the forced-stop learner's run of the same scheduler and seed.
     Built from recorded runs only."""
     names = [n for n in COMPARED + recorded_variants(noforced_runs) if recorded_seeds(noforced_runs, n)]
     if "random" not in names:
@@ -1409,8 +1426,8 @@ def section_forced_stop(
 
     lo, hi = min(seeds), max(seeds)
     nf = runs_of(noforced_runs, NO_FORCED_STOP, lo, hi - lo + 1)
-    base = runs_of(default_runs, None, lo, hi - lo + 1)
-    # step by step: the default learner's runs that record their updates, beside the same run without
+    base = runs_of(default_runs, FORCED_STOP, lo, hi - lo + 1)
+    # step by step: the forced-stop learner's runs that record their updates, beside the same run without
     # the forced stop in the loss
     dyn = [
         "| run | steps | forced stop's log-prob when imposed (mean) | grad norm before clipping (median / max) "
@@ -1420,12 +1437,12 @@ def section_forced_stop(
     shown = []
     for n in names:
         for s in recorded_seeds(updates_runs, n):
-            one = runs_of(updates_runs, None, s)["series"].get(n, {})
+            one = runs_of(updates_runs, FORCED_STOP, s)["series"].get(n, {})
             if "update_grad_norm" not in one:
                 continue
             other = runs_of(noforced_runs, NO_FORCED_STOP, s)["series"].get(n, {})
             shown.append((n, s))
-            for label, ser in (("default", one), ("no forced stop", other)):
+            for label, ser in (("forced stop", one), ("no forced stop", other)):
                 if not ser:
                     continue
                 for b in range(0, steps, every):
@@ -1434,9 +1451,9 @@ def section_forced_stop(
                     )
     # every pair: held-out at the end, late declines, against random under each setting
     pairs = [
-        "| scheduler | seeds | held-out seen: default → no forced stop | held-out unseen: default → no forced stop "
-        "| late declines: default / no forced stop | seen Δ vs random (± sd), wins: default / no forced stop | unseen Δ vs "
-        "random (± sd), wins: default / no forced stop | zero-var frac × random: default / no forced stop |",
+        "| scheduler | seeds | held-out seen: forced stop → none | held-out unseen: forced stop → none "
+        "| late declines: forced stop / none | seen Δ vs random (± sd), wins: forced stop / none | unseen Δ vs "
+        "random (± sd), wins: forced stop / none | zero-var frac × random: forced stop / none |",
         "|---|---|---|---|---|---|---|---|",
     ]
     fell = {"default": 0, "nf": 0}
@@ -1472,22 +1489,22 @@ def section_forced_stop(
         "neural_forced_stop",
         "\n".join(
             [
-                "## Why the default learner's held-out falls late: the trained forced stop",
+                "## Why the forced-stop learner's held-out falls late: the trained forced stop",
                 "",
-                "The default learner trains the stop that the 8-action cap imposes as if the policy had "
+                "The forced-stop learner trains the stop that the 8-action cap imposes as if the policy had "
                 "sampled it (`train_forced_stop`, docs/algorithm.md §8b). A sampled decision that negative "
                 "advantages push down gets sampled less, so the push stops; the imposed stop is trained in "
                 "every capped episode whatever its probability, so nothing bounds the push: its log-probability "
                 "can fall for the whole run, with the logits behind it growing. Runs now record each "
-                "step's update statistics (`update_*` series). Default-learner runs re-run to record them "
+                "step's update statistics (`update_*` series). Forced-stop learner runs re-run to record them "
                 f"(`bench/runs/{Path(updates_runs).name}/`; a re-run of a record kept before package versions "
                 "were can depart from it, so these stand beside the records, not in their place), each beside "
-                "the same run with `train_forced_stop=false` (everything else as the default learner; runs in "
-                f"`bench/runs/{Path(noforced_runs).name}/`), per {every} steps:",
+                "the same run with `train_forced_stop=false` (everything else as the forced-stop learner; runs in "
+                f"`bench/runs/{Path(noforced_runs).name}/`: the learner's default since 2026-12), per {every} steps:",
                 "",
-                *(dyn if shown else ["(no default-learner run on record carries update statistics yet)"]),
+                *(dyn if shown else ["(no forced-stop learner run on record carries update statistics yet)"]),
                 "",
-                "Every run recorded without the forced stop in the loss, against the default learner's run of "
+                "Every run recorded without the forced stop in the loss, against the forced-stop learner's run of "
                 "the same scheduler and seed (final held-out, late declines as in the tables above, and the "
                 "paired difference against random under each setting over the seeds where random has both):",
                 "",
@@ -1942,7 +1959,7 @@ def main() -> int:
         (
             "--neural-updates-runs",
             "neural-updates",
-            "default-learner runs re-run to record their update statistics (section neural_forced_stop)",
+            "forced-stop learner runs re-run to record their update statistics (section neural_forced_stop)",
         ),
     ):
         ap.add_argument(flag, default=str(HERE / "runs" / folder), help=what)

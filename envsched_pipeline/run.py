@@ -111,7 +111,7 @@ class PolicyConfig:
     loss_denominator: str | None = None
     # dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM policies)
     dual_clip: float | None = None
-    # neural: train on the stop the max_actions cap forces (true, the default) or leave it out
+    # neural: train on the stop the max_actions cap forces (true) or leave it out (false, the default)
     train_forced_stop: bool | None = None
     # neural: reward subtracted for an episode the max_actions cap stopped (0 = off; docs/algorithm.md §8b)
     overrun_penalty: float | None = None

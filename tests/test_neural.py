@@ -434,6 +434,47 @@ def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
     assert type(c["max_actions"]) is int and c["train_forced_stop"] is False
 
 
+def test_recorded_runs_keep_their_meaning_when_a_default_changes():
+    """Runs are keyed by their settings that differ from the defaults of when recording began, so
+    the committed records of the learner that trains the forced stop (the default until 2026-12)
+    are found under that setting named explicitly, and never taken for today's default learner."""
+    from pathlib import Path
+
+    from envsched_pipeline.analysis.bench import run_benchmark
+    from trainer.neural.learner import record_settings
+
+    assert NeuralConfig().train_forced_stop is False
+    assert record_settings({}) == {"train_forced_stop": False}
+    assert record_settings({"train_forced_stop": True}) == {}
+    # a default given explicitly, a whole number for a float, a model size: keyed as what they change
+    given = {
+        "loss_denominator": "informative",
+        "train_forced_stop": True,
+        "dual_clip": 3,
+        "policy": {"dim": 32},
+    }
+    assert json.dumps(record_settings(given)) == json.dumps({"dual_clip": 3.0, "policy": {"dim": 32}})
+    assert record_settings({"policy": {"dim": 64}, "overrun_penalty": 0.1}) == {
+        "overrun_penalty": 0.1,
+        "train_forced_stop": False,
+    }
+    runs = Path(__file__).resolve().parents[1] / "bench" / "runs"
+    kw = dict(
+        steps=200, seed=0, seeds=1, learner="neural", eval_every=50, recorded_only=True, log=lambda _m: None
+    )
+    forced = run_benchmark(
+        ["random"], cache_dir=runs / "neural", learner_config={"train_forced_stop": True}, **kw
+    )
+    assert forced["per_seed"]["random"][0]["heldout_seen_final"] > 0
+    assert "random" not in run_benchmark(["random"], cache_dir=runs / "neural", **kw)["schedulers"]
+    # today's default finds the runs recorded with the forced stop left out, whichever way it is said
+    plain = run_benchmark(["random"], cache_dir=runs / "neural-noforced", **kw)
+    said = run_benchmark(
+        ["random"], cache_dir=runs / "neural-noforced", learner_config={"train_forced_stop": False}, **kw
+    )
+    assert plain["per_seed"]["random"] == said["per_seed"]["random"] != forced["per_seed"]["random"]
+
+
 def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "bench.json"
     base = ["bench", "scheduler", "--learner", "neural", "--steps", "1", "--json", str(out)]

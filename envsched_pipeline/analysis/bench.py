@@ -199,6 +199,17 @@ def check_learner_config(kind: str, config: dict) -> dict:
     }
 
 
+def record_key_config(kind: str, config: dict | None) -> dict:
+    """The learner settings a recorded run is keyed by. Neural: those differing from the learner's
+    defaults as they stood when runs were first recorded (``trainer.neural.learner.record_settings``),
+    so records keep their meaning when a default changes; simulated: the settings as given."""
+    if kind != "neural":
+        return dict(config or {})
+    from trainer.neural.learner import record_settings  # torch: loaded only for the neural learner
+
+    return record_settings(config)
+
+
 def make_learner(kind: str, pool: dict, seed: int, **kw):
     if kind not in LEARNERS:
         raise ValueError(f"unknown learner {kind!r}; choose one of {', '.join(LEARNERS)}")
@@ -667,6 +678,7 @@ def run_benchmark(
         )
     if learner_config:
         learner_config = check_learner_config(learner, learner_config)
+    key_config = record_key_config(learner, learner_config)
     if trace_dir is not None and recorded_only:
         raise ValueError("trace_dir runs every run again; it cannot be combined with recorded_only")
     names = list(dict.fromkeys(schedulers))
@@ -690,7 +702,10 @@ def run_benchmark(
                 "eval_every": eval_every,
                 **({"probe_every": probe_every} if probe_every else {}),
             }
-            f = _cache_file(cache, n, seed + k, kw)
+            keyed = {**kw, "learner_config": key_config}  # runs are keyed by record_key_config
+            if not key_config:
+                del keyed["learner_config"]
+            f = _cache_file(cache, n, seed + k, keyed)
             if f is not None and f.exists():
                 results[(n, seed + k)] = rec = json.loads(f.read_text())
                 recorded_env[(n, seed + k)] = rec.get("environment")

@@ -106,9 +106,9 @@ def add_parser(sub) -> None:
         "--train-forced-stop",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="neural policy: train on the stop the action cap forces (default, kept for the recorded "
-        "runs) or leave it out (--no-train-forced-stop, recommended: trained, its log-probability falls "
-        "all run and late updates can blow up; docs/algorithm.md §8b; pair it with --overrun-penalty)",
+        help="neural policy: leave the stop the action cap forces out of the loss (default) or train "
+        "on it like a decision the policy made (--train-forced-stop, the default until 2026-12: its "
+        "log-probability falls all run and late updates can blow up; docs/algorithm.md §8b)",
     )
     t.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"

@@ -152,7 +152,7 @@ VARIANTS: dict[str, dict] = {
     # treats a task last seen with spread 40+ steps earlier (re-picked under random: spread 0.34) like
     # a forgotten solved one (0.04), and a group stuck at one partial credit (0.35) like a solved one.
     # Overrun learner, 5 seeds: +0.0206 (5/5) / +0.0117 (5/5) against random, zero-variance 0.68x;
-    # 15 seeds: +0.0177 (15/15) / +0.0143 (14/15), level with the sampled form. Default learner (10
+    # 15 seeds: +0.0177 (15/15) / +0.0143 (14/15), level with the sampled form. Forced-stop learner (10
     # seeds): zero-variance 0.54x, held-out falling late in 4 of 10 runs (the sampled form 3), the
     # learner's trained forced stop blowing up; without it (10 seeds): +0.0186 / +0.0189, 0.57x, no
     # fall. Level with the sampled form on the overrun learner at ten times its selection cost: opt-in

@@ -62,8 +62,11 @@ class NeuralConfig:
     loss_denominator: str = "informative"
     max_actions: int = 8  # tool calls per episode before it is stopped and verified
     # whether the stop that ends an episode at the max_actions cap is trained on like a decision
-    # the policy made (it is forced, not sampled; its log-probability is often very low)
-    train_forced_stop: bool = True
+    # the policy made. It is forced, not sampled, so nothing stops a negative advantage from pushing
+    # its log-probability down in every capped episode; trained, it sinks all run and late updates
+    # blow up (docs/algorithm.md §8b). Off by default since 2026-12 (RECORD_BASELINE keeps the runs
+    # recorded with it on findable)
+    train_forced_stop: bool = False
     # subtracted from the reward GRPO trains on (and the scheduler sees) for an episode the
     # max_actions cap stopped, floored at 0: DAPO's overlong penalty, counted in actions; 0 = off.
     # The checklist verifiers only read the final state, so without it nothing charges for acting
@@ -98,6 +101,33 @@ class NeuralConfig:
                 f"unknown neural learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(known))}"
             )
         return cls(policy=pol, **d)
+
+
+# Defaults changed after runs were first recorded, with the value they had then. Recorded bench
+# runs are keyed by their settings that differ from the defaults of that time (record_settings), so
+# a changed default leaves every record meaning what it meant.
+RECORD_BASELINE = {"train_forced_stop": True}
+
+
+def record_settings(config: dict | None) -> dict:
+    """The settings a recorded run is keyed by: those of the resolved ``config`` that differ from
+    the defaults as they stood when runs were first recorded (RECORD_BASELINE), a whole number of a
+    float setting as a float. So a run given a default explicitly, or run after that default
+    changed, finds the runs recorded with the same learner, and no others (ValueError on settings
+    the learner refuses)."""
+    got = asdict(NeuralConfig.from_dict(config or {}))
+    base = asdict(NeuralConfig()) | RECORD_BASELINE
+
+    def differing(values: dict, defaults: dict, fields: dict) -> dict:
+        return {
+            k: float(v) if fields[k].type in ("float", float) and type(v) is int else v
+            for k, v in values.items()
+            if k != "policy" and v != defaults[k]
+        }
+
+    out = differing(got, base, NeuralConfig.__dataclass_fields__)
+    policy = differing(got["policy"], base["policy"], PolicyConfig.__dataclass_fields__)
+    return out | ({"policy": policy} if policy else {})
 
 
 @dataclass

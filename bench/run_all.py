@@ -1366,8 +1366,18 @@ OVERRUN = LearnerExperiment(
     "neural_overrun_heldout.png",
 )
 
-
 NO_FORCED_STOP = {"train_forced_stop": False}
+NOFORCED = LearnerExperiment(
+    "neural_noforced",
+    NO_FORCED_STOP,
+    "no forced stop",
+    "the neural learner without the forced stop in the loss (the default since 2026-12)",
+    "The learner's defaults since 2026-12: the stop the 8-action cap forces is left out of the loss "
+    '(section "Why the forced-stop learner\'s held-out falls late"); nothing else differs from the '
+    "forced-stop learner of the first table (no overrun penalty, so late in a run most episodes still "
+    "end at the cap).",
+    "neural_noforced_heldout.png",
+)
 
 
 def _block_cells(series: dict, lo: int, hi: int) -> list[str]:
@@ -1914,7 +1924,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_traces,neural_forced_stop",
+        "neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -1954,7 +1964,8 @@ def main() -> int:
         (
             "--neural-noforced-runs",
             "neural-noforced",
-            "recorded neural runs with train_forced_stop=false (section neural_forced_stop)",
+            "recorded neural runs with train_forced_stop=false, the default since 2026-12 (sections "
+            "neural_forced_stop, neural_noforced)",
         ),
         (
             "--neural-updates-runs",
@@ -2046,6 +2057,7 @@ def main() -> int:
         (DENOMINATOR, args.neural_batch_runs),
         (DUALCLIP, args.neural_dualclip_runs),
         (OVERRUN, args.neural_overrun_runs),
+        (NOFORCED, args.neural_noforced_runs),
     ):
         if exp.section in sections:
             _learner_experiment(

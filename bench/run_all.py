@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import re
 import sys
@@ -910,16 +911,36 @@ def _variant_targets(S: dict, P: dict) -> list[str]:
     return head + rows
 
 
+def _all_seeds_chance(d: dict) -> float:
+    """The chance that all ``d["n"]`` seeds of a paired difference come out positive, were each
+    seed's difference drawn from a normal with the measured mean and sd over seeds."""
+    if d["sd"] <= 0:
+        return float(d["mean"] > 0)
+    return (0.5 * (1 + math.erf(d["mean"] / (d["sd"] * math.sqrt(2))))) ** d["n"]
+
+
 def _variant_block(S: dict, P: dict) -> list[str]:
-    """The targets table of the envsched variants with 5+ seeds, with its lead-in (empty if none)."""
+    """The targets table of the envsched variants with 5+ seeds, with its lead-in and how likely
+    "every seed" is at the measured noise (empty if none)."""
     vrows = _variant_targets(S, P)
     if not vrows:
         return []
+    chance = [
+        f"`{v}` seen {_all_seeds_chance(P[v]['heldout_seen_final']):.2f}, unseen "
+        f"{_all_seeds_chance(P[v]['heldout_unseen_final']):.2f}"
+        for v in S
+        if v.startswith("envsched@") and P.get(v, {}).get("heldout_seen_final", {}).get("n", 0) >= 5
+    ]
     return [
         "The same targets for each envsched variant with 5 or more seeds, the variant standing in "
         'for envsched ("best" compares it with the seven other schedulers):',
         "",
         *vrows,
+        "",
+        "How likely *every seed* is at this noise: were each seed's paired difference drawn from a normal "
+        "with the row's mean and sd over seeds, the chance that all of its seeds come out above random: "
+        + "; ".join(chance)
+        + ".",
         "",
     ]
 

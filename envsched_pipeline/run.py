@@ -88,6 +88,26 @@ def overrun_penalty_problem(value) -> str | None:
     return None
 
 
+# Neural-policy settings whose default changed, as (the default now, the default before). The
+# neural learner takes its default from here; a run states these in its spec from the start
+# (start_run), and a spec written before it did is read with the old default (load_run), so a
+# resumed run keeps the learner it started with. Recorded bench runs are keyed against the old
+# defaults (trainer.neural.learner.record_settings).
+CHANGED_NEURAL_DEFAULTS = {
+    # the stop the max_actions cap forces, trained like a decision until 2026-12 (docs/algorithm.md §8b)
+    "train_forced_stop": (False, True),
+}
+
+
+def with_neural_defaults(spec: RunSpec, which: int) -> RunSpec:
+    """``spec`` with each changed neural default it leaves unset filled in: ``which`` 0 = today's
+    (a run being started), 1 = the former (a spec written before runs stated them)."""
+    if spec.policy != "neural" or spec.trainer == "external":
+        return spec
+    missing = {k: v[which] for k, v in CHANGED_NEURAL_DEFAULTS.items() if k not in spec.policy_config}
+    return replace(spec, policy_config={**spec.policy_config, **missing}) if missing else spec
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Settings of the policy being trained. ``None`` means "the component's own default" (each
@@ -111,7 +131,8 @@ class PolicyConfig:
     loss_denominator: str | None = None
     # dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM policies)
     dual_clip: float | None = None
-    # neural: train on the stop the max_actions cap forces (true) or leave it out (false, the default)
+    # neural: train on the stop the max_actions cap forces (true) or leave it out (false, the default
+    # since 2026-12; a run states it in its spec from the start: CHANGED_NEURAL_DEFAULTS)
     train_forced_stop: bool | None = None
     # neural: reward subtracted for an episode the max_actions cap stopped (0 = off; docs/algorithm.md §8b)
     overrun_penalty: float | None = None
@@ -315,9 +336,10 @@ def load_run(lake: Lake) -> RunSpec | None:
         raise StepError(f"{lake.root / RUN_FILE}: expected a JSON object")
     d = {k: v for k, v in d.items() if k != "config_changes"}  # the record of allowed changes
     try:
-        return RunSpec.from_dict(d, where=str(lake.root / RUN_FILE))
+        spec = RunSpec.from_dict(d, where=str(lake.root / RUN_FILE))
     except ConfigError as exc:
         raise StepError(str(exc)) from exc
+    return with_neural_defaults(spec, 1)  # a spec that does not state them ran with the former ones
 
 
 def require_run(lake: Lake) -> RunSpec:
@@ -340,6 +362,7 @@ def start_run(
     is recorded in ``run.json`` under ``config_changes``). Returns the stored spec.
     """
     spec.validate(schedulers)
+    spec = with_neural_defaults(spec, 0)  # the run states them: a later default change cannot reach it
     current = load_run(lake)
     if current is not None and lake.steps("manifests"):
         diff = [

@@ -237,6 +237,39 @@ def test_train_takes_the_overrun_penalty_and_forced_stop_setting_for_the_neural_
         assert not (lake / "run.json").exists()  # refused before anything is written
 
 
+def test_a_run_keeps_the_learner_it_started_with_when_a_default_changes(tmp_path):
+    """A neural run states the changed defaults in its spec from the start; a spec written before
+    runs did is read with the former default, so resuming it cannot silently switch learners."""
+    from dataclasses import replace
+
+    from envsched_pipeline.errors import StepError
+    from envsched_pipeline.run import load_run
+
+    lake = Lake(tmp_path / "lake")
+    spec = start_run(lake, RunSpec(pool="synthetic", policy="neural", max_steps=2))
+    assert spec.policy_config == {"train_forced_stop": False} == load_run(lake).policy_config
+    assert NeuralConfig.from_dict(spec.policy_config) == NeuralConfig()
+    # other policies and outside trainers are left as given
+    other = Lake(tmp_path / "sim")
+    assert start_run(other, RunSpec(pool="synthetic", policy="simulated")).policy_config == {}
+    ext = Lake(tmp_path / "ext")
+    assert start_run(ext, RunSpec(pool="synthetic", policy="neural", trainer="external")).policy_config == {}
+    # a lake started before runs stated it (its run.json says nothing) trained the forced stop
+    old = Lake(tmp_path / "old")
+    import_pool(old, load_synthetic("synthetic", n_envs=2, tasks_per_env=3, heldout_per_env=1, seed=5))
+    small = {"batch_size": 2, "group_size": 2, "run_id": "r0", "policy_config": {"lr": 1e-3}}
+    old.write_json("run.json", {**spec.to_dict(), **small})
+    assert load_run(old).policy_config == {"lr": 1e-3, "train_forced_stop": True}
+    select_manifest(old, 0)  # the old run has taken a step
+    asked = RunSpec(
+        pool="synthetic", policy="neural", batch_size=2, group_size=2, max_steps=4, policy_config={"lr": 1e-3}
+    )
+    with pytest.raises(StepError, match="train_forced_stop"):
+        start_run(old, asked)  # today's default would change its learner: refused, says which setting
+    resumed = start_run(old, replace(asked, policy_config={"lr": 1e-3, "train_forced_stop": True}))
+    assert resumed.policy_config["train_forced_stop"] is True and resumed.max_steps == 4
+
+
 def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))

@@ -25,7 +25,12 @@ import numpy as np
 import torch
 
 from envs.sandbox import SandboxPool
-from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem, overrun_penalty_problem
+from envsched_pipeline.run import (
+    CHANGED_NEURAL_DEFAULTS,
+    LOSS_DENOMINATORS,
+    dual_clip_problem,
+    overrun_penalty_problem,
+)
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -66,7 +71,7 @@ class NeuralConfig:
     # its log-probability down in every capped episode; trained, it sinks all run and late updates
     # blow up (docs/algorithm.md §8b). Off by default since 2026-12 (RECORD_BASELINE keeps the runs
     # recorded with it on findable)
-    train_forced_stop: bool = False
+    train_forced_stop: bool = CHANGED_NEURAL_DEFAULTS["train_forced_stop"][0]
     # subtracted from the reward GRPO trains on (and the scheduler sees) for an episode the
     # max_actions cap stopped, floored at 0: DAPO's overlong penalty, counted in actions; 0 = off.
     # The checklist verifiers only read the final state, so without it nothing charges for acting
@@ -106,7 +111,7 @@ class NeuralConfig:
 # Defaults changed after runs were first recorded, with the value they had then. Recorded bench
 # runs are keyed by their settings that differ from the defaults of that time (record_settings), so
 # a changed default leaves every record meaning what it meant.
-RECORD_BASELINE = {"train_forced_stop": True}
+RECORD_BASELINE = {k: before for k, (_now, before) in CHANGED_NEURAL_DEFAULTS.items()}
 
 
 def record_settings(config: dict | None) -> dict:

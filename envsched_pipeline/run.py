@@ -99,12 +99,16 @@ CHANGED_NEURAL_DEFAULTS = {
 }
 
 
-def with_neural_defaults(spec: RunSpec, which: int) -> RunSpec:
-    """``spec`` with each changed neural default it leaves unset filled in: ``which`` 0 = today's
-    (a run being started), 1 = the former (a spec written before runs stated them)."""
+def with_neural_defaults(spec: RunSpec, former: bool = False) -> RunSpec:
+    """``spec`` with each changed neural default it leaves unset filled in: today's (a run being
+    started), or with ``former`` the one before the change (a spec written before runs stated them)."""
     if spec.policy != "neural" or spec.trainer == "external":
         return spec
-    missing = {k: v[which] for k, v in CHANGED_NEURAL_DEFAULTS.items() if k not in spec.policy_config}
+    missing = {
+        k: before if former else now
+        for k, (now, before) in CHANGED_NEURAL_DEFAULTS.items()
+        if k not in spec.policy_config
+    }
     return replace(spec, policy_config={**spec.policy_config, **missing}) if missing else spec
 
 
@@ -339,7 +343,7 @@ def load_run(lake: Lake) -> RunSpec | None:
         spec = RunSpec.from_dict(d, where=str(lake.root / RUN_FILE))
     except ConfigError as exc:
         raise StepError(str(exc)) from exc
-    return with_neural_defaults(spec, 1)  # a spec that does not state them ran with the former ones
+    return with_neural_defaults(spec, former=True)  # a spec that does not state them ran with the former ones
 
 
 def require_run(lake: Lake) -> RunSpec:
@@ -362,7 +366,7 @@ def start_run(
     is recorded in ``run.json`` under ``config_changes``). Returns the stored spec.
     """
     spec.validate(schedulers)
-    spec = with_neural_defaults(spec, 0)  # the run states them: a later default change cannot reach it
+    spec = with_neural_defaults(spec)  # the run states them: a later default change cannot reach it
     current = load_run(lake)
     if current is not None and lake.steps("manifests"):
         diff = [

@@ -890,13 +890,18 @@ def _training_diet(series: dict, parts: int = 4) -> list[str]:
     return rows + [""]
 
 
-def _variant_targets(S: dict, P: dict) -> list[str]:
-    """One row per envsched variant with 5+ seeds: issue 17's targets with the variant in envsched's place."""
-    variants = [
+def _five_seed_variants(S: dict, P: dict) -> list[str]:
+    """The envsched variants of a table with 5 or more seeds paired against random."""
+    return [
         n
         for n in S
         if n.startswith("envsched@") and P.get(n, {}).get("heldout_seen_final", {}).get("n", 0) >= 5
     ]
+
+
+def _variant_targets(S: dict, P: dict) -> list[str]:
+    """One row per envsched variant with 5+ seeds: issue 17's targets with the variant in envsched's place."""
+    variants = _five_seed_variants(S, P)
     if not variants:
         return []
     rows = [
@@ -928,8 +933,7 @@ def _variant_block(S: dict, P: dict) -> list[str]:
     chance = [
         f"`{v}` seen {_all_seeds_chance(P[v]['heldout_seen_final']):.2f}, unseen "
         f"{_all_seeds_chance(P[v]['heldout_unseen_final']):.2f}"
-        for v in S
-        if v.startswith("envsched@") and P.get(v, {}).get("heldout_seen_final", {}).get("n", 0) >= 5
+        for v in _five_seed_variants(S, P)
     ]
     return [
         "The same targets for each envsched variant with 5 or more seeds, the variant standing in "

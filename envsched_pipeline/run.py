@@ -50,6 +50,19 @@ def check_types(obj, where: str) -> None:
             raise ConfigError(f"{where}.{f.name}: expected {names}, got {type(value).__name__} {value!r}")
 
 
+def floats_as_declared(values: dict, cls) -> dict:
+    """``values`` (settings of dataclass ``cls``) with a whole number given for a float field as a
+    float: the form recorded runs are keyed by, so ``{"dual_clip": 3}`` and ``{"dual_clip": 3.0}``
+    find the same runs."""
+    declared = cls.__dataclass_fields__
+    return {
+        k: float(v)
+        if declared[k].type in ("float", float) and isinstance(v, int) and not isinstance(v, bool)
+        else v
+        for k, v in values.items()
+    }
+
+
 def from_mapping(cls, data: dict | None, where: str):
     """Build a config dataclass from a mapping, refusing unknown keys and wrong types."""
     data = dict(data or {})

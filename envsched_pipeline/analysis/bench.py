@@ -38,6 +38,7 @@ from envs.registry import load_synthetic
 from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import flat_kinds, informative
+from envsched_pipeline.run import floats_as_declared
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.baselines import Oracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
@@ -183,20 +184,14 @@ def check_learner_config(kind: str, config: dict) -> dict:
         from trainer.neural.learner import NeuralConfig  # torch: loaded only for the neural learner
 
         NeuralConfig.from_dict(config)
-        fields = NeuralConfig.__dataclass_fields__
-    else:
-        fields = SimLearnerConfig.__dataclass_fields__
-        bad = sorted(set(config) - set(fields))
-        if bad:
-            raise ValueError(
-                f"unknown simulated learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(fields))}"
-            )
-    return {
-        k: float(v)
-        if fields[k].type in ("float", float) and isinstance(v, int) and not isinstance(v, bool)
-        else v
-        for k, v in config.items()
-    }
+        return floats_as_declared(config, NeuralConfig)
+    fields = SimLearnerConfig.__dataclass_fields__
+    bad = sorted(set(config) - set(fields))
+    if bad:
+        raise ValueError(
+            f"unknown simulated learner setting(s): {', '.join(bad)}; known: {', '.join(sorted(fields))}"
+        )
+    return floats_as_declared(config, SimLearnerConfig)
 
 
 def record_key_config(kind: str, config: dict | None) -> dict:

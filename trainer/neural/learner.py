@@ -29,6 +29,7 @@ from envsched_pipeline.run import (
     CHANGED_NEURAL_DEFAULTS,
     LOSS_DENOMINATORS,
     dual_clip_problem,
+    floats_as_declared,
     overrun_penalty_problem,
 )
 from trainer.grpo import group_advantages
@@ -123,15 +124,13 @@ def record_settings(config: dict | None) -> dict:
     got = asdict(NeuralConfig.from_dict(config or {}))
     base = asdict(NeuralConfig()) | RECORD_BASELINE
 
-    def differing(values: dict, defaults: dict, fields: dict) -> dict:
-        return {
-            k: float(v) if fields[k].type in ("float", float) and type(v) is int else v
-            for k, v in values.items()
-            if k != "policy" and v != defaults[k]
-        }
+    def differing(values: dict, defaults: dict, cls) -> dict:
+        return floats_as_declared(
+            {k: v for k, v in values.items() if k != "policy" and v != defaults[k]}, cls
+        )
 
-    out = differing(got, base, NeuralConfig.__dataclass_fields__)
-    policy = differing(got["policy"], base["policy"], PolicyConfig.__dataclass_fields__)
+    out = differing(got, base, NeuralConfig)
+    policy = differing(got["policy"], base["policy"], PolicyConfig)
     return out | ({"policy": policy} if policy else {})
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from envsched_pipeline.cli import main
+from envsched_pipeline.scheduler.variants import RECOMMENDED
 
 
 def envsched(*args, lake=None):
@@ -157,3 +158,7 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
     assert halves == {"coverage": 2, "exploit": 6}  # rho 0.25 of B = 8 (the adaptive share needs yields)
     p = envsched("bench", "variants")
     assert p.returncode == 0 and variant in p.stdout and '"coverage_pick": "score"' in p.stdout
+    # the recommended form is marked, on its own line, and is a variant `train` accepts
+    (marked,) = [line for line in p.stdout.splitlines() if line.endswith("(recommended)")]
+    assert marked.split()[0] == RECOMMENDED and '"spread_model": "logistic"' in marked
+    assert RECOMMENDED in envsched("train", "--help").stdout

@@ -17,7 +17,7 @@ from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
-from envsched_pipeline.scheduler.variants import VARIANTS
+from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
 F = argparse.ArgumentDefaultsHelpFormatter
 ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
@@ -271,10 +271,12 @@ def cmd_bench_trace(args) -> int:
 
 
 def cmd_bench_variants(args) -> int:
-    """One line per variant: its name, then its overrides as JSON (for `train --scheduler-config`)."""
+    """One line per variant: its name, then its overrides as JSON (for `train --scheduler-config`);
+    the recommended form is marked."""
     width = max(len(n) for n in VARIANTS)
     for name, overrides in VARIANTS.items():
-        print(f"{name:<{width}}  {json.dumps(overrides, sort_keys=True)}")
+        mark = "  (recommended)" if name == RECOMMENDED else ""
+        print(f"{name:<{width}}  {json.dumps(overrides, sort_keys=True)}{mark}")
     return 0
 
 

@@ -15,7 +15,7 @@ from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec
 from envsched_pipeline.scheduler import SCHEDULERS
-from envsched_pipeline.scheduler.variants import resolve
+from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
 
 STEP_COLUMNS = (
     "step",
@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
         default="envsched",
         help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
         "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them), e.g. "
-        "envsched@success+adaptive+covsampled, the best form on the neural learner's bench",
+        f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench)",
     )
     t.add_argument(
         "--scheduler-config",

@@ -1199,12 +1199,40 @@ def section_neural_seeds(
                 "by seed removes the seed's share of the spread):",
                 "",
                 *among,
+                *_random_by_seed(per),
                 *_all_seed_targets(out, counts),
             ]
         ),
         after=after,
     )
     return out
+
+
+def _random_by_seed(per: dict) -> list[str]:
+    """Seed by seed: random's final held-out and how many of the other rows recorded in that seed
+    end above it. A seed where nearly every row is below random is random's luck in that seed, which
+    an "above random in every seed" target has to beat as well."""
+    others = [n for n in per if n != "random"]
+    rows = [
+        "",
+        "Seed by seed: random's held-out at step 200 and how many of the other rows recorded in that seed "
+        "end above it (a seed where few do is one where random's own run came out high):",
+        "",
+        "| seed | rows in the seed | random held-out seen | rows above random (seen) | random held-out unseen "
+        "| rows above random (unseen) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in sorted(per["random"]):
+        rnd, there = per["random"][s], [n for n in others if s in per[n]]
+
+        def above(metric, rnd=rnd, there=there, s=s):
+            return sum(per[n][s][metric] > rnd[metric] for n in there)
+
+        rows.append(
+            f"| {s} | {len(there)} | {rnd['heldout_seen_final']:.4f} | {above('heldout_seen_final')} | "
+            f"{rnd['heldout_unseen_final']:.4f} | {above('heldout_unseen_final')} |"
+        )
+    return rows
 
 
 def _all_seed_targets(out: dict, counts: dict[str, int]) -> list[str]:

@@ -1110,6 +1110,8 @@ def section_neural(
     return out
 
 
+# the batch statistics the more-seeds tables give as ratios to random, over the seeds both rows have
+BATCH_RATIOS = ("batch_variance", "zero_variance_fraction")
 HELDOUT_METRICS = (
     ("heldout_seen_final", "seen, step 200"),
     ("heldout_unseen_final", "unseen, step 200"),
@@ -1167,10 +1169,12 @@ def section_neural_seeds(
     per = out["per_seed"]
     head = "| scheduler | seeds | " + " | ".join(f"Δ held-out {label}" for _, label in HELDOUT_METRICS) + " |"
     rule = "|---" * (2 + len(HELDOUT_METRICS)) + "|"
-    vs_random = [head, rule]
+    vs_random = [head[:-1] + "| batch var × random | zero-var × random |", rule + "---|---|"]
     for n in names[1:]:
         cells = [_paired_se_cell(per[n], per["random"], m) for m, _ in HELDOUT_METRICS]
-        vs_random.append(f"| {n} − random | {len(set(per[n]) & set(per['random']))} | {' | '.join(cells)} |")
+        both = sorted(set(per[n]) & set(per["random"]))
+        ratios = [f"{_ratio_over(per[n], per['random'], k, both):.2f}" for k in BATCH_RATIOS]
+        vs_random.append(f"| {n} − random | {len(both)} | {' | '.join(cells + ratios)} |")
     among = [head, rule]
     rest = [n for n in names if n != "random"]
     for i, a in enumerate(rest):

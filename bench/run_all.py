@@ -1167,15 +1167,18 @@ def section_neural_seeds(
         learner_config=config,
     )
     per = out["per_seed"]
-    head = "| scheduler | seeds | " + " | ".join(f"Δ held-out {label}" for _, label in HELDOUT_METRICS) + " |"
-    rule = "|---" * (2 + len(HELDOUT_METRICS)) + "|"
-    vs_random = [head[:-1] + "| batch var × random | zero-var × random |", rule + "---|---|"]
+
+    def header(columns: list[str]) -> list[str]:
+        return ["| " + " | ".join(["scheduler", "seeds", *columns]) + " |", "|---" * (2 + len(columns)) + "|"]
+
+    held = [f"Δ held-out {label}" for _, label in HELDOUT_METRICS]
+    vs_random = header(held + ["batch var × random", "zero-var × random"])
     for n in names[1:]:
         cells = [_paired_se_cell(per[n], per["random"], m) for m, _ in HELDOUT_METRICS]
         both = sorted(set(per[n]) & set(per["random"]))
         ratios = [f"{_ratio_over(per[n], per['random'], k, both):.2f}" for k in BATCH_RATIOS]
         vs_random.append(f"| {n} − random | {len(both)} | {' | '.join(cells + ratios)} |")
-    among = [head, rule]
+    among = header(held)
     rest = [n for n in names if n != "random"]
     for i, a in enumerate(rest):
         for b in rest[i + 1 :]:
@@ -1227,15 +1230,11 @@ def _random_by_seed(per: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for s in sorted(per["random"]):
-        rnd, there = per["random"][s], [n for n in others if s in per[n]]
-
-        def above(metric, rnd=rnd, there=there, s=s):
-            return sum(per[n][s][metric] > rnd[metric] for n in there)
-
-        rows.append(
-            f"| {s} | {len(there)} | {rnd['heldout_seen_final']:.4f} | {above('heldout_seen_final')} | "
-            f"{rnd['heldout_unseen_final']:.4f} | {above('heldout_unseen_final')} |"
-        )
+        rnd, there = per["random"][s], [per[n][s] for n in others if s in per[n]]
+        cells = [str(len(there))]
+        for k in ("heldout_seen_final", "heldout_unseen_final"):
+            cells += [f"{rnd[k]:.4f}", str(sum(x[k] > rnd[k] for x in there))]
+        rows.append(f"| {s} | {' | '.join(cells)} |")
     return rows
 
 

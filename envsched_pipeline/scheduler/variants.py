@@ -14,6 +14,10 @@ _SOLVED1 = {"retire_on": "mean", "retire_window": 1, "retire_failed": -1.0, "ret
 _SUCCESS_ADAPTIVE = {"target": "success", "adaptive_rho": True}
 # environment quotas that never bind at the bench's B = 64 (C1 = the batch, C3 = three batches)
 _NO_ENV_CAPS = {"cap_env_step": 64, "cap_env_window": 192}
+# The form the README and `envsched train --help` recommend: the best-supported envsched form on the
+# neural learner's bench (docs/experiments.md says why). A name, not a new entry: runs record the
+# overrides it resolves to.
+RECOMMENDED = "envsched@success+adaptive+covsampled+lr"
 # Named scheduler variants for ablations: "<scheduler>@<variant>" runs the scheduler with these overrides.
 VARIANTS: dict[str, dict] = {
     "envsched@adaptive": {"adaptive_rho": True},
@@ -186,11 +190,5 @@ def resolve(name: str) -> tuple[str, dict]:
     known = ", ".join(sorted(SCHEDULERS))
     raise ValueError(
         f"unknown scheduler {name!r}: choose one of {known}, or a named variant such as "
-        "envsched@success+adaptive+covscore (`envsched bench variants` lists them)"
+        f"{RECOMMENDED} (`envsched bench variants` lists them)"
     )
-
-
-# The form the README and `envsched train --help` recommend: the best-supported envsched form on the
-# neural learner's bench (docs/experiments.md says why). A name, not a new entry: runs record the
-# overrides it resolves to.
-RECOMMENDED = "envsched@success+adaptive+covsampled+lr"

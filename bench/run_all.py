@@ -1148,8 +1148,8 @@ def section_neural_seeds(
         if exp
         else ("neural_seeds", "neural", FORCED_STOP, "The top rows of the neural ablation over more seeds")
     )
-    counts = {n: len(recorded_seeds(runs, n)) for n in COMPARED + (extra or [])}
-    names = [n for n, c in counts.items() if c > base_seeds]
+    seeds_of = {n: recorded_seeds(runs, n) for n in COMPARED + (extra or [])}
+    names = [n for n, seeds in seeds_of.items() if len(seeds) > base_seeds]
     if "random" not in names or len(names) < 2:
         print(f"{section}: no scheduler besides random has more than {base_seeds} seeds in {runs}")
         return None
@@ -1170,7 +1170,7 @@ def section_neural_seeds(
             learner_config=config,
         )
 
-    out = recorded(names, max(counts[n] for n in names))
+    out = recorded(names, max(len(seeds_of[n]) for n in names))
     per = out["per_seed"]
 
     def header(columns: list[str]) -> list[str]:
@@ -1212,7 +1212,7 @@ def section_neural_seeds(
                 "",
                 *among,
                 *_random_by_seed(per),
-                *_shared_seed_targets(recorded, runs, names, base_seeds),
+                *_shared_seed_targets(recorded, seeds_of, names, base_seeds),
             ]
         ),
         after=after,
@@ -1243,21 +1243,22 @@ def _random_by_seed(per: dict) -> list[str]:
     return rows
 
 
-def _shared_seed_targets(recorded, runs: str, names: list[str], base_seeds: int) -> list[str]:
+def _shared_seed_targets(
+    recorded, seeds_of: dict[str, list[int]], names: list[str], base_seeds: int
+) -> list[str]:
     """Issue 17's targets over seeds 0..k-1, the longest run of seeds every scheduler of the ablation
     has on record, when k exceeds the ablation table's seeds: every row averaged over the same seeds,
     so "best mean" compares like with like; the variants that have those seeds stand in for envsched.
-    Empty before that. ``recorded(rows, k)`` reads the rows' runs over seeds 0..k-1."""
-    shared = set.intersection(*(set(recorded_seeds(runs, c)) for c in COMPARED))
+    Empty before that. ``seeds_of`` holds each row's recorded seeds; ``recorded(rows, k)`` reads the
+    rows' runs over seeds 0..k-1."""
+    shared = set.intersection(*(set(seeds_of[c]) for c in COMPARED))
     k = next(i for i in range(len(shared) + 1) if i not in shared)
     if k <= base_seeds:
         return []
-    rows = [n for n in names if set(range(k)) <= set(recorded_seeds(runs, n))]
+    rows = [n for n in names if set(range(k)) <= set(seeds_of[n])]
     out = recorded(rows, k)
     S, P = out["schedulers"], out["paired_vs_random"]
-    trows = ["| target | reached | met |", "|---|---|---|"] + [
-        f"| {a} | {b} | {_met(c)} |" for a, b, c in _target_list(S, P)
-    ]
+    trows, _ = _neural_targets(S, P)
     return [
         "",
         f"Targets (issue 17) over seeds 0..{k - 1}, the seeds every scheduler of the ablation has, so "

@@ -16,6 +16,7 @@ TARGETS = ("variance", "success", "success-sampled")
 COVERAGE_PICKS = ("fewest", "score", "sampled")
 ENV_PRIORS = ("decayed", "task")
 SPREAD_MODELS = ("none", "logistic")
+SPREAD_FEATURES = ("base", "streak")
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ class SchedulerConfig:
     spread_model: str = "none"
     spread_model_rows: int = 4096  # "logistic" only: the most recent picks it is fitted on
     spread_model_min_rows: int = 256  # ... and the fewest (before: the decayed estimate)
+    # "logistic" only: what the model sees of each task. "base": the 11 columns of
+    # docs/algorithm.md §4; "streak": those and 4 more from the task's last three groups: how many of
+    # them in a row had no spread, how many in a row sat at the last one's mean, and those two counts
+    # times log steps since the last (a task stuck at one partial credit tends to stay stuck while it
+    # is picked again and again, and to come unstuck when left alone while the policy moves on)
+    spread_features: str = "base"
 
     def __post_init__(self):
         for name, choices in (
@@ -128,6 +135,7 @@ class SchedulerConfig:
             ("coverage_pick", COVERAGE_PICKS),
             ("env_prior", ENV_PRIORS),
             ("spread_model", SPREAD_MODELS),
+            ("spread_features", SPREAD_FEATURES),
         ):
             value = getattr(self, name)
             if value not in choices:

@@ -119,7 +119,7 @@ class EnvSched(Scheduler):
         X, y = rows[:, :-1], rows[:, -1] > 0.5
         if y.all() or not y.any():
             return None
-        feats = spread_features(state, pred, state.step + 1)
+        feats = spread_features(state, pred, state.step + 1, self.config.spread_features)
         if X.shape[1] != feats.shape[1]:  # rows from another feature set
             return None
         from sklearn.linear_model import LogisticRegression  # scikit-learn loads slowly; only this option
@@ -135,7 +135,9 @@ class EnvSched(Scheduler):
         if self.config.spread_model != "none":
             has = obs.rollouts > 0
             if has.any():  # the features the state had when these tasks were picked, and the outcome
-                feats = spread_features(state, self.predict(state, model=False), obs.step)
+                feats = spread_features(
+                    state, self.predict(state, model=False), obs.step, self.config.spread_features
+                )
                 new = np.column_stack([feats[obs.task_idx[has]], obs.dispersion[has]])
                 old = state.model_rows if state.model_rows.shape[1:] == new.shape[1:] else new[:0]
                 state.model_rows = np.concatenate([old, new])[-self.config.spread_model_rows :]
@@ -433,17 +435,21 @@ class EnvSched(Scheduler):
         )
 
 
-def spread_features(state: SchedulerState, pred: dict[str, np.ndarray], step: int) -> np.ndarray:
+def spread_features(
+    state: SchedulerState, pred: dict[str, np.ndarray], step: int, kind: str = "base"
+) -> np.ndarray:
     """(tasks, 11) what the spread model sees of each task at ``step``: first look, the last group's
     spread, mean and pass/fail variance, log steps since it (and times its spread), log groups so
-    far, the shrunk estimates hat_d, hat_m, 4 hat_m (1 - hat_m), and hat_d's prior."""
+    far, the shrunk estimates hat_d, hat_m, 4 hat_m (1 - hat_m), and hat_d's prior. ``kind`` "streak"
+    adds 4 columns (tasks, 15): of the last three groups, how many in a row (newest first) had no
+    spread, how many in a row sat flat at the newest one's mean, and each times log steps since."""
     a = state.arrays
     never = a["n_groups"] <= 0
     last_d = np.nan_to_num(a["recent_disp_0"], nan=0.0)
     last_m = np.clip(np.nan_to_num(a["recent_mean_0"], nan=0.0), 0.0, 1.0)
     age = np.where(never, 0.0, np.log1p(np.maximum(step - a["last_seen"], 0.0)))
     d, m = np.clip(pred["hat_d"], 0.0, 1.0), np.clip(pred["hat_m"], 0.0, 1.0)
-    cols = (
+    cols = [
         never,
         last_d,
         last_m,
@@ -455,8 +461,27 @@ def spread_features(state: SchedulerState, pred: dict[str, np.ndarray], step: in
         m,
         _pass_fail_variance(m),
         np.clip(pred["prior_d"], 0.0, 1.0),
-    )
+    ]
+    if kind == "streak":
+        flat, same = _flat_runs(a)
+        cols += [flat, same, flat * age, same * age]
     return np.column_stack(cols).astype(float)
+
+
+def _flat_runs(a: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per task, over its last three groups newest first: how many in a row had no spread, and how
+    many in a row had no spread at the newest group's mean (a group not yet observed ends a run)."""
+    flat_run = np.zeros(len(a["n_groups"]))
+    same_run = np.zeros(len(a["n_groups"]))
+    flat_on = np.ones(len(flat_run), dtype=bool)
+    same_on = flat_on.copy()
+    for j in range(3):
+        disp, mean = a[f"recent_disp_{j}"], a[f"recent_mean_{j}"]
+        flat_on &= np.isfinite(disp) & (np.nan_to_num(disp, nan=1.0) <= 0.0)
+        same_on &= flat_on & (np.abs(np.nan_to_num(mean, nan=-1.0) - np.nan_to_num(a["recent_mean_0"], nan=-2.0)) < 1e-9)
+        flat_run += flat_on
+        same_run += same_on
+    return flat_run, same_run
 
 
 def _pass_fail_variance(m: np.ndarray) -> np.ndarray:

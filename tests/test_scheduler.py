@@ -599,3 +599,52 @@ def test_spread_model_learns_from_the_run_what_the_decayed_estimate_cannot_tell_
     assert st3.model_rows.size == 0 and "base_d" not in plain.predict(st3)
     with pytest.raises(ValueError, match="spread_model"):
         cfg.with_overrides(spread_model="forest")
+
+
+def test_streak_features_tell_a_task_stuck_three_times_from_one_stuck_once():
+    """spread_features="streak": the model also sees how many of a task's last three groups in a row
+    had no spread and sat at one credit. In this history the odd tasks cycle partial, partial,
+    partial, spread (the fourth group has spread only after three stuck ones), the even ones are
+    always solved. The base features only approximate the streak (through the decayed estimates and
+    the count of groups), and rank some tasks stuck once above some stuck three times; with the
+    streak columns the ranking is exact."""
+    cfg = SchedulerConfig(
+        use_graph=False,
+        target="success",
+        spread_model="logistic",
+        spread_model_min_rows=64,
+        spread_features="streak",
+    )
+    rng = np.random.default_rng(0)
+    runs = {}
+    for kind in ("streak", "base"):
+        sched, st_ = EnvSched(cfg.with_overrides(spread_features=kind)), make_state(n_envs=2, per_env=40)
+        stuck: dict[int, int] = {}  # odd task -> partial groups in a row so far
+        for step in range(60):
+            groups = {}
+            for i in rng.choice(80, 16, replace=False).tolist():
+                if i % 2 == 0:
+                    groups[i] = [1.0] * 8
+                elif stuck.get(i, 0) >= 3:
+                    groups[i], stuck[i] = [0.0, 1.0] * 4, 0
+                else:
+                    groups[i], stuck[i] = [0.5] * 8, stuck.get(i, 0) + 1
+            sched.update(
+                st_, Observations.from_groups(step, list(groups), [np.array(g) for g in groups.values()])
+            )
+        runs[kind] = (sched.predict(st_), dict(stuck), st_)
+    pred, stuck, st_ = runs["streak"]
+    assert st_.model_rows.shape[1] == 16  # 15 features and the outcome
+    three = [i for i, k in stuck.items() if k == 3]
+    fewer = [i for i, k in stuck.items() if k in (1, 2)]
+    assert three and fewer
+    assert pred["hat_d"][three].min() > 0.7 and pred["hat_d"][fewer].max() < 0.3
+    base = runs["base"][0]  # the same kind of history without the streak: the two kinds overlap
+    base_three = [i for i, k in runs["base"][1].items() if k == 3]
+    base_fewer = [i for i, k in runs["base"][1].items() if k in (1, 2)]
+    assert base["hat_d"][base_three].min() < base["hat_d"][base_fewer].max()
+    # rows kept under one feature set are not fitted under the other: the model waits for new rows
+    other = EnvSched(cfg.with_overrides(spread_features="base"))
+    assert "base_d" not in other.predict(st_)
+    with pytest.raises(ValueError, match="spread_features"):
+        cfg.with_overrides(spread_features="history")

@@ -475,10 +475,11 @@ def _flat_runs(a: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     same_run = np.zeros(len(a["n_groups"]))
     flat_on = np.ones(len(flat_run), dtype=bool)
     same_on = flat_on.copy()
+    newest = np.nan_to_num(a["recent_mean_0"], nan=-2.0)
     for j in range(3):
         disp, mean = a[f"recent_disp_{j}"], a[f"recent_mean_{j}"]
         flat_on &= np.isfinite(disp) & (np.nan_to_num(disp, nan=1.0) <= 0.0)
-        same_on &= flat_on & (np.abs(np.nan_to_num(mean, nan=-1.0) - np.nan_to_num(a["recent_mean_0"], nan=-2.0)) < 1e-9)
+        same_on &= flat_on & (np.abs(np.nan_to_num(mean, nan=-1.0) - newest) < 1e-9)
         flat_run += flat_on
         same_run += same_on
     return flat_run, same_run

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -1212,6 +1213,7 @@ def section_neural_seeds(
                 "",
                 *among,
                 *_random_by_seed(per),
+                *_seed_and_run_noise(per),
                 *_shared_seed_targets(recorded, seeds_of, names, base_seeds),
             ]
         ),
@@ -1241,6 +1243,45 @@ def _random_by_seed(per: dict) -> list[str]:
             cells += [f"{rnd[k]:.4f}", str(sum(x[k] > rnd[k] for x in there))]
         rows.append(f"| {s} | {' | '.join(cells)} |")
     return rows
+
+
+def _seed_and_run_noise(per: dict) -> list[str]:
+    """How much of the spread of final held-out over seeds every row shares (the seed's pool, held-out
+    sets and warm start: a seed where every row is high) and how much is each run's own, from a
+    two-way fit (row + seed) over the seeds 0..k-1 every row of ``per`` has; then the paired
+    difference's sd that the runs' own noise alone gives, and the effect an "every seed above random"
+    target needs to come out with a chance of 0.9 at that noise."""
+    rows = sorted(per)
+    k = 0
+    while all(k in per[n] for n in rows):
+        k += 1
+    if len(rows) < 3 or k < 3:
+        return []
+    out = [
+        "",
+        f"Where the spread over seeds comes from (final held-out of the {len(rows)} rows above over seeds "
+        f"0..{k - 1}, fitted as row + seed + the run's own residual): the seed's share is common to every "
+        "row of that seed and cancels in a paired difference; the residual does not, and sets the "
+        "paired difference's sd (√2 x the residual's) whatever the scheduler does. \"needs\": the mean "
+        "paired effect at which every one of 5 / 10 seeds comes out above random with a chance of "
+        "0.9 at that sd.",
+        "",
+        "| held-out | sd over seeds, shared by the rows | sd of a run's own residual | paired sd from "
+        "residuals | needs (5 seeds) | needs (10 seeds) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for metric, label in HELDOUT_METRICS[:2]:
+        x = np.array([[per[n][s][metric] for s in range(k)] for n in rows])
+        resid = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
+        res_var = float((resid**2).sum() / ((len(rows) - 1) * (k - 1)))
+        seed_var = max(float(np.var(x.mean(axis=0), ddof=1)) - res_var / len(rows), 0.0)
+        paired = math.sqrt(2 * res_var)
+        needs = [paired * NormalDist().inv_cdf(0.9 ** (1 / n)) for n in (5, 10)]
+        out.append(
+            f"| {label} | {math.sqrt(seed_var):.4f} | {math.sqrt(res_var):.4f} | {paired:.4f} | "
+            f"{needs[0]:+.4f} | {needs[1]:+.4f} |"
+        )
+    return out
 
 
 def _shared_seed_targets(

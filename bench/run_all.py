@@ -1212,6 +1212,7 @@ def section_neural_seeds(
                 "by seed removes the seed's share of the spread):",
                 "",
                 *among,
+                *_steps_to_random_final(per, steps),
                 *_random_by_seed(per),
                 *_seed_and_run_noise(per),
                 *_shared_seed_targets(recorded, seeds_of, names, base_seeds),
@@ -1243,6 +1244,46 @@ def _random_by_seed(per: dict) -> list[str]:
             cells += [f"{rnd[k]:.4f}", str(sum(x[k] > rnd[k] for x in there))]
         rows.append(f"| {s} | {' | '.join(cells)} |")
     return rows
+
+
+# the paper's speed figure: EnvSched reached at step 40 the score random scheduling had at step 120
+PAPER_STEPS_TO_RANDOM = (40, 120)
+
+
+def _steps_to_random_final(per: dict, steps: int) -> list[str]:
+    """Per row: the step at which it first reached random's step-``steps`` held-out in the same seed
+    (interpolated between evaluations), median over the seeds both have (a seed that never reached
+    it counts as beyond the run), and the speed-up ``steps`` / median beside the paper's."""
+    paper = PAPER_STEPS_TO_RANDOM[1] / PAPER_STEPS_TO_RANDOM[0]
+    out = [
+        "",
+        f"How many steps each row took to reach random's held-out at step {steps} in the same seed "
+        "(interpolated between the evaluations every 50 steps; median over the seeds both have, a seed "
+        f"that never reached it counting as beyond step {steps}) and the speed-up {steps} / median. "
+        f"The paper: its score at step {PAPER_STEPS_TO_RANDOM[1]} reached at step "
+        f"{PAPER_STEPS_TO_RANDOM[0]}, {paper:.1f}x.",
+        "",
+        "| scheduler | seeds | seen: reached in | seen: median step | seen: speed-up | unseen: reached in "
+        "| unseen: median step | unseen: speed-up | speed-up / paper's (seen, unseen) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in per:
+        both = sorted(set(per[n]) & set(per.get("random", {})))
+        if n == "random" or not both or "steps_to_random_seen_final" not in per[n][both[0]]:
+            continue
+        cells, ups = [], []
+        for kind in ("seen", "unseen"):
+            at = [per[n][s].get(f"steps_to_random_{kind}_final") for s in both]
+            med = float(np.median([math.inf if v is None else v for v in at]))
+            up = steps / med if math.isfinite(med) and med > 0 else None
+            ups.append(f"{up / paper:.2f}" if up else "—")
+            cells += [
+                f"{sum(v is not None for v in at)}/{len(both)}",
+                f"{med:.0f}" if math.isfinite(med) else f"> {steps}",
+                f"{up:.2f}x" if up else "—",
+            ]
+        out.append(f"| {n} | {len(both)} | {' | '.join(cells)} | {', '.join(ups)} |")
+    return out
 
 
 def _seed_and_run_noise(per: dict) -> list[str]:

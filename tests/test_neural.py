@@ -386,6 +386,31 @@ def test_runs_recorded_before_a_new_field_still_aggregate():
     assert summarize(run, None)["heldout_seen_drop"] == 0.0
 
 
+def test_steps_to_random_final_held_out_interpolates_between_evaluations():
+    """Each run's per-seed summary says at which step it first reached random's final held-out in the
+    same seed (both kinds), interpolated between evaluations; None where it never did; a target the
+    start already met is reached at the first evaluation."""
+    from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one, steps_to_reach
+
+    evals = [{"step": t, "a": a} for t, a in ((0, 0.6), (50, 0.8), (100, 0.85), (150, 0.9), (200, 0.91))]
+    assert steps_to_reach(evals, "a", 0.875) == pytest.approx(125.0)
+    assert steps_to_reach(evals, "a", 0.91) == 200.0 and steps_to_reach(evals, "a", 0.95) is None
+    assert steps_to_reach(evals, "a", 0.5) == 50.0
+    pool = prepare_pool(4, 6, 0)
+    runs = {n: run_one("random", pool, steps=4, seed=0, batch_size=4) for n in ("random", "other")}
+    curve = lambda seen, unseen: [  # noqa: E731
+        {"step": t, "seen_mean": a, "seen_se": 0.0, "unseen_mean": b, "unseen_se": 0.0}
+        for t, a, b in zip((0, 2, 4), seen, unseen, strict=True)
+    ]
+    runs["random"]["evals"] = curve((0.5, 0.6, 0.7), (0.4, 0.5, 0.6))
+    runs["other"]["evals"] = curve((0.5, 0.8, 0.9), (0.4, 0.45, 0.5))
+    doc = aggregate(["random", "other"], [0], {(n, 0): r for n, r in runs.items()}, {})
+    mine, rnd = doc["per_seed"]["other"][0], doc["per_seed"]["random"][0]
+    assert mine["steps_to_random_seen_final"] == pytest.approx(2 * (0.7 - 0.5) / (0.8 - 0.5))
+    assert mine["steps_to_random_unseen_final"] is None
+    assert rnd["steps_to_random_seen_final"] == 4.0 == rnd["steps_to_random_unseen_final"]
+
+
 def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, capsys):
     """--recorded-only runs nothing: a scheduler is averaged over the seeds it has, and compared with
     random over the seeds both have."""

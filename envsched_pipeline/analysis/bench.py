@@ -438,7 +438,22 @@ def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict
     }
 
 
-def summarize(series: dict, random_best: float | None) -> dict:
+def steps_to_reach(evals: list[dict], key: str, target: float) -> float | None:
+    """The first step at which ``evals[...][key]`` reaches ``target``, linearly interpolated between
+    the two evaluations around it (None: never reached). The start (step 0) never counts."""
+    for prev, e in zip(evals, evals[1:], strict=False):
+        if e[key] < target - 1e-12:
+            continue
+        if prev[key] >= target - 1e-12:  # only the start can be there already: the first evaluation
+            return float(e["step"])
+        return float(prev["step"] + (target - prev[key]) / (e[key] - prev[key]) * (e["step"] - prev["step"]))
+    return None
+
+
+def summarize(series: dict, random_best: float | None, random_final: dict | None = None) -> dict:
+    """One run's numbers. ``random_best``: random's best held-out in the same seed (steps_to_random_best);
+    ``random_final``: random's last evaluation in the same seed, for the steps this run took to reach
+    it on each kind of held-out (``steps_to_random_{seen,unseen}_final``; the neural learner)."""
     evals = series["evals"]
     ho = series["heldout"]
     steps_to = None
@@ -476,6 +491,13 @@ def summarize(series: dict, random_best: float | None) -> dict:
         if len(evals) > 1
         else 0.0,
         "step_seconds": float(np.median(series["step_seconds"])),
+        **{
+            f"steps_to_random_{kind}_final": steps_to_reach(
+                evals, f"{kind}_mean", random_final[f"{kind}_mean"]
+            )
+            for kind in ("seen", "unseen")
+            if random_final is not None and f"{kind}_mean" in random_final
+        },
         **series["breadth"],
         **_capped_shares(series.get("forced_stop_share")),
         **(
@@ -812,10 +834,12 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
     out = {"schedulers": {}, "series": {}, "paired_vs_random": {}, "per_seed": {}, "setup": setup}
     summaries = {}
     for s in seeds:
-        random_best = max(results[("random", s)]["heldout"]) if ("random", s) in results else None
+        rnd = results.get(("random", s))
+        random_best = max(rnd["heldout"]) if rnd else None
+        random_final = rnd["evals"][-1] if rnd and rnd.get("evals") else None
         for n in names:
             if (n, s) in results:
-                summaries[(n, s)] = summarize(results[(n, s)], random_best)
+                summaries[(n, s)] = summarize(results[(n, s)], random_best, random_final)
     for n in names:
         mine = [s for s in seeds if (n, s) in summaries]
         if not mine:

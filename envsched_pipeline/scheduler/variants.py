@@ -187,7 +187,11 @@ VARIANTS: dict[str, dict] = {
     # 10 sat at the same credit again), while random's picks of such tasks, made after longer rests,
     # had spread at 0.34 (the overrun learner's trace alike). Re-fitting on the traces' own picks, the
     # four streak columns raised the model's AUC from step 100 on from 0.794 to 0.799 (this trace), 0.789
-    # to 0.798 (the overrun trace), 0.799 to 0.828 and 0.827 to 0.860 (random's two traces)
+    # to 0.798 (the overrun trace), 0.799 to 0.828 and 0.827 to 0.860 (random's two traces).
+    # Default learner, 10 seeds: +0.0210 (10/10) / +0.0178 (8/10) against random, zero-variance
+    # 0.57x, level with the +lr form (+0.0024 / -0.0011 paired, inside two standard errors). Overrun
+    # learner, 5 seeds: +0.0179 (4/5) / +0.0027 (3/5), zero-variance 0.66x (the +lr form +0.0206 /
+    # +0.0117, 0.68x): it does not reach that learner's 0.6x either. Not kept
     "envsched@success+adaptive+covsampled+lr+streak": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",

@@ -182,12 +182,13 @@ VARIANTS: dict[str, dict] = {
     },
     # the recommended form with the spread model shown the task's run of groups without spread
     # (spread_features = "streak"). A recorded seed-0 trace (default learner, no forced stop): after
-    # step 100 a third of the exploitation half's picks went to tasks whose last group sat flat at a
-    # partial credit; after three such groups in a row the model said 0.26 and 0.17 had spread (7 in
-    # 10 sat at the same credit again), while random's picks of such tasks, made after longer rests,
-    # had spread at 0.34 (the overrun learner's trace alike). Re-fitting on the traces' own picks, the
-    # four streak columns raised the model's AUC from step 100 on from 0.794 to 0.799 (this trace), 0.789
-    # to 0.798 (the overrun trace), 0.799 to 0.828 and 0.827 to 0.860 (random's two traces).
+    # step 150 a third of the exploitation half's picks went to tasks whose last group sat flat at a
+    # partial credit (7 in 10 sat at the same credit again); after three such groups in a row the
+    # model said 0.26 and 0.17 had spread, while random's picks of such tasks, made after ~30-step
+    # rests, had spread at 0.21 (overrun traces: 0.13 against random's 0.31). Re-fitting on the
+    # traces' own picks, the four streak columns raised the model's AUC from step 100 on from 0.794
+    # to 0.799 (this trace), 0.789 to 0.798 (the overrun trace), 0.799 to 0.828 and 0.827 to 0.860
+    # (random's two traces).
     # Default learner, 10 seeds: +0.0210 (10/10) / +0.0178 (8/10) against random, zero-variance
     # 0.57x, level with the +lr form (+0.0024 / -0.0011 paired, inside two standard errors). Overrun
     # learner, 5 seeds: +0.0179 (4/5) / +0.0027 (3/5), zero-variance 0.66x (the +lr form +0.0206 /

@@ -173,7 +173,8 @@ VARIANTS: dict[str, dict] = {
     # 8 of 10 seeds; does spreading picks off its most repeated tasks buy unseen held-out? Seeds 0-4:
     # +0.0195 (5/5) / +0.0271 (5/5) against random, the best mean unseen of that table, most picks of
     # one task 47.8, zero-variance 0.65x (the +lr form 0.56x); over 10 seeds +0.0190 (10/10) / +0.0153
-    # (8/10), level with the +lr form and without its zero-variance target: not kept
+    # (8/10), level with the +lr form and without its zero-variance target: not kept. 15 seeds:
+    # +0.0179 (14/15) / +0.0139 (12/15), 0.65x
     "envsched@success+adaptive+covsampled+lr+exposure4": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",
@@ -190,7 +191,8 @@ VARIANTS: dict[str, dict] = {
     # to 0.799 (this trace), 0.789 to 0.798 (the overrun trace), 0.799 to 0.828 and 0.827 to 0.860
     # (random's two traces).
     # Default learner, 10 seeds: +0.0210 (10/10) / +0.0178 (8/10) against random, zero-variance
-    # 0.57x, level with the +lr form (+0.0024 / -0.0011 paired, inside two standard errors). Overrun
+    # 0.57x, level with the +lr form (+0.0024 / -0.0011 paired, inside two standard errors); 15
+    # seeds: +0.0191 (15/15) / +0.0150 (12/15), 0.58x. Overrun
     # learner, 5 seeds: +0.0179 (4/5) / +0.0027 (3/5), zero-variance 0.66x (the +lr form +0.0206 /
     # +0.0117, 0.68x): it does not reach that learner's 0.6x either. Not kept
     "envsched@success+adaptive+covsampled+lr+streak": {

@@ -1246,6 +1246,12 @@ def _random_by_seed(per: dict) -> list[str]:
     return rows
 
 
+def _leading_shared_seeds(seed_sets) -> int:
+    """k such that every one of ``seed_sets`` holds seeds 0..k-1 (the longest such run)."""
+    shared = set.intersection(*(set(seeds) for seeds in seed_sets))
+    return next(i for i in range(len(shared) + 1) if i not in shared)
+
+
 # the paper's speed figure: EnvSched reached at step 40 the score random scheduling had at step 120
 PAPER_STEPS_TO_RANDOM = (40, 120)
 
@@ -1293,9 +1299,7 @@ def _seed_and_run_noise(per: dict) -> list[str]:
     difference's sd that the runs' own noise alone gives, and the effect an "every seed above random"
     target needs to come out with a chance of 0.9 at that noise."""
     rows = sorted(per)
-    k = 0
-    while all(k in per[n] for n in rows):
-        k += 1
+    k = _leading_shared_seeds(per[n] for n in rows)
     if len(rows) < 3 or k < 3:
         return []
     out = [
@@ -1333,8 +1337,7 @@ def _shared_seed_targets(
     so "best mean" compares like with like; the variants that have those seeds stand in for envsched.
     Empty before that. ``seeds_of`` holds each row's recorded seeds; ``recorded(rows, k)`` reads the
     rows' runs over seeds 0..k-1."""
-    shared = set.intersection(*(set(seeds_of[c]) for c in COMPARED))
-    k = next(i for i in range(len(shared) + 1) if i not in shared)
+    k = _leading_shared_seeds(seeds_of[c] for c in COMPARED)
     if k <= base_seeds:
         return []
     rows = [n for n in names if set(range(k)) <= set(seeds_of[n])]

@@ -35,6 +35,7 @@ import numpy as np
 
 from envs.isolation import die_with_parent
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.headroom import history_ceiling, history_features
 from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import flat_kinds, informative
@@ -313,7 +314,7 @@ def run_one(
             idx = np.array([p.index for p in picks])
             if t in probe_at:
                 series.setdefault("probes", []).append(
-                    headroom_probe(lrn, state.task_ids, idx, group_size, seed, t, log=log)
+                    headroom_probe(lrn, state, pool["graph"], idx, group_size, seed, t, log=log)
                 )
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
@@ -385,7 +386,14 @@ def zero_variance_kinds(rewards: np.ndarray, informative_groups: np.ndarray) -> 
 
 
 def headroom_probe(
-    lrn, task_ids, picked: np.ndarray, group_size: int, seed: int, step: int, log: Callable | None = None
+    lrn,
+    state: SchedulerState,
+    graph,
+    picked: np.ndarray,
+    group_size: int,
+    seed: int,
+    step: int,
+    log: Callable | None = None,
 ) -> dict:
     """How many informative groups this step could have had. Two fresh groups of G episodes of every
     pool task at the learner's current skill (draws A and B; the learner is left as it was):
@@ -393,9 +401,12 @@ def headroom_probe(
     ``batch_spread``: the same share among the tasks the scheduler picked this step; ``oracle_spread``:
     among the |batch| tasks with the highest draw-A reward variance (random tie-break). The oracle
     spends a probe of the whole pool on one step's choice, so its zero-variance share (1 - this) is
-    a floor that a scheduler seeing only history is not expected to reach."""
+    a floor that a scheduler seeing only history is not expected to reach. ``history_spread`` and
+    ``history_auc``: the same share among the |batch| tasks a model of the run's history (the
+    scheduler state before this step) ranks first, fitted on draw A of other tasks, and how well it
+    ranks draw B (envsched_pipeline/analysis/headroom.py): between the two."""
     t0 = time.perf_counter()
-    ids = [str(t) for t in task_ids]
+    ids = [str(t) for t in state.task_ids]
     rewards = np.concatenate(
         [
             lrn.probe(
@@ -413,13 +424,15 @@ def headroom_probe(
         "pool_spread": float(spread_b.mean()),
         "batch_spread": float(spread_b[picked].mean()),
         "oracle_spread": float(spread_b[oracle].mean()),
+        **history_ceiling(history_features(state, graph, step), informative(a), spread_b, len(picked), seed),
         "pool_tasks_with_spread": int(spread_b.sum()),
         "seconds": time.perf_counter() - t0,
     }
     if log:
         log(
             f"    probe seed {seed} step {step}: spread in pool {row['pool_spread']:.3f}, batch "
-            f"{row['batch_spread']:.3f}, oracle {row['oracle_spread']:.3f} ({row['seconds']:.0f}s)"
+            f"{row['batch_spread']:.3f}, history {row['history_spread']:.3f}, oracle "
+            f"{row['oracle_spread']:.3f} ({row['seconds']:.0f}s)"
         )
     return row
 

@@ -623,11 +623,41 @@ def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
         (row,) = b["probes"][name]  # steps 2 only (probes at N, 2N, ... before the last step)
         assert row["step"] == 2 and 0 <= row["pool_tasks_with_spread"] <= 24
         assert row["pool_spread"] == pytest.approx(row["pool_tasks_with_spread"] / 24)
-        for k in ("batch_spread", "oracle_spread"):
+        for k in ("batch_spread", "oracle_spread", "history_spread"):
             assert 0.0 <= row[k] <= 1.0 and (row[k] * 6) == pytest.approx(round(row[k] * 6))
+        assert np.isnan(row["history_auc"]) or 0.0 <= row["history_auc"] <= 1.0
         # episodes the sandbox ended (time limit, crash) are counted per step: none in a healthy run
         assert b["series"][name]["sandbox_failures"] == [0, 0, 0, 0]
     assert main([*base, "--probe-every", "0"]) == 2
+
+
+def test_the_history_ceiling_ranks_by_what_the_history_says_and_never_by_a_tasks_own_probe():
+    """The history ceiling is cross-fitted: a column that tells draw A's spread ranks the spread
+    tasks first; with no such column it finds the base rate, even though a model could memorize
+    each task's own draw A (which would copy the oracle). Its features: one row per pool task, 26
+    columns, no NaN, from any scheduler's state."""
+    from envsched_pipeline.analysis.bench import prepare_pool, run_one
+    from envsched_pipeline.analysis.headroom import history_ceiling, history_features
+
+    rng = np.random.default_rng(0)
+    n, k = 2000, 64
+    spread = rng.random(n) < 0.15  # the same chance in draws A and B
+    a = spread ^ (rng.random(n) < 0.05)  # draw A: mostly the same tasks, a few flipped
+    told = np.column_stack([spread + rng.normal(0, 0.1, n), rng.normal(size=(n, 3))])
+    hit = history_ceiling(told, a, spread, k, seed=0)
+    assert hit["history_spread"] >= 0.9 and hit["history_auc"] > 0.9
+    ids = np.column_stack([np.arange(n), rng.normal(size=(n, 3))])  # unique rows, nothing else
+    blind = history_ceiling(ids, a, spread, k, seed=0)
+    assert blind["history_spread"] < 0.35 and 0.4 < blind["history_auc"] < 0.6
+    with pytest.raises(ValueError, match="feature rows"):
+        history_ceiling(told[:10], a, spread, k, seed=0)
+
+    pool = prepare_pool(4, 6, 0)
+    for name in ("random", "envsched"):
+        state = run_one(name, pool, steps=3, seed=0, batch_size=6, return_state=True)["_state"]
+        X = history_features(state, pool["graph"], 3)
+        assert X.shape == (24, 26) and np.isfinite(X).all()
+        assert (X[:, 0] == (state.arrays["n_groups"] <= 0)).all()  # first column: never picked
 
 
 def test_zero_variance_groups_are_split_by_kind():

@@ -601,6 +601,51 @@ def test_spread_model_learns_from_the_run_what_the_decayed_estimate_cannot_tell_
         cfg.with_overrides(spread_model="forest")
 
 
+def test_boosted_spread_model_bends_where_a_straight_line_cannot():
+    """spread_model="boosted": gradient-boosted trees on the logistic model's rows. In this history a
+    group stuck at 0.25 or 0.75 is followed by one with spread, a group stuck at 0.5 by another at
+    0.5; solved stays solved and spread is followed by none: spread depends on the last mean in a
+    way no monotone score follows. The trees separate the kinds fully, the straight line by less;
+    the chances do not depend on the thread count."""
+    from threadpoolctl import threadpool_limits
+
+    def run(model):
+        cfg = SchedulerConfig(use_graph=False, target="success", spread_model=model, spread_model_min_rows=64)
+        sched, st_ = EnvSched(cfg), make_state(n_envs=2, per_env=40)
+        rng = np.random.default_rng(0)
+        last: dict[int, str] = {}
+        for step in range(40):
+            groups = {}
+            for i in rng.choice(80, 16, replace=False).tolist():
+                if i % 4 == 0:
+                    kind = "solved"
+                elif last.get(i) in ("p25", "p75"):
+                    kind = "spread"
+                else:
+                    kind = ("p25", "p50", "p75")[i % 4 - 1]
+                credit = {"solved": 1.0, "p25": 0.25, "p50": 0.5, "p75": 0.75}
+                groups[i] = [0.0, 1.0] * 4 if kind == "spread" else [credit[kind]] * 8
+                last[i] = kind
+            sched.update(
+                st_, Observations.from_groups(step, list(groups), [np.array(g) for g in groups.values()])
+            )
+        yes = [i for i, k in last.items() if k in ("p25", "p75")]
+        no = [i for i, k in last.items() if k in ("p50", "solved", "spread")]
+        return sched, st_, yes, no
+
+    gaps = {}
+    for model in ("logistic", "boosted"):
+        sched, st_, yes, no = run(model)
+        d = sched.predict(st_)["hat_d"]
+        assert yes and no and "base_d" in sched.predict(st_)
+        gaps[model] = d[yes].min() - d[no].max()
+        if model == "boosted":
+            assert d[yes].min() > 0.9 and d[no].max() < 0.1
+            with threadpool_limits(limits=2):
+                assert np.array_equal(sched.predict(st_)["hat_d"], d)
+    assert gaps["boosted"] > gaps["logistic"] + 0.3
+
+
 def test_streak_features_tell_a_task_stuck_three_times_from_one_stuck_once():
     """spread_features="streak": the model also sees how many of a task's last three groups in a row
     had no spread and sat at one credit. In this history the odd tasks cycle partial, partial,

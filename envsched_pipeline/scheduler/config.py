@@ -15,7 +15,7 @@ EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
 COVERAGE_PICKS = ("fewest", "score", "sampled")
 ENV_PRIORS = ("decayed", "task")
-SPREAD_MODELS = ("none", "logistic")
+SPREAD_MODELS = ("none", "logistic", "boosted")
 SPREAD_FEATURES = ("base", "streak")
 
 
@@ -117,11 +117,12 @@ class SchedulerConfig:
     # groups so far, the shrunk estimates and their prior; label: the group had spread), which then
     # predicts every task's chance at the coming step. The decayed estimate forgets a task within a
     # few half-lives, and an all-solved group and a group stuck at one partial credit look alike to
-    # it; the fitted model learns from the run how much each still says (docs/algorithm.md §4)
+    # it; the fitted model learns from the run how much each still says (docs/algorithm.md §4);
+    # "boosted": gradient-boosted trees on the same rows and features instead of the straight line
     spread_model: str = "none"
-    spread_model_rows: int = 4096  # "logistic" only: the most recent picks it is fitted on
+    spread_model_rows: int = 4096  # "logistic"/"boosted": the most recent picks it is fitted on
     spread_model_min_rows: int = 256  # ... and the fewest (before: the decayed estimate)
-    # "logistic" only: what the model sees of each task. "base": the 11 columns of
+    # "logistic" / "boosted": what the model sees of each task. "base": the 11 columns of
     # docs/algorithm.md §4; "streak": those and 4 more from the task's last three groups: how many of
     # them in a row had no spread, how many in a row sat at the last one's mean, and those two counts
     # times log steps since the last (a task stuck at one partial credit tends to stay stuck while it

@@ -104,7 +104,7 @@ class EnvSched(Scheduler):
                 prior = x_env
             hat = (X + c.lambda_s * prior) / (W + c.lambda_s)
             out[f"own_{x}"], out[f"prior_{x}"], out[f"hat_{x}"] = own, prior, hat
-        if model and c.spread_model == "logistic":
+        if model and c.spread_model != "none":
             p = self._fit_spread_model(state, out)
             if p is not None:
                 out["base_d"], out["hat_d"] = out["hat_d"], p
@@ -122,6 +122,8 @@ class EnvSched(Scheduler):
         feats = spread_features(state, pred, state.step + 1, self.config.spread_features)
         if X.shape[1] != feats.shape[1]:  # rows from another feature set
             return None
+        if self.config.spread_model == "boosted":
+            return _boosted_chance(X, y, feats)
         from sklearn.linear_model import LogisticRegression  # scikit-learn loads slowly; only this option
 
         mu, sd = X.mean(axis=0), X.std(axis=0)
@@ -466,6 +468,21 @@ def spread_features(
         flat, same = _flat_runs(a)
         cols += [flat, same, flat * age, same * age]
     return np.column_stack(cols).astype(float)
+
+
+def _boosted_chance(X: np.ndarray, y: np.ndarray, feats: np.ndarray) -> np.ndarray:
+    """spread_model "boosted": gradient-boosted trees on the same rows and features as the logistic
+    model, so the chance of spread can bend where a straight line cannot (a task stuck for a while,
+    then left alone). Fitted on one thread, without early stopping: the same rows give the same
+    chances on any machine and thread count."""
+    from sklearn.ensemble import HistGradientBoostingClassifier  # scikit-learn loads slowly; this option
+    from threadpoolctl import threadpool_limits  # same reason (installed with scikit-learn)
+
+    with threadpool_limits(limits=1):
+        fit = HistGradientBoostingClassifier(
+            max_iter=100, learning_rate=0.1, max_leaf_nodes=15, min_samples_leaf=40, early_stopping=False
+        ).fit(X, y)
+        return fit.predict_proba(feats)[:, 1]
 
 
 def _flat_runs(a: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -1754,34 +1754,49 @@ def section_headroom(
         + "."
     )
     rows = [
-        "| scheduler | step | spread in the pool (uniform pick) | spread in its batch | spread in the oracle's batch "
-        "| batch / oracle | zero-var: batch / pool | zero-var: oracle / pool |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scheduler | step | spread in the pool (uniform pick) | spread in its batch | spread in the history "
+        "ceiling's batch | spread in the oracle's batch | batch / history | history / oracle | batch / oracle "
+        "| zero-var: batch / pool | zero-var: oracle / pool |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     of_oracle: dict[str, list[float]] = {}  # batch spread / oracle spread, per probe
+    of_history: dict[str, list[float]] = {}  # batch spread / history ceiling's, per probe that has it
+    history_of_oracle: list[float] = []
     floor = []  # the oracle's zero-variance share / the pool's, per probe
     for n, ps in probes.items():
         for p in ps:
             zb, zo, zp = 1 - p["batch_spread"], 1 - p["oracle_spread"], 1 - p["pool_spread"]
             of_oracle.setdefault(n, []).append(p["batch_spread"] / max(p["oracle_spread"], 1e-9))
             floor.append(zo / max(zp, 1e-9))
+            hist = vs_hist = hist_vs = "—"  # probes recorded before the history ceiling existed
+            if "history_spread" in p:
+                of_history.setdefault(n, []).append(p["batch_spread"] / max(p["history_spread"], 1e-9))
+                history_of_oracle.append(p["history_spread"] / max(p["oracle_spread"], 1e-9))
+                hist, vs_hist = f"{p['history_spread']:.3f}", f"{of_history[n][-1]:.2f}"
+                hist_vs = f"{history_of_oracle[-1]:.2f}"
             rows.append(
-                f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | "
-                f"{p['oracle_spread']:.3f} | {of_oracle[n][-1]:.2f} | {zb / max(zp, 1e-9):.2f} | {floor[-1]:.2f} |"
+                f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | {hist} | "
+                f"{p['oracle_spread']:.3f} | {vs_hist} | {hist_vs} | {of_oracle[n][-1]:.2f} | "
+                f"{zb / max(zp, 1e-9):.2f} | {floor[-1]:.2f} |"
             )
     S = out["schedulers"]
     zr = S["random"]["zero_variance_fraction"] if "random" in S else None
     run_rows = [
-        "| scheduler | seeds | zero-var frac (whole run) | × random | mean over the probes: batch | oracle | pool |"
+        "| scheduler | seeds | zero-var frac (whole run) | × random | mean over the probes: batch | history "
+        "ceiling | oracle | pool |"
     ]
-    run_rows.append("|---|---|---|---|---|---|---|")
+    run_rows.append("|---|---|---|---|---|---|---|---|")
     for n, ps in probes.items():
         z = S[n]["zero_variance_fraction"]
         zb, zo, zp = (
             float(np.mean([1 - p[k] for p in ps])) for k in ("batch_spread", "oracle_spread", "pool_spread")
         )
+        zh = [1 - p["history_spread"] for p in ps if "history_spread" in p]
+        zh_text = f"{np.mean(zh):.3f}" if len(zh) == len(ps) else "—"
         vs_random = f"{z / zr:.2f}" if zr else "—"
-        run_rows.append(f"| {n} | {S[n]['seeds']} | {z:.3f} | {vs_random} | {zb:.3f} | {zo:.3f} | {zp:.3f} |")
+        run_rows.append(
+            f"| {n} | {S[n]['seeds']} | {z:.3f} | {vs_random} | {zb:.3f} | {zh_text} | {zo:.3f} | {zp:.3f} |"
+        )
     last = max(p["step"] for ps in probes.values() for p in ps)
     reading = (
         f"Reading: an oracle with a fresh look at the whole pool leaves {min(floor):.2f}-{max(floor):.2f} of "
@@ -1796,6 +1811,16 @@ def section_headroom(
         )
         + ")."
     )
+    if history_of_oracle:
+        reading += (
+            " How much of that the run's history holds: the history ceiling (docs/algorithm.md §9; a model "
+            "of the history before the step, fitted on a fresh draw of the rest of the pool, which no "
+            f"scheduler has) finds {np.median(history_of_oracle):.2f} of the oracle's spread (median over the "
+            f"probes; {min(history_of_oracle):.2f}-{max(history_of_oracle):.2f}), and the schedulers' batches "
+            "find, of the ceiling's spread (mean over the probes): "
+            + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in of_history.items())
+            + "."
+        )
     plot = headroom_plot(probes, HERE / "neural_headroom.png")
     write_section(
         "neural_headroom",
@@ -1808,7 +1833,7 @@ def section_headroom(
                 "2550 training tasks at the learner's current weights, nothing learned from them. *Pool*: the "
                 "share of tasks whose second group has reward spread (what a uniform pick finds); *batch*: "
                 "the same share among the tasks the scheduler picked that step; *oracle*: among the 64 tasks "
-                "with the most reward variance in the first group. The oracle spends a probe of the whole pool "
+                "with the most reward variance in the first group; *history ceiling*: among the 64 tasks a model of the run's history ranks first, fitted on the first group of the rest of the pool (docs/algorithm.md §9). The oracle spends a probe of the whole pool "
                 "(40 times a step's rollouts) on one choice, so a scheduler that sees only history is not expected to get "
                 "below its zero-variance share. Means over seeds "
                 f"{', '.join(str(s) for s in sorted(next(iter(out['per_seed'].values()))))}; runs in "

@@ -1754,10 +1754,11 @@ def section_headroom(
         + "."
     )
     rows = [
-        "| scheduler | step | spread in the pool (uniform pick) | spread in its batch | spread in the history "
-        "ceiling's batch | spread in the oracle's batch | batch / history | history / oracle | batch / oracle "
-        "| zero-var: batch / pool | zero-var: oracle / pool |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scheduler | step | spread in the pool (uniform pick) | spread in its batch | its halves: exploit, "
+        "coverage | its own predictor's top 64 | spread in the history ceiling's batch | spread in the oracle's "
+        "batch | batch / history | history / oracle | batch / oracle | zero-var: batch / pool | zero-var: "
+        "oracle / pool |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     of_oracle: dict[str, list[float]] = {}  # batch spread / oracle spread, per probe
     of_history: dict[str, list[float]] = {}  # batch spread / history ceiling's, per probe that has it
@@ -1774,8 +1775,15 @@ def section_headroom(
                 history_of_oracle.append(p["history_spread"] / max(p["oracle_spread"], 1e-9))
                 hist, vs_hist = f"{p['history_spread']:.3f}", f"{of_history[n][-1]:.2f}"
                 hist_vs = f"{history_of_oracle[-1]:.2f}"
+            halves = p.get("half_spread") or {}
+            split = (
+                f"{halves['exploit']:.3f}, {halves['coverage']:.3f}"
+                if "exploit" in halves and "coverage" in halves
+                else "—"
+            )
+            own = f"{p['model_spread']:.3f}" if "model_spread" in p else "—"
             rows.append(
-                f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | {hist} | "
+                f"| {n} | {p['step']:.0f} | {p['pool_spread']:.3f} | {p['batch_spread']:.3f} | {split} | {own} | {hist} | "
                 f"{p['oracle_spread']:.3f} | {vs_hist} | {hist_vs} | {of_oracle[n][-1]:.2f} | "
                 f"{zb / max(zp, 1e-9):.2f} | {floor[-1]:.2f} |"
             )
@@ -1833,7 +1841,7 @@ def section_headroom(
                 "2550 training tasks at the learner's current weights, nothing learned from them. *Pool*: the "
                 "share of tasks whose second group has reward spread (what a uniform pick finds); *batch*: "
                 "the same share among the tasks the scheduler picked that step; *oracle*: among the 64 tasks "
-                "with the most reward variance in the first group; *history ceiling*: among the 64 tasks a model of the run's history ranks first, fitted on the first group of the rest of the pool (docs/algorithm.md §9). The oracle spends a probe of the whole pool "
+                "with the most reward variance in the first group; *its halves*: the batch's share per half (envsched); *its own predictor's top 64*: among the 64 tasks with the highest chance of spread by the scheduler's own estimate (envsched's d_hat, or its spread model's), quotas and halves aside; *history ceiling*: among the 64 tasks a model of the run's history ranks first, fitted on the first group of the rest of the pool (docs/algorithm.md §9). The oracle spends a probe of the whole pool "
                 "(40 times a step's rollouts) on one choice, so a scheduler that sees only history is not expected to get "
                 "below its zero-variance share. Means over seeds "
                 f"{', '.join(str(s) for s in sorted(next(iter(out['per_seed'].values()))))}; runs in "

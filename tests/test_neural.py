@@ -626,6 +626,13 @@ def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
         for k in ("batch_spread", "oracle_spread", "history_spread"):
             assert 0.0 <= row[k] <= 1.0 and (row[k] * 6) == pytest.approx(round(row[k] * 6))
         assert np.isnan(row["history_auc"]) or 0.0 <= row["history_auc"] <= 1.0
+        # the scheduler's own chance of spread (envsched has one, random none) and the batch per half
+        assert ("model_spread" in row) == (name == "envsched")
+        assert sum(row["half_spread"].values()) > 0 or row["batch_spread"] == 0
+        if name == "random":
+            assert (
+                set(row["half_spread"]) == {"random"} and row["half_spread"]["random"] == row["batch_spread"]
+            )
         # episodes the sandbox ended (time limit, crash) are counted per step: none in a healthy run
         assert b["series"][name]["sandbox_failures"] == [0, 0, 0, 0]
     assert main([*base, "--probe-every", "0"]) == 2

@@ -314,7 +314,18 @@ def run_one(
             idx = np.array([p.index for p in picks])
             if t in probe_at:
                 series.setdefault("probes", []).append(
-                    headroom_probe(lrn, state, pool["graph"], idx, group_size, seed, t, log=log)
+                    headroom_probe(
+                        lrn,
+                        state,
+                        pool["graph"],
+                        idx,
+                        group_size,
+                        seed,
+                        t,
+                        log=log,
+                        predicted=(sched.predict(state) or {}).get("hat_d"),
+                        halves=[p.half for p in picks],
+                    )
                 )
             out = lrn.rollout(ids, group_size, roll_rng)
             r = out["reward"]
@@ -394,6 +405,8 @@ def headroom_probe(
     seed: int,
     step: int,
     log: Callable | None = None,
+    predicted: np.ndarray | None = None,
+    halves: list[str] | None = None,
 ) -> dict:
     """How many informative groups this step could have had. Two fresh groups of G episodes of every
     pool task at the learner's current skill (draws A and B; the learner is left as it was):
@@ -404,7 +417,10 @@ def headroom_probe(
     a floor that a scheduler seeing only history is not expected to reach. ``history_spread`` and
     ``history_auc``: the same share among the |batch| tasks a model of the run's history (the
     scheduler state before this step) ranks first, fitted on draw A of other tasks, and how well it
-    ranks draw B (envsched_pipeline/analysis/headroom.py): between the two."""
+    ranks draw B (envsched_pipeline/analysis/headroom.py): between the two. With ``predicted`` (the
+    scheduler's own chance of spread per task, where it has one), ``model_spread``: the same share
+    among the |batch| tasks it rates highest, quotas and halves aside; with ``halves`` (each pick's
+    half), ``half_spread``: the batch's share per half."""
     t0 = time.perf_counter()
     ids = [str(t) for t in state.task_ids]
     rewards = np.concatenate(
@@ -426,8 +442,14 @@ def headroom_probe(
         "oracle_spread": float(spread_b[oracle].mean()),
         **history_ceiling(history_features(state, graph, step), informative(a), spread_b, len(picked), seed),
         "pool_tasks_with_spread": int(spread_b.sum()),
-        "seconds": time.perf_counter() - t0,
     }
+    if predicted is not None:
+        own = np.lexsort((tie, -np.nan_to_num(np.asarray(predicted, dtype=float), nan=-1.0)))[: len(picked)]
+        row["model_spread"] = float(spread_b[own].mean())
+    if halves is not None:
+        kinds = np.asarray(halves)
+        row["half_spread"] = {h: float(spread_b[picked[kinds == h]].mean()) for h in sorted(set(halves))}
+    row["seconds"] = time.perf_counter() - t0
     if log:
         log(
             f"    probe seed {seed} step {step}: spread in pool {row['pool_spread']:.3f}, batch "
@@ -435,6 +457,22 @@ def headroom_probe(
             f"{row['oracle_spread']:.3f} ({row['seconds']:.0f}s)"
         )
     return row
+
+
+def _mean_probe(rows: list[dict]) -> dict:
+    """One probe step over seeds: each number averaged over the runs that recorded it (a field
+    added later is absent from older records), ``half_spread`` per half likewise."""
+    out: dict = {}
+    for k in dict.fromkeys(k for r in rows for k in r):
+        vals = [r[k] for r in rows if k in r]
+        if isinstance(vals[0], dict):
+            out[k] = {
+                h: float(np.mean([v[h] for v in vals if h in v]))
+                for h in sorted({h for v in vals for h in v})
+            }
+        else:
+            out[k] = float(np.mean(vals))
+    return out
 
 
 def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict:
@@ -885,8 +923,7 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
         probes = [r["probes"] for r in runs if r.get("probes")]
         if probes and len(probes) == len(runs):
             out.setdefault("probes", {})[n] = [
-                {k: float(np.mean([p[j][k] for p in probes])) for k in probes[0][j]}
-                for j in range(min(len(p) for p in probes))
+                _mean_probe([p[j] for p in probes]) for j in range(min(len(p) for p in probes))
             ]
         paired = [s for s in mine if ("random", s) in summaries]
         if n != "random" and paired:

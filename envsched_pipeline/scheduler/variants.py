@@ -212,6 +212,20 @@ VARIANTS: dict[str, dict] = {
         "coverage_pick": "sampled",
         "spread_model": "boosted",
     },
+    # ... ranking by the spread model's chance nearly alone, with an eighth of the batch for coverage
+    # (fixed): a seed-0 dump of the +lr form's state at the overrun learner's probes found its own
+    # model's top 64 with spread as often as the history ceiling (0.70 / 0.45 at steps 100 / 150, the
+    # ceiling 0.69 / 0.42) while its batch found 0.50 / 0.36: the coverage half (about 15 picks, spread
+    # 0.19-0.20, the pool's rate) and the success weighting of the exploitation half cost the rest.
+    # How few groups without spread does the recommended form reach when it spends nothing on either,
+    # and what does held-out pay for it?
+    "envsched@success+covsampled+lr+floor100+rho0.125": {
+        "target": "success",
+        "rho": 0.125,
+        "coverage_pick": "sampled",
+        "spread_model": "logistic",
+        "success_floor": 100.0,
+    },
     # ... ranking by the model's chance of spread nearly alone (u = d (100 + 4 m (1 - m)) / 101): in
     # the replays above the model's chance ranked the picks better than u did (0.853 against 0.842
     # on random's trace), the pass/fail factor already being one of its features. Seed 0: zero-variance

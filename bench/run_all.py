@@ -1829,6 +1829,23 @@ def section_headroom(
             + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in of_history.items())
             + "."
         )
+    own_of_history = {  # the scheduler's own predictor's top |batch| / the ceiling's, per scheduler
+        n: [
+            p["model_spread"] / max(p["history_spread"], 1e-9)
+            for p in ps
+            if "model_spread" in p and "history_spread" in p
+        ]
+        for n, ps in probes.items()
+    }
+    own_of_history = {n: r for n, r in own_of_history.items() if r}
+    if own_of_history:
+        reading += (
+            " The schedulers' own chance of spread, read without quotas or halves (its top 64), finds of the "
+            "ceiling's spread: "
+            + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in own_of_history.items())
+            + "; where that is near 1, what its batch leaves is spent by the batch's own rules (the "
+            "coverage half, the success weighting, the repetition limits), not by what it fails to predict."
+        )
     plot = headroom_plot(probes, HERE / "neural_headroom.png")
     write_section(
         "neural_headroom",

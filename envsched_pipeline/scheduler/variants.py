@@ -204,9 +204,11 @@ VARIANTS: dict[str, dict] = {
     # the recommended form with gradient-boosted trees for the spread model instead of the logistic
     # regression (spread_model = "boosted", same rows and features). A whole-pool probe every 50 steps
     # (overrun learner, RESULTS "Headroom") with a model of the run's history fitted on a fresh draw of
-    # three quarters of the pool found the top 64 of the rest with spread about as often as the oracle
-    # (the history ceiling), far above what the schedulers' batches found: the history holds more
-    # than the straight line reads from it
+    # three quarters of the pool (the history ceiling) found 64 tasks with spread about as often as
+    # the oracle, far more often than the schedulers' batches did: does the history hold more than
+    # the straight line reads from it? Overrun learner, 5 seeds: +0.0163 (5/5) / +0.0212 (4/5)
+    # against random, zero-variance 0.67x (the +lr form 0.68x): the +lr form's own model already
+    # found its top 64 with spread as often as the ceiling did. Not kept
     "envsched@success+adaptive+covsampled+boosted": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",
@@ -218,7 +220,10 @@ VARIANTS: dict[str, dict] = {
     # ceiling 0.69 / 0.42) while its batch found 0.50 / 0.36: the coverage half (about 15 picks, spread
     # 0.19-0.20, the pool's rate) and the success weighting of the exploitation half cost the rest.
     # How few groups without spread does the recommended form reach when it spends nothing on either,
-    # and what does held-out pay for it?
+    # and what does held-out pay for it? Overrun learner, 5 seeds: +0.0166 (5/5) / +0.0062 (3/5)
+    # against random, zero-variance 0.70x: fewer groups without spread late (quarters 3-4: 0.533,
+    # 0.734 against 0.599, 0.784), more early (0.336, 0.489 against 0.272, 0.382), when first looks
+    # are where the spread is. Not kept
     "envsched@success+covsampled+lr+floor100+rho0.125": {
         "target": "success",
         "rho": 0.125,

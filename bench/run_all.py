@@ -1741,13 +1741,27 @@ def section_headroom(
                 rec, probed = (json.loads(f[0].read_text()) for f in (b, a))
                 twins.append((n, seed, first_departure(rec, probed)))
     departed = [f"{n} seed {seed} from step {k}" for n, seed, k in twins if k is not None]
+    older_host = [  # departed runs whose record without probes predates runs keeping their CPU
+        (n, seed)
+        for n, seed, k in twins
+        if k is not None
+        and not any(
+            (json.loads(f.read_text()).get("environment") or {}).get("cpu")
+            for f in Path(recorded).glob(f"{n}-s{seed}-*.json")
+        )
+    ]
     twin_text = (
         f"{len(twins) - len(departed)} of {len(twins)} probed runs repeat their run recorded without probes "
         "(`bench/runs/neural-overrun/`) step for step"
         + (
             f"; {', '.join(departed)} depart from theirs, all before the first probe (step {every}), so the "
-            "probe is not the cause (the bench now counts the episodes the sandbox ended, `sandbox_failures`, "
-            "so the next such difference shows whether the sandbox caused it)"
+            "probe is not the cause"
+            + (
+                f" ({len(older_host)} of them against records made before runs kept their CPU, on an earlier "
+                "machine: docs/experiments.md has a re-run without probes departing the same way)"
+                if older_host
+                else ""
+            )
             if departed and all(k < every for _, _, k in twins if k is not None)
             else (f"; {', '.join(departed)} depart from theirs" if departed else "")
         )
@@ -1808,10 +1822,9 @@ def section_headroom(
     last = max(p["step"] for ps in probes.values() for p in ps)
     reading = (
         f"Reading: an oracle with a fresh look at the whole pool leaves {min(floor):.2f}-{max(floor):.2f} of "
-        "the pool's zero-variance share at the probes, so the zero-variance target of the table above (0.6x random's) is within reach "
-        "of a scheduler that predicted as well as a fresh probe. What separates the schedulers from the "
-        "oracle is prediction from history: their batches' spread as a share of the oracle's, mean over the "
-        "probes: "
+        "the pool's zero-variance share at the probes, so in one step the zero-variance target of the table "
+        "above (0.6x random's) is within reach of a scheduler that predicted as well as a fresh probe. The "
+        "batches' spread as a share of the oracle's, mean over the probes: "
         + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in of_oracle.items())
         + f". It falls for every scheduler as the pool saturates (pool spread at step {last:.0f}: "
         + ", ".join(
@@ -1844,7 +1857,13 @@ def section_headroom(
             "ceiling's spread: "
             + ", ".join(f"{n} {np.mean(r):.2f}" for n, r in own_of_history.items())
             + "; where that is near 1, what its batch leaves is spent by the batch's own rules (the "
-            "coverage half, the success weighting, the repetition limits), not by what it fails to predict."
+            "coverage half, the success weighting, the repetition limits), not by what it fails to predict. "
+            "These are one-step comparisons: the oracle's and the ceiling's top 64 are taken once, from a "
+            "history the scheduler's own rules produced. Taken every step, the most likely tasks are trained "
+            "away and the history that tells the next ones apart grows thinner: the variant that spends "
+            "nothing on those rules (`envsched@success+covsampled+lr+floor100+rho0.125`, tables above) has "
+            "fewer groups without spread late in its runs and more early, and no fewer over a run "
+            "(docs/experiments.md)."
         )
     plot = headroom_plot(probes, HERE / "neural_headroom.png")
     write_section(

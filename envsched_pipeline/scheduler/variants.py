@@ -209,7 +209,8 @@ VARIANTS: dict[str, dict] = {
     # the straight line reads from it? Overrun learner, 5 seeds: +0.0163 (5/5) / +0.0212 (4/5)
     # against random, zero-variance 0.67x (the +lr form 0.68x): the +lr form's own model already
     # found its top 64 with spread as often as the ceiling did. Default learner, 5 seeds: +0.0258 (5/5)
-    # / +0.0147 (3/5), 0.57x (the +lr form +0.0213 / +0.0184, 0.56x). Not kept
+    # / +0.0147 (3/5), 0.57x (the +lr form +0.0213 / +0.0184, 0.56x). Overrun, 10 seeds: +0.0183
+    # (10/10) / +0.0127 (6/10), 0.66x, level with the +lr form (+0.0184 / +0.0091). Not kept
     "envsched@success+adaptive+covsampled+boosted": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",

@@ -1732,24 +1732,19 @@ def section_headroom(
         print(f"headroom: no probed run in {runs}")
         return
     # the probes leave the run as it was: each probed run should repeat its record without probes
-    twins = []  # (name, seed, first step where the probed run and its record differ, or None)
+    # (name, seed, first step where the probed run and its record differ or None, the record has its CPU)
+    twins = []
     for n, per in out["per_seed"].items():
         for seed in per:
             a = list(Path(runs).glob(f"{n}-s{seed}-*.json"))
             b = list(Path(recorded).glob(f"{n}-s{seed}-*.json"))
             if len(a) == 1 and len(b) == 1:
                 rec, probed = (json.loads(f[0].read_text()) for f in (b, a))
-                twins.append((n, seed, first_departure(rec, probed)))
-    departed = [f"{n} seed {seed} from step {k}" for n, seed, k in twins if k is not None]
-    older_host = [  # departed runs whose record without probes predates runs keeping their CPU
-        (n, seed)
-        for n, seed, k in twins
-        if k is not None
-        and not any(
-            (json.loads(f.read_text()).get("environment") or {}).get("cpu")
-            for f in Path(recorded).glob(f"{n}-s{seed}-*.json")
-        )
-    ]
+                has_cpu = bool((rec.get("environment") or {}).get("cpu"))
+                twins.append((n, seed, first_departure(rec, probed), has_cpu))
+    departed = [f"{n} seed {seed} from step {k}" for n, seed, k, _ in twins if k is not None]
+    # departed runs whose record without probes predates runs keeping their CPU
+    older_host = [(n, seed) for n, seed, k, has_cpu in twins if k is not None and not has_cpu]
     twin_text = (
         f"{len(twins) - len(departed)} of {len(twins)} probed runs repeat their run recorded without probes "
         "(`bench/runs/neural-overrun/`) step for step"
@@ -1762,7 +1757,7 @@ def section_headroom(
                 if older_host
                 else ""
             )
-            if departed and all(k < every for _, _, k in twins if k is not None)
+            if departed and all(k < every for _, _, k, _ in twins if k is not None)
             else (f"; {', '.join(departed)} depart from theirs" if departed else "")
         )
         + "."

@@ -41,7 +41,7 @@ from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import flat_kinds, informative
 from envsched_pipeline.run import floats_as_declared
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
-from envsched_pipeline.scheduler.baselines import Oracle
+from envsched_pipeline.scheduler.baselines import Oracle, ProbeOracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from envsched_pipeline.scheduler.variants import VARIANTS
@@ -49,6 +49,9 @@ from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
 
 LEARNERS = ("simulated", "neural")
+# tasks the neural learner's oracle looks at each step: 8 times a step's rollouts (B = 64), a
+# fifth of the 2550-task pool, so a 200-step run takes about half an hour on 2 cores
+ORACLE_CANDIDATES = 512
 METRICS = (
     "batch_variance",
     "zero_variance_fraction",
@@ -240,11 +243,14 @@ def run_one(
     learner_config: dict | None = None,
     probe_every: int | None = None,
     trace: str | Path | None = None,
+    oracle_candidates: int = ORACLE_CANDIDATES,
 ) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
     simulates a weaker model (simulated learner only). ``probe_every``: every that many steps, probe
     the whole pool (:func:`headroom_probe`; the run itself is unchanged). ``trace``: write the run's
-    picks beside their groups' outcomes to this Parquet file (envsched_pipeline/analysis/trace.py)."""
+    picks beside their groups' outcomes to this Parquet file (envsched_pipeline/analysis/trace.py).
+    ``oracle_candidates``: how many tasks the neural learner's oracle looks at each step
+    (:class:`~envsched_pipeline.scheduler.baselines.ProbeOracle`)."""
     tasks = pool["tasks"]
     kw = (
         {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
@@ -260,10 +266,14 @@ def run_one(
             **(overrides or {})
         )
         base = name.split("@")[0]
-        if base == "oracle":
-            if lrn.true_variance is None:
-                raise ValueError("the oracle needs the simulator's true variance (learner simulated)")
+        if base == "oracle" and lrn.true_variance is not None:
             sched = Oracle(config, true_variance=lrn.true_variance)
+        elif base == "oracle":  # no true variance: look at fresh groups of some tasks instead
+            sched = ProbeOracle(
+                config,
+                probe=lambda ids, s: lrn.probe(ids, group_size, s),
+                candidates=oracle_candidates,
+            )
         else:
             sched = make_scheduler(
                 base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None
@@ -719,6 +729,7 @@ def run_benchmark(
     recorded_only: bool = False,
     probe_every: int | None = None,
     trace_dir: str | Path | None = None,
+    oracle_candidates: int = ORACLE_CANDIDATES,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
     ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
@@ -728,7 +739,8 @@ def run_benchmark(
     the JSON's ``probes``); part of the key only when set. ``trace_dir``: write every run's picks and
     their outcomes to ``<trace_dir>/<scheduler>-s<seed>.parquet`` (envsched_pipeline/analysis/trace.py);
     a run already on record is run again for its trace, its record is kept, and the log says whether
-    the re-run repeated it step for step."""
+    the re-run repeated it step for step. ``oracle_candidates``: the neural learner's oracle looks at
+    a fresh group of that many tasks each step (part of its runs' key)."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -740,10 +752,8 @@ def run_benchmark(
         raise ValueError("steps and seeds must be >= 1")
     if probe_every is not None and probe_every < 1:
         raise ValueError(f"probe_every must be >= 1 (got {probe_every})")
-    if learner == "neural" and "oracle" in schedulers:
-        raise ValueError(
-            "the oracle reads the simulator's true variance: it exists for the simulated learner only"
-        )
+    if oracle_candidates < 1:
+        raise ValueError(f"oracle_candidates must be >= 1 (got {oracle_candidates})")
     if learner_config:
         learner_config = check_learner_config(learner, learner_config)
     key_config = record_key_config(learner, learner_config)
@@ -769,6 +779,11 @@ def run_benchmark(
                 "learner": learner,
                 "eval_every": eval_every,
                 **({"probe_every": probe_every} if probe_every else {}),
+                **(
+                    {"oracle_candidates": oracle_candidates}
+                    if n == "oracle" and learner != "simulated"
+                    else {}
+                ),
             }
             keyed = {**kw, "learner_config": key_config}  # runs are keyed by record_key_config
             if not key_config:

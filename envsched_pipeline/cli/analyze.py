@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 
-from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
+from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, provenance_text, run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
@@ -54,7 +54,8 @@ def add_parser(sub) -> None:
     bs.add_argument(
         "--schedulers",
         default=None,
-        help=f"comma-separated scheduler names (default: {ALL}; the oracle only with the simulated learner)",
+        help=f"comma-separated scheduler names (default: {ALL}; the neural learner's default leaves out the "
+        "oracle, which costs --oracle-candidates/B times a step's rollouts)",
     )
     bs.add_argument("--envs", type=int, default=51, help="environments in the generated pool")
     bs.add_argument("--tasks", type=int, default=50, help="tasks per environment")
@@ -94,6 +95,14 @@ def add_parser(sub) -> None:
         help="every N steps, probe the whole pool with two fresh groups per task (what share of it, of "
         "the batch, and of an oracle's batch has spread: the JSON's `probes`); costs about one pool "
         "rollout per probe, leaves the run unchanged",
+    )
+    bs.add_argument(
+        "--oracle-candidates",
+        type=int,
+        default=ORACLE_CANDIDATES,
+        metavar="N",
+        help="neural learner: the oracle rolls one fresh group of N random tasks each step and trains "
+        f"on the most varied (a ceiling that pays N/B times a step's rollouts; default {ORACLE_CANDIDATES})",
     )
     bs.add_argument(
         "--trace",
@@ -214,6 +223,7 @@ def cmd_bench_scheduler(args) -> int:
             learner_config=learner_config,
             probe_every=args.probe_every,
             trace_dir=args.trace,
+            oracle_candidates=args.oracle_candidates,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

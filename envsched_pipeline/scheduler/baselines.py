@@ -1,8 +1,9 @@
 """Baselines behind the same interface (docs/algorithm.md, baselines).
 
 exploit-only and coverage-only are EnvSched with rho = 0 / 1. Here: random (the paper's baseline),
-variance-greedy (own history only), GRESO, MoPPS, DPS, and the oracle used only by the benchmark
-as the ceiling (it reads the simulator's true variance; never a real option).
+variance-greedy (own history only), GRESO, MoPPS, DPS, and the two oracles used only by the
+benchmark as ceilings, never real options: the simulated learner's reads the simulator's true
+variance, the neural learner's looks at fresh rollouts it does not pay for.
 Their extra per-task state lives in ``state.arrays`` under a prefixed name, so it saves and loads
 with the rest of the state.
 """
@@ -247,3 +248,40 @@ class Oracle(Scheduler):
         tv = self.true_variance(state.task_ids)
         idx = _top(tv, min(batch_size, state.n_tasks), rng)
         return Selection(_picks(state, idx, "oracle", tv))
+
+
+class ProbeOracle(Scheduler):
+    """Benchmark ceiling for a learner without a true variance (the neural learner): each step it
+    draws ``candidates`` tasks uniformly, rolls one fresh group of each at the learner's current
+    weights (``probe(task_ids, seed) -> rewards (n, G)``; nothing learned from them), and picks the
+    ``batch_size`` with the most reward variance in that group. The batch it trains on is rolled
+    again, so its groups' spread is an honest draw. The look costs ``candidates / batch_size`` times
+    a step's rollouts, which no scheduler has: a ceiling over a whole run, never offered to users."""
+
+    name = "oracle"
+
+    def __init__(
+        self, config=SchedulerConfig(), graph=None, probe: Callable | None = None, candidates: int = 512
+    ):
+        super().__init__(config, graph)
+        if probe is None:
+            raise ValueError(
+                "the probe oracle needs the learner's probe (fresh groups at its current weights)"
+            )
+        if candidates < 1:
+            raise ValueError(f"the probe oracle needs at least one candidate (got {candidates})")
+        self.probe = probe
+        self.candidates = candidates
+
+    def select(self, state, batch_size, rng, step) -> Selection:
+        n = state.n_tasks
+        cand = np.sort(rng.choice(n, size=min(self.candidates, n), replace=False))
+        rewards = np.asarray(self.probe([str(state.task_ids[i]) for i in cand], int(rng.integers(2**62))))
+        var = np.full(n, -1.0)  # never a candidate: never picked
+        var[cand] = rewards.var(axis=1)
+        idx = _top(var, min(batch_size, len(cand)), rng)
+        picks = _picks(state, idx, "oracle", var)
+        for p in picks:
+            p.pred_var = float(var[p.index])
+            p.p_nonzero = float(var[p.index] > 0)
+        return Selection(picks)

@@ -776,3 +776,29 @@ def test_bench_traces_every_pick_and_checks_a_recorded_run_repeats(tmp_path, cap
     assert main([*base, "--trace", str(tmp_path / "t3"), "--recorded-only"]) == 2
     assert main(["bench", "trace", str(tmp_path / "missing.parquet")]) == 2
     assert "missing.parquet" in capsys.readouterr().err
+
+
+def test_the_neural_learners_oracle_looks_at_fresh_groups_and_keys_its_runs_by_how_many(tmp_path):
+    """`--schedulers oracle` on the neural learner: each step a fresh group of --oracle-candidates
+    tasks at the learner's weights, the batch the most varied of them (a bench ceiling). Its runs
+    are recorded per candidate count; a bad count is refused before anything runs."""
+    cache = tmp_path / "runs"
+    base = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "2"]
+    base += ["--batch-size", "4", "--group-size", "4", "--schedulers", "oracle", "--eval-every", "2"]
+    base += ["--cache", str(cache)]
+    for n in ("8", "24"):
+        out = tmp_path / f"oracle{n}.json"
+        assert main([*base, "--oracle-candidates", n, "--json", str(out), "--series"]) == 0
+        doc = json.loads(out.read_text())
+        m = doc["schedulers"]["oracle"]
+        assert all(k in m for k in NEURAL_FIELDS) and m["seeds"] == 1
+        assert 1 <= m["distinct_tasks"] <= 8 and len(doc["series"]["oracle"]["zero_variance_fraction"]) == 2
+        # its chance of spread is whether the look had spread: a number in [0, 1] every step
+        assert all(0.0 <= p <= 1.0 for p in doc["series"]["oracle"]["predicted_nonzero"])
+    recorded = sorted(p.name for p in cache.glob("oracle-s0-*.json"))
+    assert len(recorded) == 2
+    assert main([*base, "--oracle-candidates", "8", "--json", str(tmp_path / "again.json")]) == 0
+    assert sorted(p.name for p in cache.glob("oracle-s0-*.json")) == recorded  # read back, not re-run
+    again = json.loads((tmp_path / "again.json").read_text())["schedulers"]["oracle"]
+    assert again == json.loads((tmp_path / "oracle8.json").read_text())["schedulers"]["oracle"]
+    assert main([*base, "--oracle-candidates", "0"]) == 2

@@ -693,3 +693,57 @@ def test_streak_features_tell_a_task_stuck_three_times_from_one_stuck_once():
     assert "base_d" not in other.predict(st_)
     with pytest.raises(ValueError, match="spread_features"):
         cfg.with_overrides(spread_features="history")
+
+
+def test_the_probe_oracle_trains_on_the_most_varied_of_its_fresh_look():
+    """The neural learner's oracle (bench only): each step one fresh group of `candidates` distinct
+    random tasks, and the batch is the most varied of them, never a task it did not look at; the
+    same step seed gives the same look, another seed another set."""
+    from envsched_pipeline.scheduler.baselines import ProbeOracle
+
+    st_ = make_state(n_envs=4, per_env=10)
+    looked: list[list[str]] = []
+
+    def probe(ids, seed):
+        looked.append(list(ids))
+        # task j of an environment: j/10 of its 8 episodes solved, so spread grows towards j = 4..5
+        return np.array(
+            [[1.0 if k < int(t.split("-t")[1]) * 8 // 10 else 0.0 for k in range(8)] for t in ids]
+        )
+
+    sched = ProbeOracle(SchedulerConfig(), probe=probe, candidates=12)
+    sel = sched.select(st_, 5, np.random.default_rng([0, 3]), 3)
+    (seen,) = looked
+    assert len(seen) == len(set(seen)) == 12
+    var = {t: float(np.var(r)) for t, r in zip(seen, probe(seen, 0), strict=True)}
+    picked = [p.task_id for p in sel.picks]
+    assert len(picked) == 5 and set(picked) <= set(seen)
+    assert min(var[t] for t in picked) >= max(var[t] for t in seen if t not in picked)
+    assert all(p.half == "oracle" and p.pred_var == var[p.task_id] for p in sel.picks)
+    assert all(p.p_nonzero == float(var[p.task_id] > 0) for p in sel.picks)
+    again = [p.task_id for p in sched.select(st_, 5, np.random.default_rng([0, 3]), 3).picks]
+    assert again == picked and looked[-1] == seen
+    sched.select(st_, 5, np.random.default_rng([0, 4]), 4)
+    assert looked[-1] != seen
+    # a look wider than the pool is the whole pool; a batch wider than the look is the look
+    assert (
+        len(
+            ProbeOracle(SchedulerConfig(), probe=probe, candidates=99)
+            .select(st_, 5, np.random.default_rng(1), 0)
+            .picks
+        )
+        == 5
+    )
+    assert len(looked[-1]) == 40
+    assert (
+        len(
+            ProbeOracle(SchedulerConfig(), probe=probe, candidates=3)
+            .select(st_, 5, np.random.default_rng(1), 0)
+            .picks
+        )
+        == 3
+    )
+    with pytest.raises(ValueError, match="probe"):
+        ProbeOracle(SchedulerConfig())
+    with pytest.raises(ValueError, match="at least one candidate"):
+        ProbeOracle(SchedulerConfig(), probe=probe, candidates=0)

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from envsched_pipeline.analysis.bench import (  # noqa: E402
+    ORACLE_CANDIDATES,
     VARIANTS,
     first_departure,
     prepare_pool,
@@ -1893,6 +1894,112 @@ def section_headroom(
     )
 
 
+# the rows beside the neural learner's oracle: random, the best published baseline there, and the
+# recommended envsched form
+BESIDE_ORACLE = ("random", "mopps", "envsched@success+adaptive+covsampled+lr")
+
+
+def section_oracle(runs: str, steps: int) -> None:
+    """A ceiling over whole runs: the neural learner's oracle (each step one fresh group of
+    ORACLE_CANDIDATES random tasks, the batch the most varied of them) beside random, MoPPS and the
+    recommended envsched form over the oracle's seeds, on the overrun learner. Records only."""
+    seeds = recorded_seeds(runs, "oracle")
+    if not seeds:
+        print(f"neural_oracle: no oracle run in {runs}; section left as it was")
+        return
+    names = [*BESIDE_ORACLE, "oracle"]
+    out = run_benchmark(
+        names,
+        steps=steps,
+        seed=seeds[0],
+        seeds=seeds[-1] - seeds[0] + 1,  # every row over the oracle's seeds (a seed range)
+        learner="neural",
+        eval_every=50,
+        recorded_only=True,
+        log=lambda _m: None,
+        cache_dir=runs,
+        learner_config=OVERRUN.config,
+    )
+    S, P, setup = out["schedulers"], out["paired_vs_random"], out["setup"]
+    edges = np.linspace(0, steps, 5).astype(int)
+    quarters = {
+        n: [
+            float(np.mean(x["zero_variance_fraction"][a:b]))
+            for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ]
+        for n, x in out["series"].items()
+    }
+    trained = setup["batch_size"] * setup["group_size"]
+    looked = ORACLE_CANDIDATES * setup["group_size"]
+    rnd = S["random"]
+    rows = [
+        "| scheduler | seeds | batch var × random | zero-var frac | × random | zero-var frac by quarter | distinct "
+        "tasks | max picks of a task | held-out seen | Δ vs random (± sd), wins | held-out unseen | Δ vs random, "
+        "wins | episodes a step |",
+        "|" + "---|" * 13,
+    ]
+    for n, m in S.items():
+        rows.append(
+            f"| {n} | {m['seeds']} | {m['batch_variance'] / rnd['batch_variance']:.2f} | "
+            f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / rnd['zero_variance_fraction']:.2f} | "
+            + " / ".join(f"{q:.2f}" for q in quarters[n])
+            + f" | {m['distinct_tasks']:.0f} | {m['max_task_picks']:.1f} | {m['heldout_seen_final']:.4f} | "
+            f"{_paired_cell(P.get(n), 'heldout_seen_final')} | {m['heldout_unseen_final']:.4f} | "
+            f"{_paired_cell(P.get(n), 'heldout_unseen_final')} | "
+            + (
+                f"{trained + looked} ({trained} trained + {looked} looked at)"
+                if n == "oracle"
+                else f"{trained}"
+            )
+            + " |"
+        )
+    lr = BESIDE_ORACLE[-1]
+    zv = {n: m["zero_variance_fraction"] for n, m in S.items()}
+    ratio = zv["oracle"] / zv["random"]
+    reading = (
+        f"Reading: over whole runs the oracle's groups are without spread {ratio:.2f}x as often as random's "
+        f"({'within' if ratio <= 0.6 else 'short of'} the 0.6x target of issue 17)"
+        + (
+            f"; the recommended envsched form's {zv[lr] / zv['random']:.2f}x over the same seeds, so looking "
+            f"first removes {(zv[lr] - zv['oracle']) / max(zv[lr], 1e-9):.0%} of the form's groups without spread"
+            if lr in zv
+            else ""
+        )
+        + ". Per quarter of the run, the oracle's share against random's: "
+        + ", ".join(f"{a / b:.2f}x" for a, b in zip(quarters["oracle"], quarters["random"], strict=True))
+        + f". The oracle is not a scheduler: it spends {looked / trained:.0f} times a step's rollouts looking, "
+        "never counts in a target's *best of all schedulers*, and picks on spread alone (no coverage half, no "
+        "repetition limit), so its held-out columns show what a batch of the most informative groups does to "
+        "generalization on this learner, not a bound on it."
+    )
+    plot = heldout_plots(out, HERE / "neural_oracle.png")
+    write_section(
+        "neural_oracle",
+        "\n".join(
+            [
+                "## A ceiling over whole runs: the oracle that looks before it picks (neural learner, overrun setting)",
+                "",
+                "The headroom probe above compares one step's batch with the best that step allowed. This asks the "
+                "same over whole runs: each step the oracle (`envsched bench scheduler --learner neural --schedulers "
+                f"oracle`) rolls one fresh group of G episodes of {ORACLE_CANDIDATES} random pool tasks at the "
+                "learner's current weights, learns nothing from them, and trains on the B most varied, rolled "
+                "again (its groups' spread is a fresh draw, as every scheduler's). Learner settings "
+                f"{', '.join(f'`{k}={json.dumps(v)}`' for k, v in OVERRUN.config.items())}, {setup['steps']} steps, "
+                f"B = {setup['batch_size']}, G = {setup['group_size']}; runs in `bench/runs/{Path(runs).name}/`, the "
+                f"rows beside the oracle are the records of the tables above over the oracle's seeds "
+                f"({', '.join(map(str, seeds))}). " + provenance_text(out["provenance"]),
+                "",
+                *rows,
+                "",
+                reading,
+                "",
+                f"![oracle]({Path(plot).name})",
+            ]
+        ),
+        after="neural_headroom",
+    )
+
+
 TRACED = (
     "random",
     "mopps",
@@ -2162,7 +2269,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
+        "neural_oracle,neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -2281,6 +2388,8 @@ def main() -> int:
             args.jobs,
             recorded_only=args.neural_recorded_only,
         )
+    if "neural_oracle" in sections:
+        section_oracle(args.neural_overrun_runs, args.steps)
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

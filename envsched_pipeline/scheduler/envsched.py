@@ -476,7 +476,7 @@ def _boosted_chance(X: np.ndarray, y: np.ndarray, feats: np.ndarray) -> np.ndarr
     then left alone). Fitted on one thread, without early stopping: the same rows give the same
     chances on any machine and thread count."""
     from sklearn.ensemble import HistGradientBoostingClassifier  # scikit-learn loads slowly; this option
-    from threadpoolctl import threadpool_limits  # same reason (installed with scikit-learn)
+    from threadpoolctl import threadpool_limits  # same reason
 
     with threadpool_limits(limits=1):
         fit = HistGradientBoostingClassifier(

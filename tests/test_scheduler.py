@@ -725,24 +725,16 @@ def test_the_probe_oracle_trains_on_the_most_varied_of_its_fresh_look():
     assert again == picked and looked[-1] == seen
     sched.select(st_, 5, np.random.default_rng([0, 4]), 4)
     assert looked[-1] != seen
+
     # a look wider than the pool is the whole pool; a batch wider than the look is the look
-    assert (
-        len(
-            ProbeOracle(SchedulerConfig(), probe=probe, candidates=99)
-            .select(st_, 5, np.random.default_rng(1), 0)
-            .picks
+    def batch(candidates):
+        sel = ProbeOracle(SchedulerConfig(), probe=probe, candidates=candidates).select(
+            st_, 5, np.random.default_rng(1), 0
         )
-        == 5
-    )
-    assert len(looked[-1]) == 40
-    assert (
-        len(
-            ProbeOracle(SchedulerConfig(), probe=probe, candidates=3)
-            .select(st_, 5, np.random.default_rng(1), 0)
-            .picks
-        )
-        == 3
-    )
+        return len(sel.picks)
+
+    assert batch(99) == 5 and len(looked[-1]) == 40
+    assert batch(3) == 3
     with pytest.raises(ValueError, match="probe"):
         ProbeOracle(SchedulerConfig())
     with pytest.raises(ValueError, match="at least one candidate"):

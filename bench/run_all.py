@@ -1899,10 +1899,12 @@ def section_headroom(
 BESIDE_ORACLE = ("random", "mopps", "envsched@success+adaptive+covsampled+lr")
 
 
-def section_oracle(runs: str, steps: int) -> None:
+def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: int = 1024) -> None:
     """A ceiling over whole runs: the neural learner's oracle (each step one fresh group of
     ORACLE_CANDIDATES random tasks, the batch the most varied of them) beside random, MoPPS and the
-    recommended envsched form over the oracle's seeds, on the overrun learner. Records only."""
+    recommended envsched form over the oracle's seeds, on the overrun learner; with ``wide_runs``,
+    the oracle with a look of ``wide`` tasks as one more row (its seeds paired with random's among
+    those). Records only."""
     seeds = recorded_seeds(runs, "oracle")
     if not seeds:
         print(f"neural_oracle: no oracle run in {runs}; section left as it was")
@@ -1953,6 +1955,67 @@ def section_oracle(runs: str, steps: int) -> None:
             )
             + " |"
         )
+    wide_name = f"oracle, a look of {wide}"
+    wide_seeds = (
+        [s for s in recorded_seeds(wide_runs, "oracle") if s in out["per_seed"]["random"]]
+        if wide_runs
+        else []
+    )
+    matched: dict[str, float] = {}  # the wide oracle's numbers as ratios to random's at its own seeds
+    if wide_seeds:
+        common = dict(
+            steps=steps, seeds=1, learner="neural", eval_every=50, recorded_only=True, log=lambda _m: None
+        )
+        common["learner_config"] = OVERRUN.config
+        w = [
+            run_benchmark(["oracle"], seed=s, cache_dir=wide_runs, oracle_candidates=wide, **common)
+            for s in wide_seeds
+        ]
+        r = [run_benchmark(["random"], seed=s, cache_dir=runs, **common) for s in wide_seeds]
+
+        def mean(outs, n, k):
+            return float(np.mean([o["schedulers"][n][k] for o in outs]))
+
+        def by_quarter(outs, n):
+            zvs = [np.asarray(o["series"][n]["zero_variance_fraction"], dtype=float) for o in outs]
+            return [
+                float(np.mean([z[a:b].mean() for z in zvs]))
+                for a, b in zip(edges[:-1], edges[1:], strict=True)
+            ]
+
+        quarters[wide_name] = by_quarter(w, "oracle")
+        matched["zv"] = mean(w, "oracle", "zero_variance_fraction") / mean(
+            r, "random", "zero_variance_fraction"
+        )
+        matched["var"] = mean(w, "oracle", "batch_variance") / mean(r, "random", "batch_variance")
+        matched["quarters"] = [
+            a / b for a, b in zip(quarters[wide_name], by_quarter(r, "random"), strict=True)
+        ]
+        pair = {}
+        for k in ("heldout_seen_final", "heldout_unseen_final"):
+            d = np.array(
+                [
+                    o["schedulers"]["oracle"][k] - x["schedulers"]["random"][k]
+                    for o, x in zip(w, r, strict=True)
+                ]
+            )
+            pair[k] = {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0}
+            pair[k].update(wins=int((d > 0).sum()), n=len(d))
+        rows.append(
+            f"| {wide_name} | {len(wide_seeds)} | {matched['var']:.2f} | "
+            f"{mean(w, 'oracle', 'zero_variance_fraction'):.3f} | {matched['zv']:.2f} | "
+            + " / ".join(f"{q:.2f}" for q in quarters[wide_name])
+            + f" | {mean(w, 'oracle', 'distinct_tasks'):.0f} | {mean(w, 'oracle', 'max_task_picks'):.1f} | "
+            f"{mean(w, 'oracle', 'heldout_seen_final'):.4f} | {_paired_cell(pair, 'heldout_seen_final')} | "
+            f"{mean(w, 'oracle', 'heldout_unseen_final'):.4f} | {_paired_cell(pair, 'heldout_unseen_final')} | "
+            f"{trained + wide * setup['group_size']} ({trained} trained + {wide * setup['group_size']} looked at) |"
+        )
+        rows.append("")
+        rows.append(
+            f"The row *{wide_name}* (runs in `bench/runs/{Path(wide_runs).name}/`, seeds "
+            f"{', '.join(map(str, wide_seeds))}) is compared with random at its own seeds: its × random columns "
+            "and its differences."
+        )
     lr = BESIDE_ORACLE[-1]
     zv = {n: m["zero_variance_fraction"] for n, m in S.items()}
     ratio = zv["oracle"] / zv["random"]
@@ -1978,14 +2041,24 @@ def section_oracle(runs: str, steps: int) -> None:
         + ", ".join(f"{r:.2f}x" for r in quarter_ratio)
         + "; the share of its picks whose look had spread: "
         + ", ".join(f"{x:.2f}" for x in look)
-        + f". Where that is below 1 its look of {ORACLE_CANDIDATES} random tasks held fewer than "
-        f"{setup['batch_size']} with spread (about {min(look) * setup['batch_size'] / ORACLE_CANDIDATES:.1%} of "
-        "the pool in its worst quarter): training on the most informative tasks first solves them, and the "
-        "pool it leaves has less spread to find. "
-        f"The oracle is not a scheduler: it spends {looked / trained:.0f} times a step's rollouts looking, "
+        + (
+            f". Where that is below 1 its look of {ORACLE_CANDIDATES} random tasks held fewer than "
+            f"{setup['batch_size']} with spread (about {min(look) * setup['batch_size'] / ORACLE_CANDIDATES:.1%} "
+            "of the pool in its worst quarter): training on the most informative tasks first solves them, and "
+            "the pool it leaves has less spread to find. "
+            if min(look) < 1
+            else ". "
+        )
+        + f"The oracle is not a scheduler: it spends {looked / trained:.0f} times a step's rollouts looking, "
         "never counts in a target's *best of all schedulers*, and picks on spread alone (no coverage half, no "
         "repetition limit), so its held-out columns show what a batch of the most informative groups does to "
         "generalization on this learner, not a bound on it."
+        + (
+            f" With a look of {wide} tasks (twice as wide): zero-variance {matched['zv']:.2f}x random's at the same "
+            "seeds, by quarter " + ", ".join(f"{q:.2f}x" for q in matched["quarters"]) + "."
+            if matched
+            else ""
+        )
     )
     plot = heldout_plots(out, HERE / "neural_oracle.png")
     write_section(
@@ -2322,6 +2395,11 @@ def main() -> int:
             "recorded overrun-learner runs with pool probes (section neural_headroom)",
         ),
         (
+            "--neural-oracle-wide-runs",
+            "neural-overrun-oracle1024",
+            "the overrun learner's oracle with a look of 1024 tasks (section neural_oracle)",
+        ),
+        (
             "--neural-noforced-runs",
             "neural-noforced",
             "recorded neural runs with train_forced_stop=false, the default since 2026-12 (sections "
@@ -2404,7 +2482,7 @@ def main() -> int:
             recorded_only=args.neural_recorded_only,
         )
     if "neural_oracle" in sections:
-        section_oracle(args.neural_overrun_runs, args.steps)
+        section_oracle(args.neural_overrun_runs, args.steps, wide_runs=args.neural_oracle_wide_runs)
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

@@ -2079,6 +2079,8 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
                 "",
                 *rows,
                 "",
+                *_steps_to_random_final(out["per_seed"], steps),
+                "",
                 reading,
                 "",
                 f"![oracle]({Path(plot).name})",

@@ -1940,28 +1940,32 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
         "wins | episodes a step |",
         "|" + "---|" * 13,
     ]
-    for n, m in S.items():
-        rows.append(
-            f"| {n} | {m['seeds']} | {m['batch_variance'] / rnd['batch_variance']:.2f} | "
-            f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / rnd['zero_variance_fraction']:.2f} | "
-            + " / ".join(f"{q:.2f}" for q in quarters[n])
+
+    def row(
+        label: str, seeds: int, m: dict, base: dict, q: list[float], pair: dict | None, looks: int
+    ) -> str:
+        """One row: ``m`` the row's means, ``base`` random's over the same seeds, ``looks`` the
+        episodes it rolled each step only to look."""
+        return (
+            f"| {label} | {seeds} | {m['batch_variance'] / base['batch_variance']:.2f} | "
+            f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / base['zero_variance_fraction']:.2f} | "
+            + " / ".join(f"{x:.2f}" for x in q)
             + f" | {m['distinct_tasks']:.0f} | {m['max_task_picks']:.1f} | {m['heldout_seen_final']:.4f} | "
-            f"{_paired_cell(P.get(n), 'heldout_seen_final')} | {m['heldout_unseen_final']:.4f} | "
-            f"{_paired_cell(P.get(n), 'heldout_unseen_final')} | "
-            + (
-                f"{trained + looked} ({trained} trained + {looked} looked at)"
-                if n == "oracle"
-                else f"{trained}"
-            )
+            f"{_paired_cell(pair, 'heldout_seen_final')} | {m['heldout_unseen_final']:.4f} | "
+            f"{_paired_cell(pair, 'heldout_unseen_final')} | "
+            + (f"{trained + looks} ({trained} trained + {looks} looked at)" if looks else f"{trained}")
             + " |"
         )
+
+    for n, m in S.items():
+        rows.append(row(n, m["seeds"], m, rnd, quarters[n], P.get(n), looked if n == "oracle" else 0))
     wide_name = f"oracle, a look of {wide}"
     wide_seeds = (
         [s for s in recorded_seeds(wide_runs, "oracle") if s in out["per_seed"]["random"]]
         if wide_runs
         else []
     )
-    matched: dict[str, float] = {}  # the wide oracle's numbers as ratios to random's at its own seeds
+    matched: dict = {}  # the wide oracle against random at its own seeds (ratios), and its look
     if wide_seeds:
         common = dict(
             steps=steps, seeds=1, learner="neural", eval_every=50, recorded_only=True, log=lambda _m: None
@@ -1972,22 +1976,21 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
             for s in wide_seeds
         ]
         r = [run_benchmark(["random"], seed=s, cache_dir=runs, **common) for s in wide_seeds]
+        keys = ("batch_variance", "zero_variance_fraction", "distinct_tasks", "max_task_picks")
+        keys += ("heldout_seen_final", "heldout_unseen_final")
+        m_w = {k: float(np.mean([o["schedulers"]["oracle"][k] for o in w])) for k in keys}
+        r_w = {k: float(np.mean([o["schedulers"]["random"][k] for o in r])) for k in keys}
 
-        def mean(outs, n, k):
-            return float(np.mean([o["schedulers"][n][k] for o in outs]))
-
-        def by_quarter(outs, n):
-            zvs = [np.asarray(o["series"][n]["zero_variance_fraction"], dtype=float) for o in outs]
+        def by_quarter(outs, n, k="zero_variance_fraction"):
+            zvs = [np.asarray(o["series"][n][k], dtype=float) for o in outs]
             return [
                 float(np.mean([z[a:b].mean() for z in zvs]))
                 for a, b in zip(edges[:-1], edges[1:], strict=True)
             ]
 
         quarters[wide_name] = by_quarter(w, "oracle")
-        matched["zv"] = mean(w, "oracle", "zero_variance_fraction") / mean(
-            r, "random", "zero_variance_fraction"
-        )
-        matched["var"] = mean(w, "oracle", "batch_variance") / mean(r, "random", "batch_variance")
+        matched["zv"] = m_w["zero_variance_fraction"] / r_w["zero_variance_fraction"]
+        matched["look"] = by_quarter(w, "oracle", "predicted_nonzero")
         matched["quarters"] = [
             a / b for a, b in zip(quarters[wide_name], by_quarter(r, "random"), strict=True)
         ]
@@ -2002,13 +2005,7 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
             pair[k] = {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0}
             pair[k].update(wins=int((d > 0).sum()), n=len(d))
         rows.append(
-            f"| {wide_name} | {len(wide_seeds)} | {matched['var']:.2f} | "
-            f"{mean(w, 'oracle', 'zero_variance_fraction'):.3f} | {matched['zv']:.2f} | "
-            + " / ".join(f"{q:.2f}" for q in quarters[wide_name])
-            + f" | {mean(w, 'oracle', 'distinct_tasks'):.0f} | {mean(w, 'oracle', 'max_task_picks'):.1f} | "
-            f"{mean(w, 'oracle', 'heldout_seen_final'):.4f} | {_paired_cell(pair, 'heldout_seen_final')} | "
-            f"{mean(w, 'oracle', 'heldout_unseen_final'):.4f} | {_paired_cell(pair, 'heldout_unseen_final')} | "
-            f"{trained + wide * setup['group_size']} ({trained} trained + {wide * setup['group_size']} looked at) |"
+            row(wide_name, len(wide_seeds), m_w, r_w, quarters[wide_name], pair, wide * setup["group_size"])
         )
         rows.append("")
         rows.append(
@@ -2055,7 +2052,11 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
         "generalization on this learner, not a bound on it."
         + (
             f" With a look of {wide} tasks (twice as wide): zero-variance {matched['zv']:.2f}x random's at the same "
-            "seeds, by quarter " + ", ".join(f"{q:.2f}x" for q in matched["quarters"]) + "."
+            "seeds, by quarter "
+            + ", ".join(f"{q:.2f}x" for q in matched["quarters"])
+            + "; the share of its picks whose look had spread: "
+            + ", ".join(f"{x:.2f}" for x in matched["look"])
+            + "."
             if matched
             else ""
         )

@@ -1899,12 +1899,82 @@ def section_headroom(
 BESIDE_ORACLE = ("random", "mopps", "envsched@success+adaptive+covsampled+lr")
 
 
-def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: int = 1024) -> None:
+def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
+    """Per seed, the oracle's recorded runs in ``runs`` (learner ``config``) beside random's and the
+    recommended envsched form's at that seed: zero-variance share and held-out against random."""
+    seeds = recorded_seeds(runs, "oracle")
+    lr = BESIDE_ORACLE[-1]
+    rows = [
+        "| seed | oracle: zero-var × random | oracle: Δ held-out seen | oracle: Δ held-out unseen | "
+        f"{lr}: zero-var × random | Δ seen | Δ unseen |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    below = []  # seeds where the form is below random on unseen held-out: (seed, form's, oracle's)
+    for s in seeds:
+        out = run_benchmark(
+            ["random", lr, "oracle"],
+            steps=steps,
+            seed=s,
+            seeds=1,
+            learner="neural",
+            eval_every=50,
+            recorded_only=True,
+            log=lambda _m: None,
+            cache_dir=runs,
+            learner_config=config,
+        )
+        S = out["schedulers"]
+        if "random" not in S:
+            continue
+        cells = []
+        for n in ("oracle", lr):
+            if n not in S:
+                cells += ["—"] * 3
+                continue
+            cells += [f"{S[n]['zero_variance_fraction'] / S['random']['zero_variance_fraction']:.2f}"]
+            cells += [
+                f"{S[n][k] - S['random'][k]:+.4f}" for k in ("heldout_seen_final", "heldout_unseen_final")
+            ]
+        rows.append(f"| {s} | " + " | ".join(cells) + " |")
+        if lr in S and "oracle" in S and S[lr]["heldout_unseen_final"] < S["random"]["heldout_unseen_final"]:
+            d = {
+                n: S[n]["heldout_unseen_final"] - S["random"]["heldout_unseen_final"] for n in (lr, "oracle")
+            }
+            below.append((s, d[lr], d["oracle"]))
+    if len(rows) == 2:
+        return []
+    note = "; ".join(f"seed {s}: the form {a:+.4f}, the oracle {b:+.4f}" for s, a, b in below)
+    return [
+        *rows,
+        "",
+        (
+            f"Where the form is below random on unseen held-out ({note}), the oracle is "
+            + (
+                "below random too"
+                if all(b < 0 for _, _, b in below)
+                else "above random"
+                if all(b > 0 for _, _, b in below)
+                else "above random at some and below at others"
+            )
+            + "."
+        )
+        if below
+        else "",
+    ]
+
+
+def section_oracle(
+    runs: str,
+    steps: int,
+    wide_runs: str | None = None,
+    wide: int = 1024,
+    default_runs: str | None = None,
+) -> None:
     """A ceiling over whole runs: the neural learner's oracle (each step one fresh group of
     ORACLE_CANDIDATES random tasks, the batch the most varied of them) beside random, MoPPS and the
     recommended envsched form over the oracle's seeds, on the overrun learner; with ``wide_runs``,
     the oracle with a look of ``wide`` tasks as one more row (its seeds paired with random's among
-    those). Records only."""
+    those); with ``default_runs``, the default learner's oracle runs seed by seed. Records only."""
     seeds = recorded_seeds(runs, "oracle")
     if not seeds:
         print(f"neural_oracle: no oracle run in {runs}; section left as it was")
@@ -2062,6 +2132,15 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
         )
     )
     plot = heldout_plots(out, HERE / "neural_oracle.png")
+    default = _oracle_by_seed(default_runs, NO_FORCED_STOP, steps) if default_runs else []
+    if default:
+        default = [
+            "On the default learner (no forced stop in the loss, no overrun penalty: what `envsched train` runs; "
+            f"runs in `bench/runs/{Path(default_runs).name}/`), seed by seed, against random at the same seed:",
+            "",
+            *default,
+            "",
+        ]
     write_section(
         "neural_oracle",
         "\n".join(
@@ -2082,6 +2161,7 @@ def section_oracle(runs: str, steps: int, wide_runs: str | None = None, wide: in
                 "",
                 *_steps_to_random_final(out["per_seed"], steps),
                 "",
+                *default,
                 reading,
                 "",
                 f"![oracle]({Path(plot).name})",
@@ -2485,7 +2565,12 @@ def main() -> int:
             recorded_only=args.neural_recorded_only,
         )
     if "neural_oracle" in sections:
-        section_oracle(args.neural_overrun_runs, args.steps, wide_runs=args.neural_oracle_wide_runs)
+        section_oracle(
+            args.neural_overrun_runs,
+            args.steps,
+            wide_runs=args.neural_oracle_wide_runs,
+            default_runs=args.neural_noforced_runs,
+        )
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

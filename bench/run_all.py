@@ -1963,18 +1963,11 @@ def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
     ]
 
 
-def section_oracle(
-    runs: str,
-    steps: int,
-    wide_runs: str | None = None,
-    wide: int = 1024,
-    default_runs: str | None = None,
-) -> None:
+def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> None:
     """A ceiling over whole runs: the neural learner's oracle (each step one fresh group of
     ORACLE_CANDIDATES random tasks, the batch the most varied of them) beside random, MoPPS and the
-    recommended envsched form over the oracle's seeds, on the overrun learner; with ``wide_runs``,
-    the oracle with a look of ``wide`` tasks as one more row (its seeds paired with random's among
-    those); with ``default_runs``, the default learner's oracle runs seed by seed. Records only."""
+    recommended envsched form over the oracle's seeds, on the overrun learner; with ``default_runs``,
+    the default learner's oracle runs seed by seed. Records only."""
     seeds = recorded_seeds(runs, "oracle")
     if not seeds:
         print(f"neural_oracle: no oracle run in {runs}; section left as it was")
@@ -2029,60 +2022,6 @@ def section_oracle(
 
     for n, m in S.items():
         rows.append(row(n, m["seeds"], m, rnd, quarters[n], P.get(n), looked if n == "oracle" else 0))
-    wide_name = f"oracle, a look of {wide}"
-    wide_seeds = (
-        [s for s in recorded_seeds(wide_runs, "oracle") if s in out["per_seed"]["random"]]
-        if wide_runs
-        else []
-    )
-    matched: dict = {}  # the wide oracle against random at its own seeds (ratios), and its look
-    if wide_seeds:
-        common = dict(
-            steps=steps, seeds=1, learner="neural", eval_every=50, recorded_only=True, log=lambda _m: None
-        )
-        common["learner_config"] = OVERRUN.config
-        w = [
-            run_benchmark(["oracle"], seed=s, cache_dir=wide_runs, oracle_candidates=wide, **common)
-            for s in wide_seeds
-        ]
-        r = [run_benchmark(["random"], seed=s, cache_dir=runs, **common) for s in wide_seeds]
-        keys = ("batch_variance", "zero_variance_fraction", "distinct_tasks", "max_task_picks")
-        keys += ("heldout_seen_final", "heldout_unseen_final")
-        m_w = {k: float(np.mean([o["schedulers"]["oracle"][k] for o in w])) for k in keys}
-        r_w = {k: float(np.mean([o["schedulers"]["random"][k] for o in r])) for k in keys}
-
-        def by_quarter(outs, n, k="zero_variance_fraction"):
-            zvs = [np.asarray(o["series"][n][k], dtype=float) for o in outs]
-            return [
-                float(np.mean([z[a:b].mean() for z in zvs]))
-                for a, b in zip(edges[:-1], edges[1:], strict=True)
-            ]
-
-        quarters[wide_name] = by_quarter(w, "oracle")
-        matched["zv"] = m_w["zero_variance_fraction"] / r_w["zero_variance_fraction"]
-        matched["look"] = by_quarter(w, "oracle", "predicted_nonzero")
-        matched["quarters"] = [
-            a / b for a, b in zip(quarters[wide_name], by_quarter(r, "random"), strict=True)
-        ]
-        pair = {}
-        for k in ("heldout_seen_final", "heldout_unseen_final"):
-            d = np.array(
-                [
-                    o["schedulers"]["oracle"][k] - x["schedulers"]["random"][k]
-                    for o, x in zip(w, r, strict=True)
-                ]
-            )
-            pair[k] = {"mean": float(d.mean()), "sd": float(d.std(ddof=1)) if len(d) > 1 else 0.0}
-            pair[k].update(wins=int((d > 0).sum()), n=len(d))
-        rows.append(
-            row(wide_name, len(wide_seeds), m_w, r_w, quarters[wide_name], pair, wide * setup["group_size"])
-        )
-        rows.append("")
-        rows.append(
-            f"The row *{wide_name}* (runs in `bench/runs/{Path(wide_runs).name}/`, seeds "
-            f"{', '.join(map(str, wide_seeds))}) is compared with random at its own seeds: its × random columns "
-            "and its differences."
-        )
     lr = BESIDE_ORACLE[-1]
     zv = {n: m["zero_variance_fraction"] for n, m in S.items()}
     ratio = zv["oracle"] / zv["random"]
@@ -2120,16 +2059,6 @@ def section_oracle(
         "never counts in a target's *best of all schedulers*, and picks on spread alone (no coverage half, no "
         "repetition limit), so its held-out columns show what a batch of the most informative groups does to "
         "generalization on this learner, not a bound on it."
-        + (
-            f" With a look of {wide} tasks (twice as wide): zero-variance {matched['zv']:.2f}x random's at the same "
-            "seeds, by quarter "
-            + ", ".join(f"{q:.2f}x" for q in matched["quarters"])
-            + "; the share of its picks whose look had spread: "
-            + ", ".join(f"{x:.2f}" for x in matched["look"])
-            + "."
-            if matched
-            else ""
-        )
     )
     plot = heldout_plots(out, HERE / "neural_oracle.png")
     default = _oracle_by_seed(default_runs, NO_FORCED_STOP, steps) if default_runs else []
@@ -2478,11 +2407,6 @@ def main() -> int:
             "recorded overrun-learner runs with pool probes (section neural_headroom)",
         ),
         (
-            "--neural-oracle-wide-runs",
-            "neural-overrun-oracle1024",
-            "the overrun learner's oracle with a look of 1024 tasks (section neural_oracle)",
-        ),
-        (
             "--neural-noforced-runs",
             "neural-noforced",
             "recorded neural runs with train_forced_stop=false, the default since 2026-12 (sections "
@@ -2568,7 +2492,6 @@ def main() -> int:
         section_oracle(
             args.neural_overrun_runs,
             args.steps,
-            wide_runs=args.neural_oracle_wide_runs,
             default_runs=args.neural_noforced_runs,
         )
     if "neural_forced_stop" in sections:

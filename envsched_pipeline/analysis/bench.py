@@ -51,7 +51,7 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 LEARNERS = ("simulated", "neural")
 # tasks the neural learner's oracle looks at each step: 8 times a step's rollouts (B = 64), a
 # fifth of the 2550-task pool: a 200-step run on the overrun learner took 30-40 minutes with two
-# runs sharing 2 cores (about 6x a scheduler's run)
+# runs sharing 2 cores (4-5x a scheduler's run)
 ORACLE_CANDIDATES = 512
 METRICS = (
     "batch_variance",

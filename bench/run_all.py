@@ -2090,9 +2090,9 @@ def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> No
                 "",
                 *_steps_to_random_final(out["per_seed"], steps),
                 "",
-                *default,
                 reading,
                 "",
+                *default,
                 f"![oracle]({Path(plot).name})",
             ]
         ),

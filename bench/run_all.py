@@ -865,6 +865,12 @@ def _gain_correlations(per_seed: dict) -> list[str]:
     return rows + [""]
 
 
+def _part_means(xs, parts: int = 4) -> list[float]:
+    """The means of a per-step series over ``parts`` equal spans of its steps (quarters by default)."""
+    edges = np.linspace(0, len(xs), parts + 1).astype(int)
+    return [float(np.mean(xs[a:b])) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
 def _training_diet(series: dict, parts: int = 4) -> list[str]:
     """What each scheduler trains on as the run goes: the batch mean reward and zero-variance share
     of its groups over each quarter of the steps (means over its seeds)."""
@@ -876,7 +882,7 @@ def _training_diet(series: dict, parts: int = 4) -> list[str]:
     spans = " / ".join(f"{a + 1}-{b}" for a, b in zip(edges[:-1], edges[1:], strict=True))
 
     def cells(xs):
-        return " / ".join(f"{np.mean(xs[a:b]):.2f}" for a, b in zip(edges[:-1], edges[1:], strict=True))
+        return " / ".join(f"{x:.2f}" for x in _part_means(xs, parts))
 
     rows = [
         "What each scheduler trains on as the run goes (means over its seeds, per quarter of the steps, "
@@ -1986,14 +1992,7 @@ def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> No
         learner_config=OVERRUN.config,
     )
     S, P, setup = out["schedulers"], out["paired_vs_random"], out["setup"]
-    edges = np.linspace(0, steps, 5).astype(int)
-    quarters = {
-        n: [
-            float(np.mean(x["zero_variance_fraction"][a:b]))
-            for a, b in zip(edges[:-1], edges[1:], strict=True)
-        ]
-        for n, x in out["series"].items()
-    }
+    quarters = {n: _part_means(x["zero_variance_fraction"]) for n, x in out["series"].items()}
     trained = setup["batch_size"] * setup["group_size"]
     looked = ORACLE_CANDIDATES * setup["group_size"]
     rnd = S["random"]
@@ -2004,31 +2003,24 @@ def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> No
         "|" + "---|" * 13,
     ]
 
-    def row(
-        label: str, seeds: int, m: dict, base: dict, q: list[float], pair: dict | None, looks: int
-    ) -> str:
-        """One row: ``m`` the row's means, ``base`` random's over the same seeds, ``looks`` the
-        episodes it rolled each step only to look."""
-        return (
-            f"| {label} | {seeds} | {m['batch_variance'] / base['batch_variance']:.2f} | "
-            f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / base['zero_variance_fraction']:.2f} | "
-            + " / ".join(f"{x:.2f}" for x in q)
-            + f" | {m['distinct_tasks']:.0f} | {m['max_task_picks']:.1f} | {m['heldout_seen_final']:.4f} | "
-            f"{_paired_cell(pair, 'heldout_seen_final')} | {m['heldout_unseen_final']:.4f} | "
-            f"{_paired_cell(pair, 'heldout_unseen_final')} | "
-            + (f"{trained + looks} ({trained} trained + {looks} looked at)" if looks else f"{trained}")
-            + " |"
-        )
-
     for n, m in S.items():
-        rows.append(row(n, m["seeds"], m, rnd, quarters[n], P.get(n), looked if n == "oracle" else 0))
+        episodes = (
+            f"{trained + looked} ({trained} trained + {looked} looked at)" if n == "oracle" else f"{trained}"
+        )
+        rows.append(
+            f"| {n} | {m['seeds']} | {m['batch_variance'] / rnd['batch_variance']:.2f} | "
+            f"{m['zero_variance_fraction']:.3f} | {m['zero_variance_fraction'] / rnd['zero_variance_fraction']:.2f} | "
+            + " / ".join(f"{x:.2f}" for x in quarters[n])
+            + f" | {m['distinct_tasks']:.0f} | {m['max_task_picks']:.1f} | {m['heldout_seen_final']:.4f} | "
+            f"{_paired_cell(P.get(n), 'heldout_seen_final')} | {m['heldout_unseen_final']:.4f} | "
+            f"{_paired_cell(P.get(n), 'heldout_unseen_final')} | {episodes} |"
+        )
     lr = BESIDE_ORACLE[-1]
     zv = {n: m["zero_variance_fraction"] for n, m in S.items()}
     ratio = zv["oracle"] / zv["random"]
     # the share of the oracle's picks whose look had spread: below 1, its look of ORACLE_CANDIDATES
     # tasks held fewer than B with spread
-    pn = np.asarray(out["series"]["oracle"]["predicted_nonzero"], dtype=float)
-    look = [float(np.mean(pn[a:b])) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    look = _part_means(np.asarray(out["series"]["oracle"]["predicted_nonzero"], dtype=float))
     quarter_ratio = [a / b for a, b in zip(quarters["oracle"], quarters["random"], strict=True)]
     reading = (
         f"Reading: over whole runs the oracle's groups are without spread {ratio:.2f}x as often as random's "

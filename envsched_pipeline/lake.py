@@ -167,18 +167,25 @@ class _LocalStore:
         return True
 
     def create(self, rel: str, data: bytes) -> bool:
-        """Write ``rel`` only if it does not exist (exclusive create); False if it does."""
+        """Write ``rel`` only if it does not exist (exclusive create); False if it does. The bytes
+        are written to a temp file first and hard-linked into place, so the record appears whole:
+        a reader never sees it empty or half-written (and never judges a half-written lease stale)."""
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return True
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(name, path)
+            except FileExistsError:
+                return False
+            _fsync_dir(path.parent)
+            return True
+        finally:
+            os.unlink(name)
 
     def glob(self, pattern: str) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.glob(pattern))
@@ -369,8 +376,9 @@ class Lake:
         return self.store.exists(rel)
 
     def create(self, rel: str, data: bytes) -> bool:
-        """Exclusive create (O_EXCL locally, a conditional PUT on an object store): True if this
-        call created ``rel``, False if it already existed. Leases and locks are built on it."""
+        """Exclusive create (a whole temp file hard-linked into place locally, a conditional PUT on
+        an object store): True if this call created ``rel``, False if it already existed. Leases
+        and locks are built on it."""
         return self.store.create(rel, data)
 
     def delete(self, rel: str) -> None:

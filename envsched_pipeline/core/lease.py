@@ -8,9 +8,10 @@
 * :func:`step_lock` (``locks/<name>.lock``): exclusive creation, so of two ingests of one step
   running at once one wins and the other gets a clear error.
 
-Both live in the lake itself and rest on :meth:`Lake.create`: ``O_EXCL`` on a local lake, a
-conditional PUT (``If-None-Match: *``) on an object-store lake, so drivers on different machines
-sharing one ``s3://`` lake exclude each other too. A stale lease or a dead holder's lock is removed
+Both live in the lake itself and rest on :meth:`Lake.create`: an exclusive hard link of a whole temp
+file on a local lake (the record appears whole or not at all, so a racing taker never reads a new
+lease half-written and judges it stale), a conditional PUT (``If-None-Match: *``) on an object-store
+lake, so drivers on different machines sharing one ``s3://`` lake exclude each other too. A stale lease or a dead holder's lock is removed
 with :meth:`Lake.discard`, only if it still holds the bytes judged stale: under an advisory folder lock
 on a local lake (one contender wins); an object store has no such lock, so there it is re-read just
 before the delete (two takers racing within milliseconds of each other after a minute of silence is the

@@ -1916,6 +1916,7 @@ def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     below = []  # seeds where the form is below random on unseen held-out: (seed, form's, oracle's)
+    per: dict[str, dict[int, dict]] = {n: {} for n in ("random", lr, "oracle")}
     for s in seeds:
         out = run_benchmark(
             ["random", lr, "oracle"],
@@ -1932,6 +1933,9 @@ def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
         S = out["schedulers"]
         if "random" not in S:
             continue
+        for n in per:
+            if n in S:
+                per[n][s] = S[n]
         cells = []
         for n in ("oracle", lr):
             if n not in S:
@@ -1949,6 +1953,16 @@ def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
             below.append((s, d[lr], d["oracle"]))
     if len(rows) == 2:
         return []
+    both = sorted(set(per["random"]) & set(per["oracle"]) & set(per[lr]))
+    if len(both) > 1:  # over the seeds every row shares: ratio of means, mean Δ ± sd, seeds above
+        cells = []
+        for n in ("oracle", lr):
+            cells += [f"{_ratio_over(per[n], per['random'], 'zero_variance_fraction', both):.2f}"]
+            cells += [
+                _paired_mean(per[n], per["random"], k, both)
+                for k in ("heldout_seen_final", "heldout_unseen_final")
+            ]
+        rows.append(f"| mean over {len(both)} seeds | " + " | ".join(cells) + " |")
     note = "; ".join(f"seed {s}: the form {a:+.4f}, the oracle {b:+.4f}" for s, a, b in below)
     return [
         *rows,

@@ -150,10 +150,11 @@ class _LocalStore:
     def exists(self, rel: str) -> bool:
         return (self.root / rel).exists()
 
-    def discard(self, rel: str, seen: bytes) -> bool:
-        """Remove ``rel`` if it still holds ``seen``. Discards of one folder are serialized by an
-        advisory lock, so of several callers judging the same record stale exactly one removes it, and
-        none removes the record a winner created after it. True if this call removed it."""
+    def swap(self, rel: str, seen: bytes, new: bytes | None) -> bool:
+        """Replace ``rel`` with ``new`` (remove it if None) only if it still holds ``seen``. Swaps of
+        one folder are serialized by an advisory lock, so of several callers judging the same record
+        stale exactly one removes it, none removes the record a winner created after it, and a
+        holder's heartbeat never overwrites a record that was taken over. True if this call swapped."""
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.parent / ".discard.guard", "a+b") as guard:
@@ -161,9 +162,12 @@ class _LocalStore:
             try:
                 if path.read_bytes() != seen:
                     return False
-                path.unlink()
             except FileNotFoundError:
                 return False
+            if new is None:
+                path.unlink()
+            else:
+                atomic_write_bytes(path, new)
         return True
 
     def create(self, rel: str, data: bytes) -> bool:
@@ -245,12 +249,16 @@ class _ObjectStore:
         self.fs.invalidate_cache()
         return self.fs.exists(self._key(rel))
 
-    def discard(self, rel: str, seen: bytes) -> bool:
-        """Remove ``rel`` if it still holds ``seen``. An object store has no rename: the object is
-        re-read just before the delete, so two callers racing within that gap is the residual risk."""
+    def swap(self, rel: str, seen: bytes, new: bytes | None) -> bool:
+        """Replace ``rel`` with ``new`` (remove it if None) if it still holds ``seen``. An object store
+        has no folder lock: the object is re-read just before the write, so two callers racing
+        within that gap is the residual risk."""
         if self.get(rel) != seen:
             return False
-        self.delete(rel)
+        if new is None:
+            self.delete(rel)
+        else:
+            self.put(rel, new)
         return True
 
     def create(self, rel: str, data: bytes) -> bool:
@@ -387,7 +395,12 @@ class Lake:
     def discard(self, rel: str, seen: bytes) -> bool:
         """Remove a stale record ``rel`` only if it still holds the bytes ``seen`` (what the caller
         judged stale): True if this call removed it. Leases and locks take over dead holders with it."""
-        return self.store.discard(rel, seen)
+        return self.store.swap(rel, seen, None)
+
+    def swap(self, rel: str, seen: bytes, new: bytes) -> bool:
+        """Overwrite ``rel`` with ``new`` only if it still holds ``seen`` (compare and swap): True
+        if this call wrote it. A lease's heartbeat uses it, so it never overwrites a taker's lease."""
+        return self.store.swap(rel, seen, new)
 
     # ----------------------------------------------------------------- writes
     def write(self, table: str, data: pa.Table | Iterable[Mapping[str, Any]], **partition: Any) -> Path:

@@ -22,6 +22,7 @@ from envs.hack import flag_trajectory
 from envs.registry import load_synthetic
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
+from envsched_pipeline.core import lease as lease_mod
 from envsched_pipeline.core.gates import check_manifest, halted
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.lease import Lease, current, step_lock
@@ -259,6 +260,54 @@ def test_an_exclusively_created_record_is_never_seen_partly_written(small_run):
         assert not lake.create("locks/r.lock", b"other") and lake.read_bytes("locks/r.lock") == data
     assert seen <= {None, data}
     assert not [p for p in (lake.root / "locks").iterdir() if p.name.endswith(".new")]  # no temp left
+
+
+def test_a_driver_whose_lease_was_taken_over_stops_and_its_heartbeat_never_overwrites(small_run, monkeypatch):
+    """A driver paused past STALE_SECONDS loses the run to a taker: its late heartbeat leaves the
+    taker's lease alone, and it finds out before its next step (Lease.check) and stops."""
+    lake = small_run
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_SECONDS", 0.02)
+    paused = Lease(lake).acquire()
+    paused.check()  # held: no error
+    time.sleep(0.1)
+    assert current(lake)["id"] == paused.id
+    paused._stop.set()  # the process is paused: no more heartbeats...
+    paused._thread.join()
+    raw = lake.read_bytes("lease.json")
+    old = {**json.loads(raw), "heartbeat": time.time() - 600}  # ...for ten minutes
+    lake.write_bytes("lease.json", json.dumps(old).encode())
+    taker = Lease(lake).acquire()
+    assert taker.took_over["id"] == paused.id
+    # the paused driver's heartbeat, resumed on what it read before, cannot overwrite the taker
+    assert not lake.swap("lease.json", json.dumps(old).encode(), b"{}")
+    assert current(lake)["id"] == taker.id
+    with pytest.raises(StepError, match="taken over by envsched train"):
+        paused.check()
+    # its heartbeat resumes with a read from before the takeover: the rewrite is refused, the next
+    # beat sees the taker's lease in its place, stops claiming and remembers it
+    reads = [(json.loads(raw), raw)]
+    real_read = lease_mod._read_raw
+
+    def read(*a):  # the taker's own heartbeat reads the real record
+        mine = threading.current_thread().name == "paused-beat"
+        return reads.pop() if reads and mine else real_read(*a)
+
+    monkeypatch.setattr(lease_mod, "_read_raw", read)
+    paused._stop.clear()
+    beat = threading.Thread(target=paused._beat, daemon=True, name="paused-beat")
+    beat.start()
+    beat.join(timeout=5)
+    paused._stop.set()  # (a heartbeat that overwrote the taker would still be beating)
+    assert not reads and paused.lost["id"] == taker.id and current(lake)["id"] == taker.id
+    paused.release()  # releasing a lost lease leaves the taker's alone
+    assert current(lake)["id"] == taker.id
+    taker.release()
+    assert current(lake) is None
+    gone = Lease(lake).acquire()
+    lake.delete("lease.json")
+    with pytest.raises(StepError, match="was removed"):
+        gone.check()
+    gone.release()
 
 
 def test_two_train_processes_on_one_lake(tmp_path):

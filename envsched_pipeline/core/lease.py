@@ -4,18 +4,21 @@
   owner (pid, host, command) and a heartbeat refreshed every few seconds. A second driver is refused
   with the holder named; the loop sensor skips while a live lease is held, and the step assets
   refuse runs that another driver did not request. A lease whose heartbeat is older than
-  ``STALE_SECONDS`` (or whose process is gone, on the same host) is stale and can be taken over.
+  ``STALE_SECONDS`` (or whose process is gone, on the same host) is stale and can be taken over; a
+  driver whose lease was taken over (it was paused past that) finds out before its next step
+  (:meth:`Lease.check`) and stops.
 * :func:`step_lock` (``locks/<name>.lock``): exclusive creation, so of two ingests of one step
   running at once one wins and the other gets a clear error.
 
 Both live in the lake itself and rest on :meth:`Lake.create`: an exclusive hard link of a whole temp
 file on a local lake (the record appears whole or not at all, so a racing taker never reads a new
 lease half-written and judges it stale), a conditional PUT (``If-None-Match: *``) on an object-store
-lake, so drivers on different machines sharing one ``s3://`` lake exclude each other too. A stale lease or a dead holder's lock is removed
-with :meth:`Lake.discard`, only if it still holds the bytes judged stale: under an advisory folder lock
-on a local lake (one contender wins); an object store has no such lock, so there it is re-read just
-before the delete (two takers racing within milliseconds of each other after a minute of silence is the
-residual risk).
+lake, so drivers on different machines sharing one ``s3://`` lake exclude each other too. A stale
+lease or a dead holder's lock is removed with :meth:`Lake.discard`, and a heartbeat rewrites the
+lease with :meth:`Lake.swap`, each only if the record still holds the bytes read: under an advisory
+folder lock on a local lake (one contender wins; a late heartbeat never overwrites a taker's lease);
+an object store has no such lock, so there it is re-read just before the write (two writers racing
+within milliseconds of each other after a minute of silence is the residual risk).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.took_over: dict | None = None
+        self.lost: dict | None = None  # the record found in our place once the heartbeat saw it
 
     def _record(self) -> dict:
         return {
@@ -127,10 +131,28 @@ class Lease:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            held = _read(self.lake, LEASE_FILE)
+            held, raw = _read_raw(self.lake, LEASE_FILE)
+            if held is not None and raw is None:
+                continue  # the read failed (e.g. the object store did not answer): try next beat
             if held is None or held.get("id") != self.id:
-                return  # taken over (we were stale): stop claiming
-            self.lake.write_bytes(LEASE_FILE, json.dumps({**held, "heartbeat": time.time()}).encode())
+                self.lost = held or {"id": None}
+                return  # taken over (we were stale) or removed: stop claiming
+            # compare and swap: a taker who judged us stale since the read keeps its lease
+            self.lake.swap(LEASE_FILE, raw, json.dumps({**held, "heartbeat": time.time()}).encode())
+
+    def check(self) -> None:
+        """Raise if this lease is no longer held: its holder went without a heartbeat for
+        ``STALE_SECONDS`` (a paused process, a suspended laptop) and another driver took the run
+        over, or someone removed the lease. A driver calls it before each step it starts."""
+        held, raw = _read_raw(self.lake, LEASE_FILE) if self.lost is None else (self.lost, b"")
+        if held is not None and (held.get("id") == self.id or raw is None):
+            return  # still ours (or unreadable this once: the heartbeat tells)
+        by = f"taken over by {describe(held)}" if held and held.get("id") else "removed"
+        raise StepError(
+            f"{self.lake.root}: this driver's lease of the run was {by}; stopping so that the run "
+            "has one driver (its heartbeat may have stopped for over "
+            f"{STALE_SECONDS:.0f}s, e.g. a paused process)"
+        )
 
     def release(self) -> None:
         self._stop.set()

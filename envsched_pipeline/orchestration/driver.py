@@ -52,6 +52,7 @@ def run_loop(
     step_t0: dict[int, float] = {}
     with Lease(lake) as lease:
         while True:
+            lease.check()  # taken over while this driver was paused: stop, never drive beside it
             req = next_request(lake, instance, driver=f"cli:{lease.id}")
             if req is None:
                 return

@@ -30,6 +30,7 @@ This module imports no Dagster: the scheduler service and the trainer use it dir
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -125,6 +126,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 REMOTE_SCHEMES = ("s3://",)
+# link(2) refused because the filesystem has no hard links (not because the name exists)
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
 
 
 class _LocalStore:
@@ -186,10 +189,28 @@ class _LocalStore:
                 os.link(name, path)
             except FileExistsError:
                 return False
+            except OSError as exc:  # a filesystem without hard links (some network and FUSE mounts)
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
+                return self._create_in_place(path, data)
             _fsync_dir(path.parent)
             return True
         finally:
             os.unlink(name)
+
+    @staticmethod
+    def _create_in_place(path: Path, data: bytes) -> bool:
+        """Exclusive create written in place (O_EXCL), for filesystems without hard links. There the
+        race the hard link closes is open again: a reader can see the record before its bytes."""
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
 
     def glob(self, pattern: str) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.glob(pattern))

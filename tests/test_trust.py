@@ -6,6 +6,7 @@ loudly · 9 the hack guard · 10 runs never mix. (Class 7, environment code reac
 tests/test_sandbox_reach.py.)
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -260,6 +261,24 @@ def test_an_exclusively_created_record_is_never_seen_partly_written(small_run):
         assert not lake.create("locks/r.lock", b"other") and lake.read_bytes("locks/r.lock") == data
     assert seen <= {None, data}
     assert not [p for p in (lake.root / "locks").iterdir() if p.name.endswith(".new")]  # no temp left
+
+
+def test_exclusive_create_works_where_the_filesystem_has_no_hard_links(small_run, monkeypatch):
+    """On a mount without hard links (link(2) refused with EPERM) Lake.create falls back to an
+    exclusive create in place: still one winner, the bytes intact, no temp file left."""
+    lake = small_run
+
+    def no_links(*_a):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert lake.create("locks/nl.lock", b"first")
+    assert not lake.create("locks/nl.lock", b"second")
+    assert lake.read_bytes("locks/nl.lock") == b"first"
+    assert not [p for p in (lake.root / "locks").iterdir() if p.name.endswith(".new")]
+    lease = Lease(lake).acquire()
+    assert current(lake)["id"] == lease.id
+    lease.release()
 
 
 def test_a_driver_whose_lease_was_taken_over_stops_and_its_heartbeat_never_overwrites(small_run, monkeypatch):

@@ -158,9 +158,9 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        held = _read(self.lake, LEASE_FILE)
-        if held is not None and held.get("id") == self.id:
-            self.lake.delete(LEASE_FILE)
+        held, raw = _read_raw(self.lake, LEASE_FILE)
+        if held is not None and held.get("id") == self.id and raw is not None:
+            self.lake.discard(LEASE_FILE, raw)  # only our own record: never a taker's written since
 
     def __enter__(self) -> Lease:
         return self.acquire()

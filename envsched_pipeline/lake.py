@@ -102,9 +102,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_replace(path: Path, fill) -> None:
+def _atomic_replace(path: Path, fill, place=os.replace) -> None:
     """Create ``path`` whole or not at all: ``fill(tmp)`` writes a temp file beside it, which is
-    fsynced and renamed over ``path`` (then the folder is fsynced)."""
+    fsynced and put in place by ``place(tmp, path)`` (a rename over ``path``; ``os.link`` for an
+    exclusive create, which raises FileExistsError if ``path`` exists), then the folder is fsynced.
+    The temp file never outlives the call."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -113,11 +115,10 @@ def _atomic_replace(path: Path, fill) -> None:
         fill(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        place(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -178,25 +179,15 @@ class _LocalStore:
         are written to a temp file first and hard-linked into place, so the record appears whole:
         a reader never sees it empty or half-written (and never judges a half-written lease stale)."""
         path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(name, path)
-            except FileExistsError:
-                return False
-            except OSError as exc:  # a filesystem without hard links (some network and FUSE mounts)
-                if exc.errno not in _NO_HARD_LINKS:
-                    raise
-                return self._create_in_place(path, data)
-            _fsync_dir(path.parent)
-            return True
-        finally:
-            os.unlink(name)
+            _atomic_replace(path, lambda tmp: tmp.write_bytes(data), place=os.link)
+        except FileExistsError:
+            return False
+        except OSError as exc:  # a filesystem without hard links (some network and FUSE mounts)
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            return self._create_in_place(path, data)
+        return True
 
     @staticmethod
     def _create_in_place(path: Path, data: bytes) -> bool:

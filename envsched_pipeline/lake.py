@@ -230,6 +230,13 @@ class _LocalStore:
         """Nothing to register: DuckDB reads local files itself."""
 
 
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code behind an s3fs error (it translates boto's ClientError, keeping it as the cause)."""
+    cause = exc.__cause__
+    response = getattr(cause, "response", None) or {}
+    return response.get("Error", {}).get("Code")
+
+
 class _ObjectStore:
     """Objects under ``s3://bucket/prefix`` through s3fs: one PUT per object, atomic by the store."""
 
@@ -241,6 +248,8 @@ class _ObjectStore:
         self.url = url.rstrip("/")
         self.base = self.url.split("://", 1)[1]
         self.fs = s3fs.S3FileSystem()
+        # compare-and-swap with If-Match; off once the store answers that it does not implement it
+        self.conditional = True
 
     def full(self, rel: str) -> str:
         return f"{self.url}/{rel}"
@@ -261,16 +270,53 @@ class _ObjectStore:
         self.fs.invalidate_cache()
         return self.fs.exists(self._key(rel))
 
+    def _read_tagged(self, rel: str) -> tuple[bytes, str] | None:
+        """The object's bytes and the ETag of that same version, from one GET; None if absent."""
+        from fsspec.asyn import sync  # s3fs's own event loop runs the async GET
+
+        bucket, key, _ = self.fs.split_path(self._key(rel))
+
+        async def get() -> tuple[bytes, str]:
+            out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            return await out["Body"].read(), out["ETag"]
+
+        try:
+            return sync(self.fs.loop, get)
+        except FileNotFoundError:
+            return None
+
     def swap(self, rel: str, seen: bytes, new: bytes | None) -> bool:
-        """Replace ``rel`` with ``new`` (remove it if None) if it still holds ``seen``. An object store
-        has no folder lock: the object is re-read just before the write, so two callers racing
-        within that gap is the residual risk."""
-        if self.get(rel) != seen:
+        """Replace ``rel`` with ``new`` (remove it if None) only if it still holds ``seen``: the
+        write is conditional on the ETag of the version read (``If-Match``), so a writer that
+        changed the object in between makes this call lose instead of being overwritten. On a store
+        that does not implement conditional writes it falls back to re-reading just before an
+        unconditional write (two writers within that gap is the residual risk there)."""
+        got = self._read_tagged(rel)
+        if got is None or got[0] != seen:
             return False
-        if new is None:
-            self.delete(rel)
-        else:
-            self.put(rel, new)
+        bucket, key, _ = self.fs.split_path(self._key(rel))
+        call = ("delete_object", {}) if new is None else ("put_object", {"Body": new})
+        try:
+            if self.conditional:
+                self.fs.call_s3(call[0], Bucket=bucket, Key=key, IfMatch=got[1], **call[1])
+            elif self.get(rel) == seen:
+                self.fs.call_s3(call[0], Bucket=bucket, Key=key, **call[1])
+            else:
+                return False
+        except FileNotFoundError:
+            return False  # removed since it was read
+        except OSError as exc:
+            code = _s3_error_code(exc)
+            if code in ("PreconditionFailed", "412"):
+                # changed since it was read; unless what changed it was this very PUT, retried by
+                # s3fs after a lost reply (the record would be our own bytes then)
+                return new is not None and self.get(rel) == new
+            if code not in ("NotImplemented", "501") or not self.conditional:
+                raise
+            self.conditional = False
+            return self.swap(rel, seen, new)
+        finally:
+            self.fs.invalidate_cache(self._key(rel))
         return True
 
     def create(self, rel: str, data: bytes) -> bool:

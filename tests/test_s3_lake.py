@@ -263,3 +263,59 @@ def test_one_driver_and_one_writer_across_machines_sharing_a_bucket(s3, tmp_path
     taken = Lease(there).acquire()
     assert taken.took_over["id"] == "old"
     taken.release()
+
+
+def test_swap_on_an_s3_lake_never_overwrites_a_write_made_after_its_read(s3, tmp_path, monkeypatch):
+    """Compare and swap on an object store is conditional on the ETag of the version read
+    (If-Match): a heartbeat or a stale-lease discard that read the record just before another
+    machine rewrote it loses, instead of overwriting or deleting the other machine's record."""
+    url, _ = s3
+    here = Lake(url)
+    monkeypatch.setenv("ENVSCHED_LOCAL_DIR", str(tmp_path / "other-machine"))
+    there = Lake(url)
+    here.write_bytes("lease.json", b"mine")
+    assert not here.swap("lease.json", b"not what it holds", b"x")
+    assert here.swap("lease.json", b"mine", b"mine, later")
+    assert there.read_bytes("lease.json") == b"mine, later"
+
+    read = here.store._read_tagged
+
+    gap_writes = []
+
+    def taken_over_in_the_gap(rel):
+        got = read(rel)
+        gap_writes.append(f"the taker's, heartbeat {len(gap_writes)}".encode())
+        there.write_bytes(rel, gap_writes[-1])  # another machine writes between our read and our write
+        return got
+
+    monkeypatch.setattr(here.store, "_read_tagged", taken_over_in_the_gap)
+    assert not here.swap("lease.json", b"mine, later", b"mine, even later")
+    assert there.read_bytes("lease.json") == gap_writes[-1]
+    assert not here.discard("lease.json", gap_writes[-1])  # rewritten again after this read: kept
+    assert there.read_bytes("lease.json") == gap_writes[-1]
+    monkeypatch.setattr(here.store, "_read_tagged", read)
+    assert here.discard("lease.json", gap_writes[-1]) and there.read_bytes("lease.json") is None
+    assert not here.swap("lease.json", gap_writes[-1], b"x")  # gone: nothing to swap
+
+
+def test_swap_falls_back_on_a_store_without_conditional_writes(s3, monkeypatch):
+    """A store that answers NotImplemented to If-Match (stands in for S3-compatible stores that lack
+    conditional writes; moto has them) gets the re-read-then-write swap, still refusing a stale read."""
+    from botocore.exceptions import ClientError  # only for this store's refusal
+
+    url, _ = s3
+    lake = Lake(url)
+    lake.write_bytes("lease.json", b"a")
+    call = lake.store.fs.call_s3
+
+    def no_if_match(method, **kw):
+        if "IfMatch" in kw:
+            err = OSError(5, "not implemented")
+            err.__cause__ = ClientError({"Error": {"Code": "NotImplemented"}}, method)
+            raise err
+        return call(method, **kw)
+
+    monkeypatch.setattr(lake.store.fs, "call_s3", no_if_match)
+    assert lake.swap("lease.json", b"a", b"b") and not lake.store.conditional
+    assert not lake.swap("lease.json", b"a", b"c") and lake.read_bytes("lease.json") == b"b"
+    assert lake.discard("lease.json", b"b") and lake.read_bytes("lease.json") is None

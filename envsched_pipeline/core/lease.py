@@ -17,8 +17,10 @@ lake, so drivers on different machines sharing one ``s3://`` lake exclude each o
 lease or a dead holder's lock is removed with :meth:`Lake.discard`, and a heartbeat rewrites the
 lease with :meth:`Lake.swap`, each only if the record still holds the bytes read: under an advisory
 folder lock on a local lake (one contender wins; a late heartbeat never overwrites a taker's lease);
-an object store has no such lock, so there it is re-read just before the write (two writers racing
-within milliseconds of each other after a minute of silence is the residual risk).
+on an object store the write or delete is conditional on the ETag of the version read (``If-Match``),
+so there too a record rewritten after the read is never overwritten or deleted. (A store without
+conditional writes gets a re-read just before an unconditional write: two writers within that gap
+is the residual risk there.)
 """
 
 from __future__ import annotations

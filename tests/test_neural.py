@@ -4,6 +4,7 @@ seen and unseen environments and a rollout viewer that shows what it did."""
 
 import json
 import platform
+import re
 
 import numpy as np
 import pytest
@@ -327,9 +328,10 @@ NEURAL_FIELDS = (
 )
 
 
-def test_bench_json_on_the_neural_learner(tmp_path):
+def test_bench_json_on_the_neural_learner(tmp_path, capsys):
     """`envsched bench scheduler --learner neural ... --json` carries the held-out and useful-breadth
-    fields per scheduler, and the paired difference against random."""
+    fields per scheduler, and the paired difference against random; between the held-out
+    evaluations the run says how far it is."""
     out = tmp_path / "bench.json"
     args = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "2"]
     args += [
@@ -344,6 +346,9 @@ def test_bench_json_on_the_neural_learner(tmp_path):
         "--series",
     ]
     assert main([*args, "--json", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert re.search(r"envsched seed 0 step 1/2: zero-variance \d\.\d\d, .* s/step, ~\d+ min left", said)
+    assert "step 2/2" not in said  # the last step's line is the held-out evaluation
     doc = json.loads(out.read_text())
     assert doc["setup"]["learner"] == "neural" and not doc["setup"]["simulated"]
     for name in ("random", "envsched"):

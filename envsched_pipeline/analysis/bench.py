@@ -381,6 +381,8 @@ def run_one(
                 float(inf.sum() / max(np.asarray(out["seconds"]).sum(), 1e-9))
             )
             series["step_seconds"].append(time.perf_counter() - t_step)
+            if log and learner != "simulated":
+                _step_progress(log, name, seed, t + 1, steps, series)
         if learner == "simulated":  # the held-out after each step (evals[0] is before any step)
             series["heldout"] = [e["seen_mean"] for e in series["evals"][1:]]
         else:
@@ -395,6 +397,23 @@ def run_one(
         return series
     finally:
         lrn.close()
+
+
+def _step_progress(log: Callable[[str], None], name: str, seed: int, done: int, steps: int, series) -> None:
+    """A line every twentieth of the run (between the held-out evaluations, which are minutes apart
+    on the neural learner): the last stretch's zero-variance share and batch variance, seconds a
+    step and the time left at that pace."""
+    every = max(1, steps // 20)
+    if done % every or done == steps:
+        return
+    recent = slice(-every, None)
+    per_step = float(np.mean(series["step_seconds"][recent]))
+    log(
+        f"    {name} seed {seed} step {done}/{steps}: zero-variance "
+        f"{np.mean(series['zero_variance_fraction'][recent]):.2f}, batch variance "
+        f"{np.mean(series['batch_variance'][recent]):.4f}, {per_step:.1f} s/step, "
+        f"~{per_step * (steps - done) / 60:.0f} min left"
+    )
 
 
 def zero_variance_kinds(rewards: np.ndarray, informative_groups: np.ndarray) -> dict[str, float]:

@@ -230,3 +230,39 @@ def test_external_run_takes_a_named_variant_under_explicit_overrides(two_lakes):
         picks = s.manifest(t)
         s.observe(t, rollouts_for(t, picks))
     assert {p["half"] for p in s.manifest(2)} == {"coverage"}  # rho = 1 (yours) over the variant's 0.5
+
+
+def test_cli_protocol_takes_named_variants_and_keeps_the_runs_own_config(two_lakes, tmp_path, capsys):
+    """`step select --scheduler` takes a named variant as `envsched train` and the API do; a plain
+    `step select` resumes a run started with a variant under that variant's config (it neither
+    drops it before the first manifest nor refuses the run after it); a bad name writes nothing."""
+    a, b = two_lakes
+    sel = ("step", "select", "--pool", "mini", "--batch-size", "6", "--group-size", "4")
+    code, _, err = cli(b, *sel, "--step", "0", "--scheduler", "envsched@nope", capsys=capsys)
+    assert code == 2 and "--scheduler: unknown scheduler 'envsched@nope'" in err
+    assert not Lake(b).has("manifests") and Lake(b).read_json("run.json") is None
+    code, _, err = cli(b, *sel, "--step", "0", "--scheduler", "envsched@success+covscore", capsys=capsys)
+    assert code == 0, err
+    variant = {"target": "success", "coverage_pick": "score"}
+    assert Lake(b).read_json("run.json")["scheduler_config"] == variant
+    # the API starts a run with a variant (run.json written, no manifest yet); the CLI drives it
+    ExternalRun(pool="mini", lake=str(a), scheduler="envsched@success+covscore", batch_size=6, group_size=4)
+    for t in range(3):
+        code, out, err = cli(a, "step", "select", "--pool", "mini", "--step", str(t), capsys=capsys)
+        assert code == 0, err
+        assert Lake(a).read_json("run.json")["scheduler_config"] == variant
+        picks = [json.loads(line) for line in out.splitlines()]
+        f = tmp_path / f"r{t}.jsonl"
+        f.write_text("\n".join(json.dumps(r) for r in rollouts_for(t, picks)))
+        assert (
+            cli(a, "step", "ingest", "--pool", "mini", "--step", str(t), "--rollouts", str(f), capsys=capsys)[
+                0
+            ]
+            == 0
+        )
+    # asking for another variant of a run under way is refused, naming both configs
+    code, _, err = cli(
+        a, "step", "select", "--pool", "mini", "--step", "3", "--scheduler", "envsched", capsys=capsys
+    )
+    assert code == 2 and "the run was started with scheduler_config=" in err
+    assert not Lake(a).has("manifests", step=3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from envsched_pipeline.cli.common import UsageError, dumps, lake_of
 from envsched_pipeline.core.build import open_run
@@ -13,6 +14,7 @@ from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.run import RunSpec, load_run, require_run
 from envsched_pipeline.scheduler import SCHEDULERS
+from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
 
 F = argparse.ArgumentDefaultsHelpFormatter
 
@@ -26,7 +28,11 @@ def add_parser(sub) -> None:
     sel.add_argument("--pool", required=True, help="pool name")
     sel.add_argument("--step", type=int, required=True, help="step T")
     sel.add_argument(
-        "--scheduler", default=None, choices=sorted(SCHEDULERS), help="scheduler (first call: envsched)"
+        "--scheduler",
+        default=None,
+        help=f"one of {', '.join(sorted(SCHEDULERS))}, or a named variant `<scheduler>@<variant>` "
+        f"(`envsched bench variants` lists them; {RECOMMENDED} is the recommended form). First call: "
+        "envsched; later calls: the run's own, config included",
     )
     sel.add_argument("--seed", type=int, default=None, help="run seed (first call: 0)")
     sel.add_argument("--batch-size", type=int, default=None, help="B (first call: 64)")
@@ -61,20 +67,21 @@ def _run_for(lake, args) -> RunSpec:
             f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake"
         )
 
-    def pick(name, default):
-        value = getattr(args, name, None)
-        return value if value is not None else (getattr(run, name) if run else default)
-
-    spec = RunSpec(
-        pool=args.pool,
-        policy=run.policy if run else "external",
-        trainer="external",
-        scheduler=pick("scheduler", "envsched"),
-        seed=pick("seed", 0),
-        batch_size=pick("batch_size", 64),
-        group_size=pick("group_size", 8),
-        max_steps=run.max_steps if run else 1_000_000,
-    )
+    # what this call asks for; the rest is the run's own (its scheduler config included), so a
+    # plain `step select` resumes a run started by the API or `envsched train` with a variant
+    asked = {
+        k: getattr(args, k) for k in ("seed", "batch_size", "group_size") if getattr(args, k) is not None
+    }
+    if args.scheduler is not None:
+        try:
+            asked["scheduler"], asked["scheduler_config"] = resolve(args.scheduler)
+        except ValueError as exc:
+            raise UsageError(f"--scheduler: {exc}") from exc
+    if run is not None:
+        spec = replace(run, trainer="external", **asked)
+    else:
+        first = {"scheduler": "envsched", "seed": 0, "batch_size": 64, "group_size": 8, **asked}
+        spec = RunSpec(pool=args.pool, policy="external", trainer="external", max_steps=1_000_000, **first)
     spec.validate(SCHEDULERS)  # before anything is written
     if not lake.has("tasks", pool=args.pool):
         if args.pool != "synthetic":

@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 
-from envsched_pipeline.cli import main
+from envsched_pipeline.cli import build_parser, main
+from envsched_pipeline.cli.train import requested_run
+from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.variants import RECOMMENDED
 
 
@@ -39,6 +41,11 @@ def test_train_resumes_without_duplicates(small_pool, dagster_home):
     assert "batch_var" in p.stdout and "SIMULATED" in p.stdout
     p = envsched(*common, "--steps", "4", lake=lake.root)
     assert p.returncode == 0, p.stderr
+    p = envsched("train", "--steps", "5", lake=lake.root)  # no flags: the run's own settings
+    assert p.returncode == 0, p.stderr
+    assert "scheduler=random B=8 G=4" in p.stdout
+    p = envsched("train", "--steps", "6", "--seed", "6", lake=lake.root)  # a changed setting: refused
+    assert p.returncode == 2 and "seed: lake has 5, asked 6" in p.stderr
     q = envsched(
         "sql",
         "select count(*) as n, count(distinct (step, task_id, rollout)) as d, "
@@ -47,12 +54,12 @@ def test_train_resumes_without_duplicates(small_pool, dagster_home):
         "json",
         lake=lake.root,
     )
-    assert json.loads(q.stdout) == {"n": 4 * 8 * 4, "d": 4 * 8 * 4, "s": 4}
+    assert json.loads(q.stdout) == {"n": 5 * 8 * 4, "d": 5 * 8 * 4, "s": 5}
     # the runs are on the Dagster instance, so they appear in the UI afterwards
     import dagster as dg
 
     with dg.DagsterInstance.from_config(str(dagster_home)) as inst:
-        assert len(inst.get_run_records()) >= 8
+        assert len(inst.get_run_records()) >= 10
 
 
 def test_sql_csv_and_errors(small_pool, capsys):
@@ -162,3 +169,33 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
     (marked,) = [line for line in p.stdout.splitlines() if line.endswith("(recommended)")]
     assert marked.split()[0] == RECOMMENDED and '"spread_model": "logistic"' in marked
     assert RECOMMENDED in envsched("train", "--help").stdout
+
+
+def test_train_flags_left_out_keep_the_resumed_runs_settings(tmp_path):
+    """What `envsched train` asks for: the flags given, over the lake's run (its scheduler variant,
+    policy config and pool included), over a new run's defaults when the lake holds none."""
+
+    def asked(*flags, current=None):
+        return requested_run(build_parser().parse_args(["train", *flags]), current)
+
+    fresh = asked("--steps", "3")
+    assert (fresh.pool, fresh.policy, fresh.scheduler, fresh.seed, fresh.batch_size) == (
+        "synthetic",
+        "simulated",
+        "envsched",
+        0,
+        64,
+    )
+    assert fresh.scheduler_config == {} and fresh.max_steps == 3 and fresh.trainer == "subprocess"
+    started = asked(
+        "--policy", "neural", "--overrun-penalty", "0.1", "--scheduler", RECOMMENDED, "--pool", "p"
+    )
+    resumed = asked("--steps", "40", current=started)
+    assert resumed == RunSpec(**{**started.to_dict(), "max_steps": 40})
+    assert resumed.scheduler_config == started.scheduler_config != {}
+    assert resumed.policy_config == {"overrun_penalty": 0.1}
+    more = asked("--lr", "0.001", "--scheduler-config", '{"rho": 0.25}', current=started)
+    assert more.policy_config == {"overrun_penalty": 0.1, "lr": 0.001}
+    assert more.scheduler_config == {**started.scheduler_config, "rho": 0.25}
+    other = asked("--policy", "simulated", current=started)  # another policy: not the old one's config
+    assert other.policy == "simulated" and other.policy_config == {}

@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from envsched_pipeline.cli.common import UsageError, dagster_home, json_object, lake_of
@@ -13,7 +14,7 @@ from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec
+from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
 from envsched_pipeline.scheduler import SCHEDULERS
 from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
 
@@ -45,14 +46,18 @@ def add_parser(sub) -> None:
     t = sub.add_parser(
         "train",
         help="run the scheduled training loop through the Dagster jobs, in-process",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Help,
+        description="Start a run, or resume the lake's run: a flag left out keeps the run's own setting "
+        "(a new run gets the value its help names), so `envsched train --steps 40` continues whatever run the "
+        "lake holds; a flag that changes a resumed run is refused (see --allow-config-change).",
     )
-    t.add_argument("--pool", default="synthetic", help="task pool (`envsched pool list`)")
+    t.add_argument("--pool", default=None, help="task pool (`envsched pool list`); new run: synthetic")
     t.add_argument(
         "--policy",
-        default="simulated",
+        default=None,
         choices=POLICIES,
-        help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai",
+        help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai; new run: "
+        "simulated",
     )
     t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
     t.add_argument(
@@ -62,15 +67,18 @@ def add_parser(sub) -> None:
         help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
         "step here and lets the loop sensor in `make ui` drive the rest",
     )
-    t.add_argument("--seed", type=int, default=0, help="seed of the run (selection and rollouts)")
-    t.add_argument("--batch-size", type=int, default=64, help="B: tasks per step")
-    t.add_argument("--group-size", type=int, default=8, help="G: rollouts per task (>= 2)")
+    t.add_argument(
+        "--seed", type=int, default=None, help="seed of the run (selection and rollouts); new run: 0"
+    )
+    t.add_argument("--batch-size", type=int, default=None, help="B: tasks per step; new run: 64")
+    t.add_argument("--group-size", type=int, default=None, help="G: rollouts per task (>= 2); new run: 8")
     t.add_argument(
         "--scheduler",
-        default="envsched",
+        default=None,
         help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
         "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them), e.g. "
-        f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench)",
+        f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench); new "
+        "run: envsched",
     )
     t.add_argument(
         "--scheduler-config",
@@ -118,9 +126,14 @@ def add_parser(sub) -> None:
         "--api-key-env", default=None, help="openai policy: environment variable that holds the API key"
     )
     t.add_argument(
-        "--prior-lake", default="", help="start the estimates from another run's lake (cross-run prior)"
+        "--prior-lake", default=None, help="start the estimates from another run's lake (cross-run prior)"
     )
-    t.add_argument("--prior-discount", type=float, default=0.5, help="weight of the prior run's statistics")
+    t.add_argument(
+        "--prior-discount",
+        type=float,
+        default=None,
+        help="weight of the prior run's statistics; new run: 0.5",
+    )
     t.add_argument(
         "--cost-aware", action="store_true", help="score informativeness per predicted rollout second"
     )
@@ -144,7 +157,7 @@ def add_parser(sub) -> None:
     )
     t.add_argument(
         "--report-to",
-        default="",
+        default=None,
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
     )
     t.add_argument(
@@ -180,18 +193,55 @@ def policy_config(args) -> dict:
     return pc
 
 
-def scheduler_choice(args) -> tuple[str, dict]:
-    """``--scheduler`` (a scheduler or a named variant), ``--scheduler-config`` and ``--cost-aware`` ->
-    (scheduler name, config overrides); a bad name or JSON is a UsageError naming the flag."""
-    try:
-        name, overrides = resolve(args.scheduler)
-    except ValueError as exc:
-        raise UsageError(f"--scheduler: {exc}") from exc
+def scheduler_choice(args, current: RunSpec) -> tuple[str, dict]:
+    """``--scheduler`` (a scheduler or a named variant), ``--scheduler-config`` and ``--cost-aware``
+    over ``current``'s scheduler -> (scheduler name, config overrides); a bad name or JSON is a
+    UsageError naming the flag."""
+    name, overrides = current.scheduler, dict(current.scheduler_config)
+    if args.scheduler is not None:
+        try:
+            name, overrides = resolve(args.scheduler)
+        except ValueError as exc:
+            raise UsageError(f"--scheduler: {exc}") from exc
     if args.scheduler_config:
         overrides.update(json_object("--scheduler-config", args.scheduler_config, '{"rho": 0.25}'))
     if args.cost_aware:
         overrides["cost_aware"] = True
     return name, overrides  # the fields are checked with the rest of the run by open_run, before any write
+
+
+def requested_run(args, current: RunSpec | None) -> RunSpec:
+    """The run this command asks for: each flag given, over the lake's run when it holds one (a plain
+    ``envsched train --steps N`` resumes it with its own pool, policy, scheduler and configs), over a
+    new run's defaults when it does not. Whether a resumed run may change is open_run's to decide."""
+    base = current or RunSpec()
+    given = {
+        k: getattr(args, k)
+        for k in ("pool", "policy", "seed", "batch_size", "group_size", "prior_discount", "report_to")
+        if getattr(args, k) is not None
+    }
+    if args.prior_lake is not None:
+        given["prior_lake"] = str(Lake(args.prior_lake).root) if args.prior_lake else ""
+    scheduler, scheduler_overrides = scheduler_choice(args, base)
+    # another policy starts from its own defaults, not from the settings of the one it replaces
+    kept = base.policy_config if given.get("policy", base.policy) == base.policy else {}
+    return replace(
+        base,
+        **given,
+        scheduler=scheduler,
+        scheduler_config=scheduler_overrides,
+        policy_config={**kept, **policy_config(args)},
+        max_steps=max(args.steps, args.max_steps or 0),
+        trainer="subprocess",
+    )
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where there is none to show (None: the resumed run's own
+    setting, or the policy's)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def _fmt(v, width: int = 10) -> str:
@@ -234,22 +284,7 @@ def run(args) -> int:
     )
 
     lake = lake_of(args)
-    scheduler, scheduler_overrides = scheduler_choice(args)
-    spec = RunSpec(
-        pool=args.pool,
-        policy=args.policy,
-        scheduler=scheduler,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        group_size=args.group_size,
-        max_steps=max(args.steps, args.max_steps or 0),
-        trainer="subprocess",
-        policy_config=policy_config(args),
-        prior_lake=str(Lake(args.prior_lake).root) if args.prior_lake else "",
-        prior_discount=args.prior_discount,
-        scheduler_config=scheduler_overrides,
-        report_to=args.report_to,
-    )
+    spec = requested_run(args, load_run(lake))
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
     dagster_home()
     if not lake.has("tasks", pool=spec.pool):

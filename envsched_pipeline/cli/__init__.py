@@ -21,6 +21,7 @@ import warnings
 
 from envsched_pipeline import __version__
 from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, train
+from envsched_pipeline.cli.common import HelpFormatter
 from envsched_pipeline.errors import EnvschedError
 
 
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="envsched",
         description="Environment-aware rollout scheduling for agent RL.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE, else warehouse/lake)")
     p.add_argument("--version", action="version", version=f"envsched {__version__}")

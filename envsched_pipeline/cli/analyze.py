@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,13 +12,13 @@ from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, provenance_text,
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
-from envsched_pipeline.cli.common import UsageError, dumps, json_object, lake_of, names
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, json_object, lake_of, names
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
-F = argparse.ArgumentDefaultsHelpFormatter
+F = HelpFormatter
 ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
 
 

@@ -65,3 +65,11 @@ def json_object(flag: str, text: str, example: str) -> dict:
     if not isinstance(value, dict):
         raise UsageError(f"{flag}: a JSON object of settings, e.g. '{example}'")
     return value
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every command's help: each flag's default, except where there is none to show (a None
+    default means the flag's help says what stands in: a resumed run's own setting, a policy's)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)

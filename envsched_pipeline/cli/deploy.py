@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from envsched_pipeline.cli.common import HelpFormatter
 from envsched_pipeline.deploy import TARGETS, render
 
 
@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     r = dsub.add_parser(
         "render",
         help="write the deployment files of a target",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     r.add_argument("--target", required=True, choices=TARGETS, help="where it runs")
     r.add_argument("--out", required=True, help="output folder")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -10,11 +9,11 @@ from pathlib import Path
 from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.registry import POOLS, episode_spec, load_synthetic
 from envs.sandbox import SandboxPool
-from envsched_pipeline.cli.common import UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.run import valid_name
 
-F = argparse.ArgumentDefaultsHelpFormatter
+F = HelpFormatter
 
 
 def add_parser(sub) -> None:

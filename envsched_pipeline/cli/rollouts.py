@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
 from envsched_pipeline.analysis.rollouts_view import render
-from envsched_pipeline.cli.common import UsageError, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, lake_of
 from envsched_pipeline.run import require_run
 
 
@@ -15,7 +13,7 @@ def add_parser(sub) -> None:
     show = rsub.add_parser(
         "show",
         help="print rollouts of a step: actions, outputs, checks, reward",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     show.add_argument("--step", type=int, required=True, help="step")
     show.add_argument("--task", default=None, help="only this task")

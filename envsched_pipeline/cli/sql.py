@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 
 import duckdb
 
-from envsched_pipeline.cli.common import UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
 
 
 def add_parser(sub) -> None:
     s = sub.add_parser(
         "sql",
         help="run SQL over the lake's DuckDB views",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     s.add_argument("query", help='e.g. "select * from step_summary"')
     s.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")

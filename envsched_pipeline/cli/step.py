@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 
-from envsched_pipeline.cli.common import UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
@@ -16,7 +15,7 @@ from envsched_pipeline.run import RunSpec, load_run, require_run
 from envsched_pipeline.scheduler import SCHEDULERS
 from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
 
-F = argparse.ArgumentDefaultsHelpFormatter
+F = HelpFormatter
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from envsched_pipeline.cli.common import UsageError, dagster_home, json_object, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dagster_home, json_object, lake_of
 from envsched_pipeline.core.build import open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     t = sub.add_parser(
         "train",
         help="run the scheduled training loop through the Dagster jobs, in-process",
-        formatter_class=_Help,
+        formatter_class=HelpFormatter,
         description="Start a run, or resume the lake's run: a flag left out keeps the run's own setting "
         "(a new run gets the value its help names), so `envsched train --steps 40` continues whatever run the "
         "lake holds; a flag that changes a resumed run is refused (see --allow-config-change).",
@@ -234,14 +234,6 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
         max_steps=max(args.steps, args.max_steps or 0),
         trainer="subprocess",
     )
-
-
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default, except where there is none to show (None: the resumed run's own
-    setting, or the policy's)."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def _fmt(v, width: int = 10) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from envsched_pipeline.core.build import asked_run, scheduler_config
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
@@ -25,7 +26,7 @@ from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, load_run, start_run
-from envsched_pipeline.scheduler.variants import resolve
+from envsched_pipeline.scheduler import SCHEDULERS
 
 
 class ExternalRun:
@@ -33,40 +34,46 @@ class ExternalRun:
 
     def __init__(
         self,
-        pool: str = "synthetic",
+        pool: str | None = None,
         lake: str | Lake | None = None,
-        scheduler: str = "envsched",
-        seed: int = 0,
-        batch_size: int = 64,
-        group_size: int = 8,
-        prior_lake: str = "",
-        prior_discount: float = 0.5,
+        scheduler: str | None = None,
+        seed: int | None = None,
+        batch_size: int | None = None,
+        group_size: int | None = None,
+        prior_lake: str | None = None,
+        prior_discount: float | None = None,
         **config_overrides,
     ):
-        try:  # a named variant (``envsched@success+adaptive+covscore``): its overrides under yours
-            scheduler, variant = resolve(scheduler)
+        """Start a run on ``lake``, or resume the one it holds. A setting left as None is the run's
+        own when resuming (a restarted trainer passes only the lake), else a new run's default:
+        pool ``synthetic``, scheduler ``envsched``, seed 0, B = 64, G = 8, no prior lake, prior
+        discount 0.5. ``scheduler`` may be a named variant (``envsched@success+adaptive+covsampled+lr``):
+        its overrides under ``config_overrides``. Every setting is checked before anything is
+        written; one that changes a run under way is refused, naming it."""
+        self.lake = lake if isinstance(lake, Lake) else Lake(lake)
+        existing = load_run(self.lake)
+        base = existing or RunSpec(policy="external", trainer="external", max_steps=1_000_000)
+        try:  # a named variant: its overrides under yours
+            spec = asked_run(
+                base,
+                scheduler,
+                config_overrides,
+                pool=pool,
+                seed=seed,
+                batch_size=batch_size,
+                group_size=group_size,
+                prior_lake=prior_lake,
+                prior_discount=prior_discount,
+                trainer="external",
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        config_overrides = {**variant, **config_overrides}
-        self.lake = lake if isinstance(lake, Lake) else Lake(lake)
-        if pool == "synthetic":
-            ensure_pool(self.lake, pool)  # the built-in pool is created on first use
-        if not self.lake.has("tasks", pool=pool):
-            raise StepError(f"pool {pool!r} is not in {self.lake.root}: import or create it first")
-        existing = load_run(self.lake)
-        spec = RunSpec(
-            pool=pool,
-            policy=existing.policy if existing else "external",
-            scheduler=scheduler,
-            seed=seed,
-            batch_size=batch_size,
-            group_size=group_size,
-            trainer="external",
-            max_steps=existing.max_steps if existing else 1_000_000,
-            scheduler_config=config_overrides,
-            prior_lake=str(Lake(prior_lake).root) if prior_lake else "",
-            prior_discount=prior_discount,
-        )
+        spec.validate(SCHEDULERS)
+        scheduler_config(spec)  # unknown or ill-typed overrides: refused before anything is written
+        if spec.pool == "synthetic":
+            ensure_pool(self.lake, spec.pool)  # the built-in pool is created on first use
+        if not self.lake.has("tasks", pool=spec.pool):
+            raise StepError(f"pool {spec.pool!r} is not in {self.lake.root}: import or create it first")
         self.spec = start_run(self.lake, spec)
 
     @property

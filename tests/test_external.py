@@ -266,3 +266,29 @@ def test_cli_protocol_takes_named_variants_and_keeps_the_runs_own_config(two_lak
     )
     assert code == 2 and "the run was started with scheduler_config=" in err
     assert not Lake(a).has("manifests", step=3)
+
+
+def test_a_restarted_trainer_passes_only_the_lake(two_lakes):
+    """ExternalRun(lake=...) resumes the lake's run with its own pool, scheduler variant, seed, B and
+    G; a setting that changes it is refused naming it; a bad override is refused before anything is
+    written (before, the defaults stood in for settings left out, and an unknown override was
+    written into run.json)."""
+    from envsched_pipeline.errors import ConfigError
+
+    a, b = two_lakes
+    with pytest.raises(ConfigError, match="unknown scheduler config field"):
+        ExternalRun(pool="mini", lake=str(b), bogus=1)
+    assert Lake(b).read_json("run.json") is None
+    first = ExternalRun(
+        pool="mini", lake=str(a), scheduler="envsched@success+covscore", seed=3, batch_size=6, group_size=4
+    )
+    for t in range(2):
+        first.observe(t, rollouts_for(t, first.manifest(t)))
+    again = ExternalRun(lake=str(a))
+    assert again.spec == first.spec and again.next_step == 2
+    assert again.spec.scheduler_config == {"target": "success", "coverage_pick": "score"}
+    again.observe(2, rollouts_for(2, again.manifest(2)))
+    with pytest.raises(StepError, match="seed: lake has 3, asked 4"):
+        ExternalRun(lake=str(a), seed=4)
+    with pytest.raises(StepError, match="scheduler_config"):
+        ExternalRun(lake=str(a), rho=0.25)  # an override changes the run's config: refused

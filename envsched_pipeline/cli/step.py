@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
-from envsched_pipeline.core.build import open_run
+from envsched_pipeline.core.build import asked_run, open_run
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.run import RunSpec, load_run, require_run
 from envsched_pipeline.scheduler import SCHEDULERS
-from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
+from envsched_pipeline.scheduler.variants import RECOMMENDED
 
 F = HelpFormatter
 
@@ -66,21 +65,21 @@ def _run_for(lake, args) -> RunSpec:
             f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}; use another --lake"
         )
 
-    # what this call asks for; the rest is the run's own (its scheduler config included), so a
+    # what this call asks for, over the run's own settings (its scheduler config included), so a
     # plain `step select` resumes a run started by the API or `envsched train` with a variant
-    asked = {
-        k: getattr(args, k) for k in ("seed", "batch_size", "group_size") if getattr(args, k) is not None
-    }
-    if args.scheduler is not None:
-        try:
-            asked["scheduler"], asked["scheduler_config"] = resolve(args.scheduler)
-        except ValueError as exc:
-            raise UsageError(f"--scheduler: {exc}") from exc
-    if run is not None:
-        spec = replace(run, trainer="external", **asked)
-    else:
-        first = {"scheduler": "envsched", "seed": 0, "batch_size": 64, "group_size": 8, **asked}
-        spec = RunSpec(pool=args.pool, policy="external", trainer="external", max_steps=1_000_000, **first)
+    base = run or RunSpec(policy="external", max_steps=1_000_000)
+    try:
+        spec = asked_run(
+            base,
+            args.scheduler,
+            pool=args.pool,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            trainer="external",
+        )
+    except ValueError as exc:
+        raise UsageError(f"--scheduler: {exc}") from exc
     spec.validate(SCHEDULERS)  # before anything is written
     if not lake.has("tasks", pool=args.pool):
         if args.pool != "synthetic":

@@ -6,17 +6,15 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from envsched_pipeline.cli.common import HelpFormatter, UsageError, dagster_home, json_object, lake_of
-from envsched_pipeline.core.build import open_run
+from envsched_pipeline.core.build import asked_run, open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
-from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
 from envsched_pipeline.scheduler import SCHEDULERS
-from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
+from envsched_pipeline.scheduler.variants import RECOMMENDED
 
 STEP_COLUMNS = (
     "step",
@@ -193,47 +191,38 @@ def policy_config(args) -> dict:
     return pc
 
 
-def scheduler_choice(args, current: RunSpec) -> tuple[str, dict]:
-    """``--scheduler`` (a scheduler or a named variant), ``--scheduler-config`` and ``--cost-aware``
-    over ``current``'s scheduler -> (scheduler name, config overrides); a bad name or JSON is a
-    UsageError naming the flag."""
-    name, overrides = current.scheduler, dict(current.scheduler_config)
-    if args.scheduler is not None:
-        try:
-            name, overrides = resolve(args.scheduler)
-        except ValueError as exc:
-            raise UsageError(f"--scheduler: {exc}") from exc
+def requested_run(args, current: RunSpec | None) -> RunSpec:
+    """The run this command asks for: each flag given, over the lake's run when it holds one (a plain
+    ``envsched train --steps N`` resumes it with its own pool, policy, scheduler and configs), over a
+    new run's defaults when it does not. Whether a resumed run may change is open_run's to decide;
+    a bad scheduler name or JSON is a UsageError naming the flag."""
+    base = current or RunSpec()
+    overrides = {}
     if args.scheduler_config:
         overrides.update(json_object("--scheduler-config", args.scheduler_config, '{"rho": 0.25}'))
     if args.cost_aware:
         overrides["cost_aware"] = True
-    return name, overrides  # the fields are checked with the rest of the run by open_run, before any write
-
-
-def requested_run(args, current: RunSpec | None) -> RunSpec:
-    """The run this command asks for: each flag given, over the lake's run when it holds one (a plain
-    ``envsched train --steps N`` resumes it with its own pool, policy, scheduler and configs), over a
-    new run's defaults when it does not. Whether a resumed run may change is open_run's to decide."""
-    base = current or RunSpec()
-    given = {
-        k: getattr(args, k)
-        for k in ("pool", "policy", "seed", "batch_size", "group_size", "prior_discount", "report_to")
-        if getattr(args, k) is not None
-    }
-    if args.prior_lake is not None:
-        given["prior_lake"] = str(Lake(args.prior_lake).root) if args.prior_lake else ""
-    scheduler, scheduler_overrides = scheduler_choice(args, base)
     # another policy starts from its own defaults, not from the settings of the one it replaces
-    kept = base.policy_config if given.get("policy", base.policy) == base.policy else {}
-    return replace(
-        base,
-        **given,
-        scheduler=scheduler,
-        scheduler_config=scheduler_overrides,
-        policy_config={**kept, **policy_config(args)},
-        max_steps=max(args.steps, args.max_steps or 0),
-        trainer="subprocess",
-    )
+    kept = base.policy_config if args.policy in (None, base.policy) else {}
+    try:
+        return asked_run(
+            base,
+            args.scheduler,
+            overrides,
+            pool=args.pool,
+            policy=args.policy,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            group_size=args.group_size,
+            prior_lake=args.prior_lake,
+            prior_discount=args.prior_discount,
+            report_to=args.report_to,
+            policy_config={**kept, **policy_config(args)},
+            max_steps=max(args.steps, args.max_steps or 0),
+            trainer="subprocess",
+        )
+    except ValueError as exc:
+        raise UsageError(f"--scheduler: {exc}") from exc
 
 
 def _fmt(v, width: int = 10) -> str:

@@ -3,6 +3,8 @@ family, the task graph from the lake."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
@@ -15,6 +17,22 @@ from envsched_pipeline.scheduler import (
     make_scheduler,
     uses_graph,
 )
+from envsched_pipeline.scheduler.variants import resolve
+
+
+def asked_run(base: RunSpec, scheduler: str | None = None, overrides: dict | None = None, **given) -> RunSpec:
+    """The run a command or the API asks for: ``base`` (the lake's run when it holds one, else a
+    new run's defaults) with each setting the caller gave; None keeps the base's, so a resumed run
+    keeps its own settings. A ``scheduler`` name or named variant replaces the base's scheduler and
+    config; ``overrides`` go over either. Raises ValueError for an unknown scheduler name. Whether
+    a resumed run may change is start_run's to decide."""
+    name, config = base.scheduler, dict(base.scheduler_config)
+    if scheduler is not None:
+        name, config = resolve(scheduler)
+    kept = {k: v for k, v in given.items() if v is not None}
+    if kept.get("prior_lake"):  # a lake is named by its root, however the caller spelled it
+        kept["prior_lake"] = str(Lake(kept["prior_lake"]).root)
+    return replace(base, **kept, scheduler=name, scheduler_config={**config, **(overrides or {})})
 
 
 def scheduler_config(spec: RunSpec) -> SchedulerConfig:

@@ -5,13 +5,15 @@ seen and unseen environments and a rollout viewer that shows what it did."""
 import json
 import platform
 import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from envs.registry import load_synthetic
-from envsched_pipeline.analysis.bench import run_environment
+from envsched_pipeline.analysis.bench import _cache_file, _canonical_eval, run_benchmark, run_environment
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -497,13 +499,10 @@ def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
     assert type(c["max_actions"]) is int and c["train_forced_stop"] is False
 
 
-def test_recorded_runs_keep_their_meaning_when_a_default_changes():
+def test_recorded_runs_keep_their_meaning_when_a_default_changes(tmp_path):
     """Runs are keyed by their settings that differ from the defaults of when recording began, so
     the committed records of the learner that trains the forced stop (the default until 2026-12)
     are found under that setting named explicitly, and never taken for today's default learner."""
-    from pathlib import Path
-
-    from envsched_pipeline.analysis.bench import run_benchmark
     from trainer.neural.learner import record_settings
 
     assert NeuralConfig().train_forced_stop is False
@@ -536,6 +535,28 @@ def test_recorded_runs_keep_their_meaning_when_a_default_changes():
         ["random"], cache_dir=runs / "neural-noforced", learner_config={"train_forced_stop": False}, **kw
     )
     assert plain["per_seed"]["random"] == said["per_seed"]["random"] != forced["per_seed"]["random"]
+    # the held-out schedule is keyed as run: --eval-every left out and given as its default
+    # (steps // 4) are one run, and a record keyed the first way before that is still found
+    unsaid = run_benchmark(["random"], cache_dir=runs / "neural-noforced", **{**kw, "eval_every": None})
+    assert unsaid["per_seed"]["random"] == plain["per_seed"]["random"]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    keyed = {
+        "envs": 51,
+        "tasks_per_env": 50,
+        "steps": 200,
+        "batch_size": 64,
+        "group_size": 8,
+        "overrides": None,
+        "learner": "neural",
+        "eval_every": None,
+        "learner_config": {"train_forced_stop": False},
+    }
+    canonical = _cache_file(runs / "neural-noforced", "random", 0, _canonical_eval(keyed))
+    shutil.copy(canonical, _cache_file(legacy, "random", 0, keyed))
+    for every in (None, 50):
+        found = run_benchmark(["random"], cache_dir=legacy, **{**kw, "eval_every": every})
+        assert found["per_seed"]["random"] == plain["per_seed"]["random"]
 
 
 def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):

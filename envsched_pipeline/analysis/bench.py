@@ -710,6 +710,25 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
     return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "." + cpu
 
 
+def _canonical_eval(keyed: dict) -> dict:
+    """A neural run keyed by the held-out schedule it ran (``eval_every`` left out and given as its
+    default, steps // 4, are one run), so a recorded run is found however the command spelled it."""
+    if keyed.get("learner") == "simulated" or keyed.get("eval_every"):
+        return keyed
+    return {**keyed, "eval_every": max(1, keyed["steps"] // 4)}
+
+
+def _record_file(cache_dir: Path | None, name: str, seed: int, keyed: dict) -> Path | None:
+    """Where a run's record is: under its canonical key; a neural run recorded before the key was
+    canonical, with ``eval_every`` left out, is found under that older key too."""
+    f = _cache_file(cache_dir, name, seed, _canonical_eval(keyed))
+    if f is None or f.exists():
+        return f
+    unsaid = {**keyed, "eval_every": None}
+    older = _cache_file(cache_dir, name, seed, unsaid)
+    return older if _canonical_eval(unsaid) == _canonical_eval(keyed) and older.exists() else f
+
+
 def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path | None:
     if cache_dir is None:
         return None
@@ -808,7 +827,7 @@ def run_benchmark(
             keyed = {**kw, "learner_config": key_config}  # runs are keyed by record_key_config
             if not key_config:
                 del keyed["learner_config"]
-            f = _cache_file(cache, n, seed + k, keyed)
+            f = _record_file(cache, n, seed + k, keyed)
             if f is not None and f.exists():
                 results[(n, seed + k)] = rec = json.loads(f.read_text())
                 recorded_env[(n, seed + k)] = rec.get("environment")

@@ -369,6 +369,14 @@ class Lake:
 
     def __init__(self, root: str | os.PathLike | None = None):
         raw = str(root or os.environ.get("ENVSCHED_LAKE") or DEFAULT_ROOT)
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.\-]*)://", raw)
+        if scheme and not raw.startswith(REMOTE_SCHEMES):  # never a local folder named "gs:"
+            raise LakeError(
+                f"lake {raw!r}: {scheme.group(1)}:// is not supported; use a local path or "
+                f"{' or '.join(s + 'bucket/prefix' for s in REMOTE_SCHEMES)}"
+            )
+        if scheme and not raw.split("://", 1)[1].strip("/"):
+            raise LakeError(f"lake {raw!r}: the URL names no bucket ({scheme.group(1)}://bucket/prefix)")
         if raw.startswith(REMOTE_SCHEMES):
             from upath import UPath  # Dagster's own dependency; paths for messages and artifacts
 

@@ -1,3 +1,5 @@
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -61,3 +63,19 @@ def test_corrupt_file_error_names_the_file(tmp_path):
     p.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(LakeError, match="part-0.parquet"):
         lake.read("rollouts", step=0)
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("gs://bucket/lake", "gs:// is not supported; use a local path or s3://bucket/prefix"),
+        ("https://host/lake", "https:// is not supported"),
+        ("s3://", "the URL names no bucket (s3://bucket/prefix)"),
+    ],
+)
+def test_a_lake_url_it_cannot_use_is_refused_not_taken_for_a_folder(url, says, tmp_path, monkeypatch):
+    """Before, gs://bucket/lake became a local folder named 'gs:' and s3:// an IndexError."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LakeError, match=re.escape(says)):
+        Lake(url)
+    assert not any(tmp_path.iterdir())

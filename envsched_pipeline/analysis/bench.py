@@ -217,12 +217,17 @@ def make_learner(kind: str, pool: dict, seed: int, **kw):
 
 
 # ---------------------------------------------------------------------------- one run
+def default_eval_every(steps: int) -> int:
+    """The neural learner's held-out schedule when none is given: every quarter of the run."""
+    return max(1, steps // 4)
+
+
 def eval_points(steps: int, learner: str, every: int | None = None) -> list[int]:
     """Steps after which held-out is measured: every step for the simulated learner (it is exact and
     free), every ``every`` (default steps // 4) plus the start for the neural one."""
     if learner == "simulated":
         return list(range(steps + 1))
-    every = every or max(1, steps // 4)
+    every = every or default_eval_every(steps)
     return sorted({0, steps, *range(every, steps, every)})
 
 
@@ -715,7 +720,7 @@ def _canonical_eval(keyed: dict) -> dict:
     default, steps // 4, are one run), so a recorded run is found however the command spelled it."""
     if keyed.get("learner") == "simulated" or keyed.get("eval_every"):
         return keyed
-    return {**keyed, "eval_every": max(1, keyed["steps"] // 4)}
+    return {**keyed, "eval_every": default_eval_every(keyed["steps"])}
 
 
 def _record_file(cache_dir: Path | None, name: str, seed: int, keyed: dict) -> Path | None:

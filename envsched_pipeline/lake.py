@@ -289,20 +289,16 @@ class _ObjectStore:
         """Replace ``rel`` with ``new`` (remove it if None) only if it still holds ``seen``: the
         write is conditional on the ETag of the version read (``If-Match``), so a writer that
         changed the object in between makes this call lose instead of being overwritten. On a store
-        that does not implement conditional writes it falls back to re-reading just before an
-        unconditional write (two writers within that gap is the residual risk there)."""
+        that does not implement conditional writes the write is unconditional, right after that
+        read (two writers within that gap is the residual risk there)."""
         got = self._read_tagged(rel)
         if got is None or got[0] != seen:
             return False
         bucket, key, _ = self.fs.split_path(self._key(rel))
         call = ("delete_object", {}) if new is None else ("put_object", {"Body": new})
+        condition = {"IfMatch": got[1]} if self.conditional else {}
         try:
-            if self.conditional:
-                self.fs.call_s3(call[0], Bucket=bucket, Key=key, IfMatch=got[1], **call[1])
-            elif self.get(rel) == seen:
-                self.fs.call_s3(call[0], Bucket=bucket, Key=key, **call[1])
-            else:
-                return False
+            self.fs.call_s3(call[0], Bucket=bucket, Key=key, **condition, **call[1])
         except FileNotFoundError:
             return False  # removed since it was read
         except OSError as exc:

@@ -38,7 +38,8 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +384,7 @@ class Lake:
             self.root = Path(raw).resolve()
             self.store = _LocalStore(self.root)
             self.local = self.root
+        self._fence: Callable[[], None] | None = None
 
     @property
     def remote(self) -> bool:
@@ -433,9 +435,30 @@ class Lake:
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
         return self.root / self.artifact_rel(kind, step, name)
 
+    # ----------------------------------------------------------------- fence
+    @contextmanager
+    def fenced(self, check: Callable[[], None]):
+        """For the block, every write, delete and archive through this object first calls
+        ``check``, which raises when the caller no longer owns what it writes (its step lock was
+        taken over while it was paused): such a writer stops at its next write instead of mixing
+        its partitions into the new owner's. Leases and locks themselves (create, swap, discard)
+        are not fenced."""
+        before, self._fence = self._fence, check
+        try:
+            yield self
+        finally:
+            self._fence = before
+
+    def guard(self) -> None:
+        """Raise if this object is fenced and its holder no longer owns what it writes (for writes
+        that bypass the lake, such as a model checkpoint saved to a local folder)."""
+        if self._fence is not None:
+            self._fence()
+
     # ----------------------------------------------------------------- bytes
     def write_bytes(self, rel: str, data: bytes) -> Path:
         """Write one artifact atomically (temp + rename locally, one PUT on an object store)."""
+        self.guard()
         self.store.put(rel, data)
         return self.root / rel
 
@@ -452,6 +475,7 @@ class Lake:
         return self.store.create(rel, data)
 
     def delete(self, rel: str) -> None:
+        self.guard()
         self.store.delete(rel)
 
     def discard(self, rel: str, seen: bytes) -> bool:
@@ -472,6 +496,7 @@ class Lake:
             data = pa.Table.from_pylist(rows) if rows else self._empty(table)
         self._validate(table, data)
         rel = f"{self._partition_rel(table, **partition)}/part-0.parquet"
+        self.guard()
         self.store.write_parquet(rel, data)
         return self.root / rel
 
@@ -491,6 +516,7 @@ class Lake:
         """Move every per-step partition or artifact folder ``<kind>/step=<s>`` for which
         ``select(kind, s)`` is true into ``archive/<label>-<ms>/`` (kept, never mixed with the live
         run). Returns {"archive": folder, "moved": {kind: [steps]}}."""
+        self.guard()
         dest = f"archive/{label}-{int(time.time() * 1000)}"
         moved: dict[str, list[int]] = {}
         for kind in [*STEP_TABLES, "state", "plots"]:
@@ -505,6 +531,7 @@ class Lake:
         return {"archive": self.where(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
 
     def delete_partition(self, table: str, **partition: Any) -> None:
+        self.guard()
         self.store.delete(self._partition_rel(table, **partition))
 
     def write_json(self, relpath: str, obj: Any) -> Path:

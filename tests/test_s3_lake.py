@@ -18,10 +18,10 @@ import pytest
 from envs.registry import load_synthetic
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
-from envsched_pipeline.core.lease import Lease, current, step_lock
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import LakeError, StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import Lease, current, step_lock
 from tests.procs import free_port, stop, wait_for_port
 
 pytest.importorskip("s3fs")
@@ -263,6 +263,12 @@ def test_one_driver_and_one_writer_across_machines_sharing_a_bucket(s3, tmp_path
     taken = Lease(there).acquire()
     assert taken.took_over["id"] == "old"
     taken.release()
+    # a step lock left by a pod that crashed on the other machine goes stale instead of blocking
+    here.write_json("locks/train-step=3.lock", {**stale, "kind": "train-step=3"})
+    with step_lock(there, "train-step=3") as lock, there.fenced(lock.check):
+        assert lock.took_over["id"] == "old"
+        there.write_bytes("checkpoints/step=3/policy.json", b"{}")  # fenced write: the lock is ours
+    assert here.read_bytes("locks/train-step=3.lock") is None
 
 
 def test_swap_on_an_s3_lake_never_overwrites_a_write_made_after_its_read(s3, tmp_path, monkeypatch):

@@ -21,18 +21,18 @@ import pytest
 
 from envs.hack import flag_trajectory
 from envs.registry import load_synthetic
+from envsched_pipeline import lease as lease_mod
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
-from envsched_pipeline.core import lease as lease_mod
 from envsched_pipeline.core.gates import check_manifest, halted
 from envsched_pipeline.core.ingest import ingest_rollouts
-from envsched_pipeline.core.lease import Lease, current, step_lock
 from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import EnvschedError, LakeError, StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import Lease, current, holder_check, step_lock
 from envsched_pipeline.orchestration.plan import run_tags
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
 from envsched_pipeline.resources.lake import LakeResource
@@ -327,6 +327,111 @@ def test_a_driver_whose_lease_was_taken_over_stops_and_its_heartbeat_never_overw
     with pytest.raises(StepError, match="was removed"):
         gone.check()
     gone.release()
+
+
+def _foreign_lock(lake, name: str, heartbeat: float) -> None:
+    """A step lock held by a process on another machine (its pid cannot be checked from here)."""
+    record = {"id": "pod-1", "kind": name, "pid": 1, "host": "another-machine", "heartbeat": heartbeat}
+    lake.write_bytes(f"locks/{name}.lock", json.dumps(record).encode())
+
+
+def test_a_step_lock_left_by_a_crashed_holder_on_another_machine_goes_stale(small_run, monkeypatch):
+    """A step lock has a heartbeat: a live holder elsewhere is refused (or waited for), and one that
+    stopped beating (a crashed pod) is taken over after STALE_SECONDS instead of blocking for good."""
+    lake = small_run
+    _foreign_lock(lake, "ingest-step=7", time.time())
+    with pytest.raises(StepError, match="ingest-step=7 is already running .*another-machine"):
+        with step_lock(lake, "ingest-step=7"):
+            pass
+    _foreign_lock(lake, "ingest-step=7", time.time() - 600)  # no heartbeat for ten minutes
+    with step_lock(lake, "ingest-step=7") as lock:
+        assert lock.took_over["id"] == "pod-1"
+        assert json.loads(lake.read_bytes("locks/ingest-step=7.lock"))["id"] == lock.id
+    assert lake.read_bytes("locks/ingest-step=7.lock") is None  # released
+    # a holder that is alive but stops beating is waited for, then taken over
+    monkeypatch.setattr(lease_mod, "STALE_SECONDS", 0.6)
+    monkeypatch.setattr(lease_mod, "HEARTBEAT_SECONDS", 0.05)
+    _foreign_lock(lake, "ingest-step=7", time.time())
+    said = []
+    t0 = time.monotonic()
+    with step_lock(lake, "ingest-step=7", wait=10, log=said.append) as lock:
+        assert lock.took_over["id"] == "pod-1" and 0.5 < time.monotonic() - t0 < 5
+        time.sleep(1.0)  # held past STALE_SECONDS: its own heartbeat keeps it live
+        with pytest.raises(StepError, match="already running"):
+            with step_lock(lake, "ingest-step=7", wait=0.2):
+                pass
+    assert len(said) == 1 and "waiting up to 10s" in said[0] and "another-machine" in said[0]
+
+
+def test_a_training_step_whose_lock_was_taken_over_writes_nothing_more(small_run, monkeypatch):
+    """The internal trainer holds train-step=<n> for the step and writes through a lake fenced on it:
+    a process paused past the lock's stale time, whose step another writer took over, stops at its
+    next write; its checkpoint and partitions never land in the taker's step."""
+    import trainer.step as step_mod  # the engine table is patched for this test only
+
+    lake = small_run
+    select_manifest(lake, 0)
+    real = step_mod.ENGINES["simulated"]
+
+    def paused_then_taken_over(lake_, spec, step, manifest, log=print):
+        raw = lake_.read_bytes(f"locks/{step_mod.train_lock_name(step)}.lock")
+        assert json.loads(raw)["pid"] == os.getpid()  # held by this step while it runs
+        # ... the process pauses, its lock goes stale and another writer of the step takes it
+        _foreign_lock(lake_, step_mod.train_lock_name(step), time.time())
+        return real(lake_, spec, step, manifest, log=log)
+
+    monkeypatch.setitem(step_mod.ENGINES, "simulated", paused_then_taken_over)
+    with pytest.raises(
+        StepError, match="train-step=0 held by this process was taken over by .*another-machine"
+    ):
+        run_step(lake, 0, log=lambda *_: None)
+    assert not any(lake.has(t, step=0) for t in ("rollouts", "evals", "train_metrics"))
+    assert not lake.exists(step_mod._checkpoint(0, "policy.json"))
+    assert json.loads(lake.read_bytes("locks/train-step=0.lock"))["id"] == "pod-1"  # the taker's, kept
+    # the taker's step runs (here: the holder went stale) and writes the step whole
+    monkeypatch.setitem(step_mod.ENGINES, "simulated", real)
+    _foreign_lock(lake, "train-step=0", time.time() - 600)
+    assert run_step(lake, 0, log=lambda *_: None)["step"] == 0
+    assert all(lake.has(t, step=0) for t in ("rollouts", "evals", "train_metrics"))
+    assert lake.read_bytes("locks/train-step=0.lock") is None
+
+
+def test_a_training_step_waits_for_a_live_holder_then_refuses(small_run, monkeypatch):
+    """A retried step whose lock a live process holds waits TRAIN_LOCK_WAIT for it, then says who."""
+    import trainer.step as step_mod  # the wait is shortened for this test only
+
+    lake = small_run
+    select_manifest(lake, 0)
+    monkeypatch.setattr(step_mod, "TRAIN_LOCK_WAIT", 0.3)
+    said = []
+    with step_lock(lake, "train-step=0"):
+        with pytest.raises(StepError, match="train-step=0 is already running"):
+            run_step(lake, 0, log=said.append)
+    assert said and "waiting up to 0s for train-step=0" in said[0]
+    assert not lake.has("train_metrics", step=0)
+    assert run_step(lake, 0, log=lambda *_: None)["step"] == 0
+
+
+def test_a_resident_worker_writes_only_while_its_client_holds_the_step(small_run):
+    """The resident worker writes a step for a client that holds the lock: its fence is the
+    client's lock, by id."""
+    lake = small_run
+    with step_lock(lake, "train-step=3") as lock:
+        holder_check(lake, lock.name, lock.id)()  # held: passes
+        with pytest.raises(StepError, match="train-step=3 held by this process was taken over"):
+            holder_check(lake, lock.name, "someone-else")()
+        lake.write_bytes("checkpoints/x", b"x")
+        with lake.fenced(holder_check(lake, lock.name, "someone-else")):
+            with pytest.raises(StepError, match="taken over"):
+                lake.write_bytes("checkpoints/x", b"y")
+            with pytest.raises(StepError, match="taken over"):
+                lake.archive("late", lambda kind, s: True)
+            with pytest.raises(StepError, match="taken over"):
+                lake.delete("checkpoints/x")
+        assert lake.read_bytes("checkpoints/x") == b"x" and not lake.exists("archive")
+        lake.write_bytes("checkpoints/x", b"z")  # outside the block: unfenced again
+    with pytest.raises(StepError, match="removed"):
+        holder_check(lake, lock.name, lock.id)()
 
 
 def test_two_train_processes_on_one_lake(tmp_path):

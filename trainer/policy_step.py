@@ -98,6 +98,7 @@ class PolicySession:
         t0 = time.perf_counter()
         latest, root = _checkpoint_dirs(self.lake)
         path = None
+        self.lake.guard()  # saved to a folder, not through the lake: check the step is still ours
         if not self.resident:
             self.trainer.save(latest, step, tokenizer=self.tok)
         if force or (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 >= self.spec.max_steps:

@@ -20,6 +20,7 @@ lake never mixes rollouts of a policy that no longer exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.lease import holder_check
 from envsched_pipeline.run import require_run
 
 IDLE_SECONDS = 1800.0
@@ -117,7 +119,8 @@ class Worker:
                 _send(conn, {"error": "bad token"})
                 return
             step = int(req["step"])
-            with self.lock:
+            fence = holder_check(self.lake, *req["fence"]) if req.get("fence") else None
+            with self.lock, self.lake.fenced(fence) if fence else contextlib.nullcontext():
                 try:
                     log = lambda m: _send(conn, {"log": str(m)})  # noqa: E731
                     sess = self._session(step, log)
@@ -201,8 +204,10 @@ def start_worker(lake: Lake) -> dict:
     raise StepError(f"the resident worker did not start within {START_TIMEOUT:.0f}s (see {log_path})")
 
 
-def run_resident(lake: Lake, step: int, log=print) -> dict:
-    """Hand step ``step`` to the run's resident worker (starting one if needed); relay its logs."""
+def run_resident(lake: Lake, step: int, log=print, fence: tuple[str, str] | None = None) -> dict:
+    """Hand step ``step`` to the run's resident worker (starting one if needed); relay its logs.
+    ``fence`` (lock name, holder id): the step lock the caller holds; the worker checks it before
+    each of its writes for this step, as the caller's own fenced lake would."""
     info = read_info(lake)
     spec = require_run(lake)
     if info is None or info.get("run_id") != spec.run_id or not _alive(info):
@@ -216,7 +221,7 @@ def run_resident(lake: Lake, step: int, log=print) -> dict:
         conn = socket.create_connection(("127.0.0.1", int(info["port"])), timeout=30)
     with conn:
         conn.settimeout(None)
-        _send(conn, {"token": info["token"], "step": step})
+        _send(conn, {"token": info["token"], "step": step, "fence": list(fence) if fence else None})
         for msg in _lines(conn):
             if "log" in msg:
                 log(msg["log"])

@@ -24,11 +24,16 @@ from envs.registry import episode_spec
 from envs.rollout_backend import episode_pool
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import STALE_SECONDS, step_lock
 from envsched_pipeline.run import RunSpec, require_run, step_rng
 from trainer import world
 from trainer.grpo import group_advantages
 from trainer.realenv import corrupt, episode_rows, tool_names_of
 from trainer.simulated import SimLearnerConfig, SimulatedLearner
+
+# a training step whose lock is held waits this long for the holder to finish or go stale (a
+# crashed pod's lock on another machine goes stale after STALE_SECONDS): its retry then runs
+TRAIN_LOCK_WAIT = STALE_SECONDS + 30.0
 
 
 def _checkpoint(step: int, name: str) -> str:
@@ -250,24 +255,35 @@ def run_step(lake: Lake, step: int, log=print) -> dict:
     if spec.policy not in ENGINES:
         raise StepError(f"unknown policy {spec.policy!r}; available: {', '.join(ENGINES)}")
     place = world.ranks()
-    if spec.policy_settings().resident:  # the resident worker writes the step's partitions itself
-        if place.parallel:
-            raise StepError("--resident runs one process; launch data-parallel ranks per step instead")
-        from trainer.resident import run_resident  # its client: sockets only, no torch here
-
-        return run_resident(lake, step, log=log)
     if place.parallel and spec.policy not in ("hf-tiny", "hf", "vllm"):
         raise StepError(
             f"policy {spec.policy!r} runs on one rank; data-parallel ranks are for hf-tiny, hf, vllm"
         )
-    result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)
-    if result is None:  # a data-parallel rank other than 0: rank 0 writes the step
+    if spec.policy_settings().resident and place.parallel:
+        raise StepError("--resident runs one process; launch data-parallel ranks per step instead")
+    if not place.main:  # the other data-parallel ranks compute; rank 0 holds the lock and writes
+        ENGINES[spec.policy](lake, spec, step, manifest, log=log)
         return {}
-    # train_metrics is written last: it marks the step complete
-    lake.write("rollouts", result["rollouts"], step=step)
-    lake.write("evals", result["evals"], step=step)
-    lake.write("train_metrics", [result["metrics"]], step=step)
+    # One writer per step: a retry (or a second driver's step) waits for a live holder to finish
+    # or go stale, and every write below is fenced on the lock, so a process paused past the
+    # lock's stale time stops at its next write instead of writing into the taker's step.
+    with step_lock(lake, train_lock_name(step), wait=TRAIN_LOCK_WAIT, log=log) as lock:
+        with lake.fenced(lock.check):
+            if spec.policy_settings().resident:  # the resident worker writes the partitions itself
+                from trainer.resident import run_resident  # its client: sockets only, no torch here
+
+                return run_resident(lake, step, log=log, fence=(lock.name, lock.id))
+            result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)
+            # train_metrics is written last: it marks the step complete
+            lake.write("rollouts", result["rollouts"], step=step)
+            lake.write("evals", result["evals"], step=step)
+            lake.write("train_metrics", [result["metrics"]], step=step)
     return result["metrics"]
+
+
+def train_lock_name(step: int) -> str:
+    """The step lock an internal training step holds (``locks/<name>.lock`` in the lake)."""
+    return f"train-step={int(step)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from tqdm import tqdm
 
 from envsched_pipeline.analysis.plots import embed
 from envsched_pipeline.core.gates import halt_message, halted
-from envsched_pipeline.core.lease import current, describe
+from envsched_pipeline.lease import current, describe
 from envsched_pipeline.run import load_run
 
 

@@ -30,10 +30,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envsched_pipeline.core.lease import step_lock
 from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import step_lock
 from envsched_pipeline.rollouts import ERROR_CLASSES, SPREAD_EPS
 from envsched_pipeline.run import RunSpec, require_run
 
@@ -209,7 +209,7 @@ def ingest_rollouts(
         raise StepError(
             f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)"
         )
-    with step_lock(lake, f"ingest-step={step}"):
+    with step_lock(lake, f"ingest-step={step}") as lock, lake.fenced(lock.check):
         if consumed(lake, step) and not replace:
             raise StepError(
                 f"step {step} was already used (its statistics or the next manifest exist); re-ingesting "

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from envsched_pipeline.core.lease import Lease
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import Lease
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.plan import IN_FLIGHT, next_request, runs_of
 from envsched_pipeline.run import require_run

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import dagster as dg
 
 from envsched_pipeline.core.gates import halt
-from envsched_pipeline.core.lease import current, describe
 from envsched_pipeline.core.loop import explain, next_action
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import current, describe
 from envsched_pipeline.orchestration.partitions import partition_key
 from envsched_pipeline.run import RunSpec, load_run
 

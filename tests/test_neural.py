@@ -369,6 +369,31 @@ def test_bench_json_on_the_neural_learner(tmp_path, capsys):
     assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]
 
 
+def test_a_larger_unseen_split_adds_environments_and_leaves_the_run_as_it_was(tmp_path, capsys):
+    """`--unseen-envs N` holds out N environments of the unseen family, the default 12 first: the
+    training run is the same step for step, its record is keyed apart, and every evaluation keeps
+    the held-out per environment (the mean of those is the held-out: every environment has as many
+    tasks)."""
+    base = ["bench", "scheduler", "--learner", "neural", "--envs", "4", "--tasks", "6", "--steps", "2"]
+    base += ["--batch-size", "4", "--group-size", "4", "--schedulers", "random", "--eval-every", "2"]
+    base += ["--cache", str(tmp_path / "runs")]
+    assert main(base) == 0
+    assert main([*base, "--unseen-envs", "14"]) == 0
+    capsys.readouterr()
+    small, large = (
+        json.loads(f.read_text())
+        for f in sorted((tmp_path / "runs").glob("random-s0-*.json"), key=lambda f: len(f.read_text()))
+    )
+    assert small["mean_reward"] == large["mean_reward"] and small["batch_variance"] == large["batch_variance"]
+    for rec, n in ((small, 12), (large, 14)):
+        for ev in rec["evals"]:
+            assert len(ev["unseen_by_env"]) == n and len(ev["seen_by_env"]) == 4
+            assert ev["unseen_mean"] == pytest.approx(np.mean(list(ev["unseen_by_env"].values())))
+    assert set(small["evals"][0]["unseen_by_env"]) < set(large["evals"][0]["unseen_by_env"])
+    assert main([*base, "--unseen-envs", "0"]) != 0
+    assert "unseen_envs must be >= 1" in capsys.readouterr().err
+
+
 def test_runs_recorded_before_a_new_field_still_aggregate():
     """A run recorded by an older version lacks fields added since (here the neural runs' total of
     skipped updates): the table averages the per-step series every run has instead of failing."""

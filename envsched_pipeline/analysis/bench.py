@@ -81,12 +81,18 @@ METRICS = (
     "max_task_picks",
     "step_seconds",
 )
-UNSEEN_ENVS, UNSEEN_TASKS_PER_ENV = 12, 10
+UNSEEN_ENVS = 12  # environments of the unseen held-out split (one per domain of the unseen family)
 
 
-def prepare_pool(envs: int, tasks_per_env: int, seed: int, progress: Callable | None = None) -> dict:
-    """The generated pool with its graph, the simulator's latents, and both held-out sets."""
-    data = load_synthetic("synthetic", n_envs=envs, tasks_per_env=tasks_per_env, seed=seed)
+def prepare_pool(
+    envs: int, tasks_per_env: int, seed: int, progress: Callable | None = None, unseen_envs: int = UNSEEN_ENVS
+) -> dict:
+    """The generated pool with its graph, the simulator's latents, and both held-out sets
+    (``unseen_envs`` environments of the unseen family; a larger split starts with the same
+    environments and tasks as a smaller one, so it only adds to what is held out)."""
+    data = load_synthetic(
+        "synthetic", n_envs=envs, tasks_per_env=tasks_per_env, seed=seed, unseen_envs=unseen_envs
+    )
     tasks = sorted(data.tasks, key=lambda t: t["task_id"])
     tools = {e["env_id"]: [x["function"]["name"] for x in json.loads(e["tools"])] for e in data.environments}
     t0 = time.perf_counter()
@@ -312,7 +318,12 @@ def run_one(
             if t in points:
                 ev = lrn.evaluate(seed=10_000 + t)
                 series["evals"].append(
-                    {"step": t, **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen") for m in ("mean", "se")}}
+                    {
+                        "step": t,
+                        **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen") for m in ("mean", "se")},
+                        # the neural learner's held-out per environment (where the spread comes from)
+                        **{f"{k}_by_env": ev[k]["by_env"] for k in ("seen", "unseen") if "by_env" in ev[k]},
+                    }
                 )
                 if log and learner != "simulated":
                     log(
@@ -620,7 +631,9 @@ def _job(args: tuple) -> tuple[str, int, dict]:
         torch.set_num_threads(1)
     except ImportError:
         pass
-    pool = prepare_pool(kw.pop("envs"), kw.pop("tasks_per_env"), seed)
+    pool = prepare_pool(
+        kw.pop("envs"), kw.pop("tasks_per_env"), seed, unseen_envs=kw.pop("unseen_envs", UNSEEN_ENVS)
+    )
     return name, seed, run_one(name, pool, seed=seed, log=_progress, **kw)
 
 
@@ -774,6 +787,7 @@ def run_benchmark(
     probe_every: int | None = None,
     trace_dir: str | Path | None = None,
     oracle_candidates: int = ORACLE_CANDIDATES,
+    unseen_envs: int = UNSEEN_ENVS,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
     ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
@@ -784,7 +798,10 @@ def run_benchmark(
     their outcomes to ``<trace_dir>/<scheduler>-s<seed>.parquet`` (envsched_pipeline/analysis/trace.py);
     a run already on record is run again for its trace, its record is kept, and the log says whether
     the re-run repeated it step for step. ``oracle_candidates``: the neural learner's oracle looks at
-    a fresh group of that many tasks each step (part of its runs' key)."""
+    a fresh group of that many tasks each step (part of its runs' key). ``unseen_envs``: environments
+    in the unseen held-out split (neural learner; part of the key when not the default 12; the first
+    12 are the default split's, so every run's held-out includes the default one, environment by
+    environment in its ``evals``)."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -798,6 +815,8 @@ def run_benchmark(
         raise ValueError(f"probe_every must be >= 1 (got {probe_every})")
     if oracle_candidates < 1:
         raise ValueError(f"oracle_candidates must be >= 1 (got {oracle_candidates})")
+    if unseen_envs < 1:
+        raise ValueError(f"unseen_envs must be >= 1 (got {unseen_envs})")
     if learner_config:
         learner_config = check_learner_config(learner, learner_config)
     key_config = record_key_config(learner, learner_config)
@@ -823,6 +842,7 @@ def run_benchmark(
                 "learner": learner,
                 "eval_every": eval_every,
                 **({"probe_every": probe_every} if probe_every else {}),
+                **({"unseen_envs": unseen_envs} if unseen_envs != UNSEEN_ENVS else {}),
                 **(
                     {"oracle_candidates": oracle_candidates}
                     if n == "oracle" and learner != "simulated"
@@ -908,9 +928,9 @@ def run_benchmark(
         pools: dict[int, dict] = {}
         for n, s, kw, f in todo:
             if s not in pools:
-                pools = {s: prepare_pool(envs, tasks_per_env, s)}
+                pools = {s: prepare_pool(envs, tasks_per_env, s, unseen_envs=unseen_envs)}
             kw = dict(kw)
-            kw.pop("envs"), kw.pop("tasks_per_env")
+            kw.pop("envs"), kw.pop("tasks_per_env"), kw.pop("unseen_envs", None)
             done(n, s, run_one(n, pools[s], seed=s, log=log, **kw), f)
     out = aggregate(
         names,
@@ -975,7 +995,11 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             and all(isinstance(r.get(k), list) for r in runs)
         }
         out["series"][n]["evals"] = [
-            {k: float(np.mean([r["evals"][j][k] for r in runs])) for k in runs[0]["evals"][j]}
+            {
+                k: float(np.mean([r["evals"][j][k] for r in runs]))
+                for k in runs[0]["evals"][j]
+                if not k.endswith("_by_env")  # per environment: in each run's record
+            }
             for j in range(len(runs[0]["evals"]))
         ]
         out["series"][n]["heldout"] = np.mean([r["heldout"] for r in runs], axis=0).tolist()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, provenance_text, run_benchmark
+from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, provenance_text, run_benchmark
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
@@ -102,6 +102,15 @@ def add_parser(sub) -> None:
         metavar="N",
         help="neural learner: the oracle rolls one fresh group of N random tasks each step and trains "
         f"on the most varied (a ceiling that pays N/B times a step's rollouts; default {ORACLE_CANDIDATES})",
+    )
+    bs.add_argument(
+        "--unseen-envs",
+        type=int,
+        default=UNSEEN_ENVS,
+        metavar="N",
+        help="neural learner: environments in the unseen held-out split (the unseen family has 12 "
+        "domains; beyond 12 each domain comes again with other rules, ids and difficulty); the first "
+        f"{UNSEEN_ENVS} are the default split's (default {UNSEEN_ENVS})",
     )
     bs.add_argument(
         "--trace",
@@ -223,6 +232,7 @@ def cmd_bench_scheduler(args) -> int:
             probe_every=args.probe_every,
             trace_dir=args.trace,
             oracle_candidates=args.oracle_candidates,
+            unseen_envs=args.unseen_envs,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -739,7 +739,16 @@ class NeuralLearner:
         task_means = r.mean(axis=1)
         within = r.var(axis=1, ddof=1) if samples > 1 else np.zeros(len(tasks))
         se = float(np.sqrt(within.sum() / samples) / len(tasks))
-        return {"mean": float(task_means.mean()), "se": se, "tasks": len(tasks), "samples": samples}
+        by_env: dict[str, list[float]] = {}
+        for t, m in zip(tasks, task_means, strict=True):
+            by_env.setdefault(t["env_id"], []).append(float(m))
+        return {
+            "mean": float(task_means.mean()),
+            "se": se,
+            "tasks": len(tasks),
+            "samples": samples,
+            "by_env": {e: float(np.mean(v)) for e, v in sorted(by_env.items())},
+        }
 
     # ------------------------------------------------------------------ checkpoint
     def state_bytes(self) -> bytes:

@@ -29,11 +29,14 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
     VARIANTS,
     first_departure,
     prepare_pool,
+    provenance,
     provenance_text,
     run_benchmark,
+    run_environment,
     run_one,
 )
 from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
+from envsched_pipeline.analysis.spread import paired_components, predicted_sd  # noqa: E402
 from envsched_pipeline.analysis.trace import known_informative, summarize_traces  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
@@ -2106,6 +2109,158 @@ def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> No
     )
 
 
+def _by_env_records(runs: str | Path, name: str) -> dict[int, dict]:
+    """The records of ``name`` in ``runs`` by seed (runs that keep their held-out per environment)."""
+    out = {}
+    for seed in recorded_seeds(runs, name):
+        for f in Path(runs).glob(f"{name}-s{seed}-*.json"):
+            rec = json.loads(f.read_text())
+            if rec.get("evals") and "unseen_by_env" in rec["evals"][-1]:
+                out[seed] = rec
+    return out
+
+
+def _domain(env_id: str) -> str:
+    """An environment's domain: the generator names the k-th repeat of a domain ``<domain>_<k>``."""
+    return re.sub(r"_\d+$", "", env_id)
+
+
+def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
+    """How much of the paired held-out difference's spread over seeds is the held-out set's own
+    (which environments it holds) and how much is the run's: random and the recommended form with a
+    larger unseen split (``--unseen-envs``), whose first 12 environments are the default split."""
+    lr = BESIDE_ORACLE[-1]
+    recs = {n: _by_env_records(runs, n) for n in ("random", lr)}
+    seeds = sorted(set(recs["random"]) & set(recs[lr]))
+    if len(seeds) < 3:
+        print(f"neural_unseen_split: {len(seeds)} paired seeds in {runs}; section left as it was")
+        return
+    last = {n: {s: recs[n][s]["evals"][-1] for s in seeds} for n in recs}
+    unseen_envs = sorted(last["random"][seeds[0]]["unseen_by_env"])
+    default = set(sorted(unseen_envs, key=lambda e: (e != _domain(e), e))[:12])  # one per domain
+    base = {}
+    for s in seeds:  # the same runs as recorded with the default split
+        out = run_benchmark(
+            ["random", lr],
+            steps=steps,
+            seed=s,
+            seeds=1,
+            learner="neural",
+            eval_every=50,
+            recorded_only=True,
+            log=lambda _m: None,
+            cache_dir=base_runs,
+            learner_config=NO_FORCED_STOP,
+        )
+        base[s] = out["schedulers"]
+
+    def diff(kind: str, envs) -> np.ndarray:
+        envs = list(envs)
+        return np.array(
+            [
+                [last[lr][s][f"{kind}_by_env"][e] - last["random"][s][f"{kind}_by_env"][e] for e in envs]
+                for s in seeds
+            ]
+        )
+
+    same = [
+        s
+        for s in seeds
+        if all(n in base[s] and base[s][n]["heldout_seen_final"] == last[n][s]["seen_mean"] for n in recs)
+    ]
+    rows = [
+        "| seed | Δ unseen, default 12 (the record's evaluation) | Δ unseen, the same 12 (this evaluation) | "
+        f"Δ unseen, all {len(unseen_envs)} | Δ seen |",
+        "|---|---|---|---|---|",
+    ]
+    d12, d_all = diff("unseen", sorted(default)).mean(axis=1), diff("unseen", unseen_envs).mean(axis=1)
+    seen_envs = sorted(last["random"][seeds[0]]["seen_by_env"])
+    d_seen = diff("seen", seen_envs).mean(axis=1)
+    for i, s in enumerate(seeds):
+        rec = (
+            f"{base[s][lr]['heldout_unseen_final'] - base[s]['random']['heldout_unseen_final']:+.4f}"
+            if all(n in base[s] for n in recs)
+            else "—"
+        )
+        rows.append(f"| {s} | {rec} | {d12[i]:+.4f} | {d_all[i]:+.4f} | {d_seen[i]:+.4f} |")
+    rows.append(
+        f"| mean (wins) | — | {d12.mean():+.4f} ({(d12 > 0).sum()}/{len(seeds)}) | "
+        f"{d_all.mean():+.4f} ({(d_all > 0).sum()}/{len(seeds)}) | {d_seen.mean():+.4f} ({(d_seen > 0).sum()}/{len(seeds)}) |"
+    )
+    z = NormalDist().inv_cdf
+    comp_rows = [
+        "| held-out | environments (domains x each) | sd: the run's, every environment | sd: the run's, per domain | "
+        "sd: per environment | of which the evaluation's sampling | sd of the mean Δ over seeds, observed | "
+        "predicted: as measured | predicted: 4x the environments, same domains | predicted: 4x the domains | "
+        "needs (10 seeds), as measured / 4x domains | mean Δ |",
+        "|" + "---|" * 12,
+    ]
+    fits = {}
+    for kind, envs in (("unseen", unseen_envs), ("seen", seen_envs)):
+        c = paired_components(diff(kind, envs), [_domain(e) for e in envs])
+        fits[kind] = c
+        # the evaluation's own sampling: a run's held-out s.e. is that of the mean over its environments
+        se2 = np.mean([last[n][s][f"{kind}_se"] ** 2 for n in recs for s in seeds])
+        sampling = math.sqrt(2 * se2 * len(envs))  # per environment, in a paired difference
+        D, V = c["domains"], c["per_domain"]
+        now, more_v, more_d = (predicted_sd(c, D, V), predicted_sd(c, D, 4 * V), predicted_sd(c, 4 * D, V))
+        need = lambda sd: sd * z(0.9 ** (1 / 10))  # noqa: E731
+        comp_rows.append(
+            f"| {kind} | {D * V} ({D} x {V}) | {math.sqrt(c['var_seed']):.4f} | {math.sqrt(c['var_seed_domain']):.4f} | "
+            f"{math.sqrt(c['var_within_domain']):.4f} | {sampling:.4f} | {c['observed_sd']:.4f} | {now:.4f} | "
+            f"{more_v:.4f} | {more_d:.4f} | {need(now):+.4f} / {need(more_d):+.4f} | {c['mean']:+.4f} |"
+        )
+    u = fits["unseen"]
+    share = u["var_seed"] / max(predicted_sd(u, u["domains"], 1) ** 2, 1e-12)
+    reading = (
+        f"Reading: on the default 12 unseen environments the paired difference's variance over seeds is "
+        f"{share:.0%} the run's own (common to every environment) and {1 - share:.0%} which environments the "
+        f"split holds (the seed's luck on a domain, and on an environment within it). Holding out "
+        f"{len(unseen_envs)} environments of the same 12 domains takes the sd of the mean Δ from "
+        f"{predicted_sd(u, u['domains'], 1):.4f} to {predicted_sd(u, u['domains'], u['per_domain']):.4f} (observed "
+        f"{u['observed_sd']:.4f}); 48 new domains would take it to {predicted_sd(u, 4 * u['domains'], 1):.4f}. "
+        f"Over these {len(seeds)} seeds the variance components rest on {u['df']['seed']} degrees of freedom for the "
+        "run's share: a rough split, not a measurement to two digits."
+    )
+    write_section(
+        "neural_unseen_split",
+        "\n".join(
+            [
+                "## Where the unseen held-out's spread comes from: the run or the environments held out",
+                "",
+                "The held-out on environments never trained on is measured on 12 generated environments, one per "
+                "domain of the unseen family. Its paired difference against random varies over seeds more than "
+                'the seen one (section "Where the spread over seeds comes from"), and the every-seed unseen '
+                f"target is the one the recommended form misses on the default learner. Here random and `{lr}` "
+                f"(default learner) ran again at seeds {', '.join(map(str, seeds))} with "
+                f"`--unseen-envs {len(unseen_envs)}`: each of the 12 domains four times (other rules, ids and "
+                "difficulty), the first 12 being the default split. Training does not depend on the split: "
+                f"{len(same)} of {len(seeds)} seeds repeat their record's held-out seen exactly for both rows "
+                "(the same weights). Every evaluation keeps the held-out per environment, so the paired "
+                "difference's spread over seeds splits into the run's share, common to every environment "
+                "(`envsched_pipeline/analysis/spread.py`), the seed's share on one domain, and the rest. "
+                f"Runs in `bench/runs/{Path(runs).name}/`. "
+                + provenance_text(
+                    provenance(
+                        [r.get("environment") for n in recs for r in recs[n].values()], run_environment()
+                    )
+                ),
+                "",
+                *rows,
+                "",
+                *comp_rows,
+                "",
+                '"needs": the mean paired effect at which all 10 seeds come out above random with a chance of 0.9 '
+                "at that sd. The evaluation's sampling column is the part of the per-environment sd that the "
+                "held-out's own standard error accounts for (16 episodes a task).",
+                "",
+                reading,
+            ]
+        ),
+        after="neural_oracle",
+    )
+
+
 TRACED = (
     "random",
     "mopps",
@@ -2375,7 +2530,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
+        "neural_oracle,neural_unseen_split,neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -2417,6 +2572,12 @@ def main() -> int:
             "neural-noforced",
             "recorded neural runs with train_forced_stop=false, the default since 2026-12 (sections "
             "neural_forced_stop, neural_noforced)",
+        ),
+        (
+            "--neural-unseen-runs",
+            "neural-noforced-unseen48",
+            "default-learner runs with 48 unseen environments, held-out per environment (section "
+            "neural_unseen_split)",
         ),
         (
             "--neural-updates-runs",
@@ -2500,6 +2661,8 @@ def main() -> int:
             args.steps,
             default_runs=args.neural_noforced_runs,
         )
+    if "neural_unseen_split" in sections:
+        section_unseen_split(args.neural_unseen_runs, args.neural_noforced_runs, args.steps)
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

@@ -14,6 +14,7 @@ import torch
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.bench import _cache_file, _canonical_eval, run_benchmark, run_environment
+from envsched_pipeline.analysis.spread import paired_components, predicted_sd
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -853,3 +854,33 @@ def test_the_neural_learners_oracle_looks_at_fresh_groups_and_keys_its_runs_by_h
     again = json.loads((tmp_path / "again.json").read_text())["schedulers"]["oracle"]
     assert again == json.loads((tmp_path / "oracle8.json").read_text())["schedulers"]["oracle"]
     assert main([*base, "--oracle-candidates", "0"]) == 2
+
+
+def test_the_spread_of_a_paired_difference_splits_into_seed_domain_and_environment_shares():
+    """Known components are recovered from simulated paired differences (seeds x 12 domains x 4
+    environments each), the environments' own effects are not counted as noise, and the predicted
+    sd of the mean matches the observed one."""
+    rng = np.random.default_rng(0)
+    seeds, doms, per = 600, 12, 4
+    domains = [f"d{k}" for k in range(doms) for _ in range(per)]
+    var = {"var_seed": 1e-4, "var_seed_domain": 4e-4, "var_within_domain": 16e-4}
+    d = (
+        0.01
+        + rng.normal(0, 0.05, doms * per)[None, :]  # each environment's own effect: not noise
+        + rng.normal(0, var["var_seed"] ** 0.5, (seeds, 1))
+        + np.repeat(rng.normal(0, var["var_seed_domain"] ** 0.5, (seeds, doms)), per, axis=1)
+        + rng.normal(0, var["var_within_domain"] ** 0.5, (seeds, doms * per))
+    )
+    c = paired_components(d, domains)
+    for k, v in var.items():
+        assert c[k] == pytest.approx(v, rel=0.3), k
+    assert (c["domains"], c["per_domain"], c["seeds"]) == (doms, per, seeds)
+    assert predicted_sd(c, doms, per) == pytest.approx(c["observed_sd"], rel=0.1)
+    assert predicted_sd(c, doms, 1) > predicted_sd(c, doms, per) > var["var_seed"] ** 0.5
+    one = paired_components(d[:, ::per], domains[::per])  # one environment per domain
+    assert one["var_within_domain"] == 0.0
+    assert one["var_seed_domain"] == pytest.approx(var["var_seed_domain"] + var["var_within_domain"], rel=0.3)
+    with pytest.raises(ValueError, match="as many environments"):
+        paired_components(d[:, :-1], domains[:-1])
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paired_components(d[:1], domains)

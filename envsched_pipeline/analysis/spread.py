@@ -1,0 +1,80 @@
+"""Where the spread of a paired held-out difference over seeds comes from, environment by environment.
+
+A bench run records its held-out per environment (``evals[*]["unseen_by_env"]``). For two schedulers
+run at the same seeds, ``d[s, e]`` is the second's held-out minus the first's on environment ``e`` in
+seed ``s``. The held-out set's environments come in domains (the unseen family has 12; a larger split
+repeats each domain with other rules, ids and difficulty), and the difference is modelled as
+
+    d[s, e] = mu + b[e] + a[s] + c[s, domain(e)] + eps[s, e]
+
+``b``: what the scheduler does for environment ``e`` at every seed (part of the effect, not noise);
+``a``: the run's share common to every environment of the seed; ``c``: the seed's share common to
+one domain's environments; ``eps``: the rest (the evaluation's own sampling among it). The mean
+difference over ``D`` domains x ``V`` environments each then varies over seeds with
+
+    sd(D, V) = sqrt(var_a + var_c / D + var_eps / (D V))
+
+so a larger held-out set shrinks only the last two terms: how much that buys depends on how large
+``var_a`` is. Estimates are the balanced design's mean squares (method of moments), clipped at 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def paired_components(d: np.ndarray, domains: list[str]) -> dict:
+    """``d``: (seeds, environments) paired differences; ``domains``: each environment's domain
+    (every domain with the same number of environments). Returns the three variances, the degrees
+    of freedom behind each, the design's shape and the observed sd over seeds of the mean difference
+    over all environments."""
+    d = np.asarray(d, dtype=float)
+    n_seeds, n_envs = d.shape
+    if n_seeds < 2:
+        raise ValueError(f"need at least 2 seeds (got {n_seeds})")
+    if len(domains) != n_envs:
+        raise ValueError(f"{len(domains)} domains for {n_envs} environments")
+    names = sorted(set(domains))
+    members = [[j for j, x in enumerate(domains) if x == n] for n in names]
+    per = {len(m) for m in members}
+    if len(per) != 1:
+        raise ValueError(f"every domain needs as many environments (got {sorted(per)})")
+    n_dom, n_var = len(names), per.pop()
+    r = d - d.mean(axis=0, keepdims=True)  # the environments' own effects (b) removed
+    by_dom = np.stack([r[:, m].mean(axis=1) for m in members], axis=1)  # (seeds, domains)
+    seed_mean = r.mean(axis=1)
+    var_eps = 0.0
+    if n_var > 1:
+        within = np.concatenate([r[:, m] - by_dom[:, [k]] for k, m in enumerate(members)], axis=1)
+        var_eps = float((within**2).sum() / ((n_seeds - 1) * n_dom * (n_var - 1)))
+    u = by_dom - seed_mean[:, None]
+    ms_dom = float((u**2).sum() / ((n_seeds - 1) * (n_dom - 1))) if n_dom > 1 else 0.0
+    var_c = max(ms_dom - var_eps / n_var, 0.0) if n_var > 1 else ms_dom  # with V = 1, c and eps are one
+    ms_seed = float(np.var(seed_mean, ddof=1))
+    var_a = max(ms_seed - ms_dom / n_dom, 0.0)
+    return {
+        "seeds": n_seeds,
+        "domains": n_dom,
+        "per_domain": n_var,
+        "var_seed": var_a,
+        "var_seed_domain": var_c,
+        "var_within_domain": var_eps,
+        "df": {
+            "seed": n_seeds - 1,
+            "seed_domain": (n_seeds - 1) * (n_dom - 1),
+            "within_domain": (n_seeds - 1) * n_dom * (n_var - 1),
+        },
+        "observed_sd": float(np.std(d.mean(axis=1), ddof=1)),
+        "mean": float(d.mean()),
+    }
+
+
+def predicted_sd(components: dict, domains: int, per_domain: int) -> float:
+    """The sd over seeds of the mean paired difference over ``domains`` x ``per_domain``
+    environments, by the fitted components."""
+    c = components
+    return math.sqrt(
+        c["var_seed"] + c["var_seed_domain"] / domains + c["var_within_domain"] / (domains * per_domain)
+    )

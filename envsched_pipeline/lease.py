@@ -92,6 +92,26 @@ def describe(record: dict) -> str:
     )
 
 
+def holders(lake: Lake) -> dict:
+    """Who drives the run and who writes which step right now, for ``envsched status``: the lease's
+    holder and every step lock's (a stale one is marked: the next writer of that step takes it)."""
+
+    def view(record: dict) -> dict:
+        return {
+            **{k: record.get(k) for k in ("kind", "pid", "host", "command")},
+            "heartbeat_age_s": round(time.time() - float(record.get("heartbeat", 0)), 1),
+            "stale": _stale(record),
+        }
+
+    lease = _read(lake, LEASE_FILE)
+    locks = {}
+    for rel in sorted(lake.store.glob("locks/*.lock")):
+        record = _read(lake, rel)
+        if record is not None:
+            locks[rel.rsplit("/", 1)[-1].removesuffix(".lock")] = view(record)
+    return {"driver": view(lease) if lease else None, "step_locks": locks}
+
+
 def current(lake: Lake) -> dict | None:
     """The live lease of the lake's run, or None (no lease, or a stale one)."""
     record = _read(lake, LEASE_FILE)

@@ -191,9 +191,12 @@ def test_one_driver_per_run_and_stale_leases_are_recovered(small_run):
     with Lease(lake):
         with pytest.raises(StepError, match="being driven by"):
             Lease(lake).acquire()
+        driver = status(lake)["driver"]
+        assert driver["pid"] == os.getpid() and not driver["stale"] and driver["kind"] == "envsched train"
         with dg.instance_for_test() as instance:
             skip = sensor(lake, instance)
             assert isinstance(skip, dg.SkipReason) and "being driven by" in skip.skip_message
+    assert status(lake)["driver"] is None and status(lake)["step_locks"] == {}
     record = {
         "id": "old",
         "kind": "envsched train",
@@ -344,6 +347,8 @@ def test_a_step_lock_left_by_a_crashed_holder_on_another_machine_goes_stale(smal
         with step_lock(lake, "ingest-step=7"):
             pass
     _foreign_lock(lake, "ingest-step=7", time.time() - 600)  # no heartbeat for ten minutes
+    seen = status(lake)["step_locks"]["ingest-step=7"]
+    assert seen["stale"] and seen["host"] == "another-machine" and seen["heartbeat_age_s"] >= 600
     with step_lock(lake, "ingest-step=7") as lock:
         assert lock.took_over["id"] == "pod-1"
         assert json.loads(lake.read_bytes("locks/ingest-step=7.lock"))["id"] == lock.id
@@ -374,8 +379,8 @@ def test_a_training_step_whose_lock_was_taken_over_writes_nothing_more(small_run
     real = step_mod.ENGINES["simulated"]
 
     def paused_then_taken_over(lake_, spec, step, manifest, log=print):
-        raw = lake_.read_bytes(f"locks/{step_mod.train_lock_name(step)}.lock")
-        assert json.loads(raw)["pid"] == os.getpid()  # held by this step while it runs
+        held = status(lake_)["step_locks"]  # `envsched status` names who writes which step
+        assert held["train-step=0"]["pid"] == os.getpid() and not held["train-step=0"]["stale"]
         # ... the process pauses, its lock goes stale and another writer of the step takes it
         _foreign_lock(lake_, step_mod.train_lock_name(step), time.time())
         return real(lake_, spec, step, manifest, log=log)

@@ -7,6 +7,7 @@ from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import LakeError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import holders
 from envsched_pipeline.run import load_run
 
 
@@ -54,6 +55,7 @@ def status(lake: Lake) -> dict:
         "halted": halted(lake),
         "consistent": not problems,
         "problems": problems,
+        **holders(lake),
     }
 
 

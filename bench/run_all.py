@@ -1908,6 +1908,23 @@ def section_headroom(
 BESIDE_ORACLE = ("random", "mopps", "envsched@success+adaptive+covsampled+lr")
 
 
+def _recorded_at_seed(names: list[str], runs: str, seed: int, config: dict, steps: int) -> dict:
+    """The neural runs of ``names`` on record in ``runs`` at one seed (learner ``config``, held-out
+    every 50 steps), summarized per scheduler; a scheduler not on record is absent."""
+    return run_benchmark(
+        names,
+        steps=steps,
+        seed=seed,
+        seeds=1,
+        learner="neural",
+        eval_every=50,
+        recorded_only=True,
+        log=lambda _m: None,
+        cache_dir=runs,
+        learner_config=config,
+    )["schedulers"]
+
+
 def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
     """Per seed, the oracle's recorded runs in ``runs`` (learner ``config``) beside random's and the
     recommended envsched form's at that seed: zero-variance share and held-out against random."""
@@ -1921,19 +1938,7 @@ def _oracle_by_seed(runs: str, config: dict, steps: int) -> list[str]:
     below = []  # seeds where the form is below random on unseen held-out: (seed, form's, oracle's)
     per: dict[str, dict[int, dict]] = {n: {} for n in ("random", lr, "oracle")}
     for s in seeds:
-        out = run_benchmark(
-            ["random", lr, "oracle"],
-            steps=steps,
-            seed=s,
-            seeds=1,
-            learner="neural",
-            eval_every=50,
-            recorded_only=True,
-            log=lambda _m: None,
-            cache_dir=runs,
-            learner_config=config,
-        )
-        S = out["schedulers"]
+        S = _recorded_at_seed(["random", lr, "oracle"], runs, s, config, steps)
         if "random" not in S:
             continue
         for n in per:
@@ -2140,19 +2145,7 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
     default = set(sorted(unseen_envs, key=lambda e: (e != _domain(e), e))[:12])  # one per domain
     base = {}
     for s in seeds:  # the same runs as recorded with the default split
-        out = run_benchmark(
-            ["random", lr],
-            steps=steps,
-            seed=s,
-            seeds=1,
-            learner="neural",
-            eval_every=50,
-            recorded_only=True,
-            log=lambda _m: None,
-            cache_dir=base_runs,
-            learner_config=NO_FORCED_STOP,
-        )
-        base[s] = out["schedulers"]
+        base[s] = _recorded_at_seed(["random", lr], base_runs, s, NO_FORCED_STOP, steps)
 
     def diff(kind: str, envs) -> np.ndarray:
         envs = list(envs)

@@ -2125,6 +2125,12 @@ def _by_env_records(runs: str | Path, name: str) -> dict[int, dict]:
     return out
 
 
+def _record_of(runs: str | Path, name: str, seed: int) -> dict | None:
+    """The one record of ``name`` at ``seed`` in ``runs`` (None if there is none)."""
+    found = sorted(Path(runs).glob(f"{name}-s{seed}-*.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
 def _domain(env_id: str) -> str:
     """An environment's domain: the generator names the k-th repeat of a domain ``<domain>_<k>``."""
     return re.sub(r"_\d+$", "", env_id)
@@ -2156,37 +2162,60 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
             ]
         )
 
-    same = [
-        s
-        for s in seeds
-        if all(n in base[s] and base[s][n]["heldout_seen_final"] == last[n][s]["seen_mean"] for n in recs)
-    ]
-    rows = [
-        "| seed | Δ unseen, default 12 (the record's evaluation) | Δ unseen, the same 12 (this evaluation) | "
-        f"Δ unseen, all {len(unseen_envs)} | Δ seen |",
-        "|---|---|---|---|---|",
-    ]
+    # does each run repeat the run recorded with the default split (training ignores the split)?
+    departs = {
+        n: {s: first_departure(_record_of(base_runs, n, s) or {}, recs[n][s]) for s in seeds} for n in recs
+    }
+    repeat = {n: [s for s in seeds if departs[n][s] is None and _record_of(base_runs, n, s)] for n in recs}
     d12, d_all = diff("unseen", sorted(default)).mean(axis=1), diff("unseen", unseen_envs).mean(axis=1)
     seen_envs = sorted(last["random"][seeds[0]]["seen_by_env"])
     d_seen = diff("seen", seen_envs).mean(axis=1)
+    zv = {n: {s: float(np.mean(recs[n][s]["zero_variance_fraction"])) for s in seeds} for n in recs}
+    rows = [
+        f"| seed | {lr} re-run repeats its record | Δ seen: record | Δ seen: re-run | Δ unseen, default 12: "
+        f"record | Δ unseen, the same 12: re-run | Δ unseen, all {len(unseen_envs)}: re-run | zero-var × random: "
+        "record | re-run |",
+        "|" + "---|" * 9,
+    ]
+    rec_d = {"seen": [], "unseen": [], "zv": []}
     for i, s in enumerate(seeds):
-        rec = (
-            f"{base[s][lr]['heldout_unseen_final'] - base[s]['random']['heldout_unseen_final']:+.4f}"
-            if all(n in base[s] for n in recs)
-            else "—"
+        b = base[s]
+        if all(n in b for n in recs):
+            rec_d["seen"].append(b[lr]["heldout_seen_final"] - b["random"]["heldout_seen_final"])
+            rec_d["unseen"].append(b[lr]["heldout_unseen_final"] - b["random"]["heldout_unseen_final"])
+            rec_d["zv"].append(b[lr]["zero_variance_fraction"] / b["random"]["zero_variance_fraction"])
+            cells = [f"{rec_d['seen'][-1]:+.4f}", f"{rec_d['unseen'][-1]:+.4f}", f"{rec_d['zv'][-1]:.2f}"]
+        else:
+            cells = ["—", "—", "—"]
+        dep = departs[lr][s]
+        again = (
+            "yes"
+            if s in repeat[lr]
+            else (
+                "not on record" if dep == 0 and not _record_of(base_runs, lr, s) else f"departs at step {dep}"
+            )
         )
-        rows.append(f"| {s} | {rec} | {d12[i]:+.4f} | {d_all[i]:+.4f} | {d_seen[i]:+.4f} |")
+        rows.append(
+            f"| {s} | {again} | {cells[0]} | {d_seen[i]:+.4f} | {cells[1]} | {d12[i]:+.4f} | {d_all[i]:+.4f} | "
+            f"{cells[2]} | {zv[lr][s] / zv['random'][s]:.2f} |"
+        )
+
+    def wins(x) -> str:
+        x = np.asarray(x)
+        return f"{x.mean():+.4f} ({(x > 0).sum()}/{len(x)})"
+
     rows.append(
-        f"| mean (wins) | — | {d12.mean():+.4f} ({(d12 > 0).sum()}/{len(seeds)}) | "
-        f"{d_all.mean():+.4f} ({(d_all > 0).sum()}/{len(seeds)}) | {d_seen.mean():+.4f} ({(d_seen > 0).sum()}/{len(seeds)}) |"
+        f"| mean (wins) | — | {wins(rec_d['seen'])} | {wins(d_seen)} | {wins(rec_d['unseen'])} | {wins(d12)} | "
+        f"{wins(d_all)} | {np.mean(rec_d['zv']):.2f} | "
+        f"{np.mean([zv[lr][s] for s in seeds]) / np.mean([zv['random'][s] for s in seeds]):.2f} |"
     )
     z = NormalDist().inv_cdf
     comp_rows = [
-        "| held-out | environments (domains x each) | sd: the run's, every environment | sd: the run's, per domain | "
-        "sd: per environment | of which the evaluation's sampling | sd of the mean Δ over seeds, observed | "
-        "predicted: as measured | predicted: 4x the environments, same domains | predicted: 4x the domains | "
-        "needs (10 seeds), as measured / 4x domains | mean Δ |",
-        "|" + "---|" * 12,
+        "| held-out | split measured (domains x each) | sd: the run's, every environment | sd: the seed's, per "
+        "domain | sd: per environment | of which the evaluation's sampling | sd of the mean Δ over seeds: "
+        "default split (predicted) | this split (observed) | 4x the domains of the default (predicted) | "
+        "needs (10 seeds): default split / 4x the domains | mean Δ, this split |",
+        "|" + "---|" * 11,
     ]
     fits = {}
     for kind, envs in (("unseen", unseen_envs), ("seen", seen_envs)):
@@ -2196,12 +2225,14 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
         se2 = np.mean([last[n][s][f"{kind}_se"] ** 2 for n in recs for s in seeds])
         sampling = math.sqrt(2 * se2 * len(envs))  # per environment, in a paired difference
         D, V = c["domains"], c["per_domain"]
-        now, more_v, more_d = (predicted_sd(c, D, V), predicted_sd(c, D, 4 * V), predicted_sd(c, 4 * D, V))
+        each = 1 if kind == "unseen" else V  # the default unseen split: one environment per domain
+        default, more = predicted_sd(c, D, each), predicted_sd(c, 4 * D, each)
         need = lambda sd: sd * z(0.9 ** (1 / 10))  # noqa: E731
         comp_rows.append(
-            f"| {kind} | {D * V} ({D} x {V}) | {math.sqrt(c['var_seed']):.4f} | {math.sqrt(c['var_seed_domain']):.4f} | "
-            f"{math.sqrt(c['var_within_domain']):.4f} | {sampling:.4f} | {c['observed_sd']:.4f} | {now:.4f} | "
-            f"{more_v:.4f} | {more_d:.4f} | {need(now):+.4f} / {need(more_d):+.4f} | {c['mean']:+.4f} |"
+            f"| {kind} | {D * V} ({D} x {V}) | {math.sqrt(c['var_seed']):.4f} | "
+            f"{math.sqrt(c['var_seed_domain']):.4f} | {math.sqrt(c['var_within_domain']):.4f} | {sampling:.4f} | "
+            f"{default:.4f} ({D} x {each}) | {c['observed_sd']:.4f} | {more:.4f} ({4 * D} x {each}) | "
+            f"{need(default):+.4f} / {need(more):+.4f} | {c['mean']:+.4f} |"
         )
     u = fits["unseen"]
     share = u["var_seed"] / max(predicted_sd(u, u["domains"], 1) ** 2, 1e-12)
@@ -2227,9 +2258,17 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
                 f"target is the one the recommended form misses on the default learner. Here random and `{lr}` "
                 f"(default learner) ran again at seeds {', '.join(map(str, seeds))} with "
                 f"`--unseen-envs {len(unseen_envs)}`: each of the 12 domains four times (other rules, ids and "
-                "difficulty), the first 12 being the default split. Training does not depend on the split: "
-                f"{len(same)} of {len(seeds)} seeds repeat their record's held-out seen exactly for both rows "
-                "(the same weights). Every evaluation keeps the held-out per environment, so the paired "
+                "difficulty), the first 12 being the default split. Training does not depend on the split "
+                f"(random's runs repeat their records step for step at {len(repeat['random'])} of {len(seeds)} "
+                f"seeds). `{lr}`'s runs repeat theirs at {len(repeat[lr])} of {len(seeds)}: "
+                + (
+                    "its committed records were not made by the code that is run today (nor by the code of "
+                    "the commit that added them: re-run there, they depart at step 0 too), so its columns here "
+                    "are the current code's numbers beside the record's. "
+                    if len(repeat[lr]) < len(seeds)
+                    else "the same runs as recorded. "
+                )
+                + "Every evaluation keeps the held-out per environment, so the paired "
                 "difference's spread over seeds splits into the run's share, common to every environment "
                 "(`envsched_pipeline/analysis/spread.py`), the seed's share on one domain, and the rest. "
                 f"Runs in `bench/runs/{Path(runs).name}/`. "

@@ -2262,9 +2262,11 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
                 f"(random's runs repeat their records step for step at {len(repeat['random'])} of {len(seeds)} "
                 f"seeds). `{lr}`'s runs repeat theirs at {len(repeat[lr])} of {len(seeds)}: "
                 + (
-                    "its committed records were not made by the code that is run today (nor by the code of "
-                    "the commit that added them: re-run there, they depart at step 0 too), so its columns here "
-                    "are the current code's numbers beside the record's. "
+                    "its committed records do not repeat on this machine from the first step, and neither does "
+                    "a re-run at the commit that added them, while random's do; random uses no task graph, and "
+                    "the form's first picks rest on the graph's floating point, the likeliest thing to differ "
+                    "on the machine that recorded them (same CPU name and package versions; not verified). So "
+                    "its columns here are this machine's re-runs beside the records. "
                     if len(repeat[lr]) < len(seeds)
                     else "the same runs as recorded. "
                 )

@@ -379,7 +379,8 @@ def test_a_larger_unseen_split_adds_environments_and_leaves_the_run_as_it_was(tm
     base += ["--batch-size", "4", "--group-size", "4", "--schedulers", "random", "--eval-every", "2"]
     base += ["--cache", str(tmp_path / "runs")]
     assert main(base) == 0
-    assert main([*base, "--unseen-envs", "14"]) == 0
+    assert main([*base, "--unseen-envs", "14", "--json", str(tmp_path / "large.json")]) == 0
+    assert json.loads((tmp_path / "large.json").read_text())["setup"]["unseen_envs"] == 14
     capsys.readouterr()
     small, large = (
         json.loads(f.read_text())

@@ -947,6 +947,7 @@ def run_benchmark(
             "batch_size": batch_size,
             "group_size": group_size,
             "learner_config": learner_config or {},
+            "unseen_envs": unseen_envs,
         },
     )
     out["provenance"] = provenance([recorded_env.get(k) for k in results], here)

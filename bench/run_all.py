@@ -2163,10 +2163,11 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
         )
 
     # does each run repeat the run recorded with the default split (training ignores the split)?
+    originals = {n: {s: _record_of(base_runs, n, s) for s in seeds} for n in recs}
     departs = {
-        n: {s: first_departure(_record_of(base_runs, n, s) or {}, recs[n][s]) for s in seeds} for n in recs
+        n: {s: first_departure(originals[n][s], recs[n][s]) for s in seeds if originals[n][s]} for n in recs
     }
-    repeat = {n: [s for s in seeds if departs[n][s] is None and _record_of(base_runs, n, s)] for n in recs}
+    repeat = {n: [s for s in departs[n] if departs[n][s] is None] for n in recs}
     d12, d_all = diff("unseen", sorted(default)).mean(axis=1), diff("unseen", unseen_envs).mean(axis=1)
     seen_envs = sorted(last["random"][seeds[0]]["seen_by_env"])
     d_seen = diff("seen", seen_envs).mean(axis=1)
@@ -2191,14 +2192,10 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
             ]
         else:
             cells = ["—", "—", "—"]
-        dep = departs[lr][s]
-        again = (
-            "yes"
-            if s in repeat[lr]
-            else (
-                "not on record" if dep == 0 and not _record_of(base_runs, lr, s) else f"departs at step {dep}"
-            )
-        )
+        if s not in departs[lr]:
+            again = "not on record"
+        else:
+            again = "yes" if departs[lr][s] is None else f"departs at step {departs[lr][s]}"
         rows.append(
             f"| {s} | {again} | {cells[0]} | {d_seen[i]:+.4f} | {cells[1]} | {d12[i]:+.4f} | {d_all[i]:+.4f} | "
             f"{cells[2]} | {zv[lr][s] / zv['random'][s]:.2f} |"

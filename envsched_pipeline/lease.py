@@ -182,13 +182,17 @@ class _Claim:
             # compare and swap: a taker who judged us stale since the read keeps its record
             self.lake.swap(self.rel, raw, json.dumps({**held, "heartbeat": time.time()}).encode())
 
-    def _lost_to(self) -> str | None:
-        """None while the record is ours (or unreadable this once: the heartbeat tells); otherwise
-        who holds it now."""
+    def _lost(self, by: str) -> StepError:
+        return StepError(f"{self.lake.where(self.rel)} was {by}")
+
+    def check(self) -> None:
+        """Raise if the record is no longer ours: taken over by another holder (ours went without a
+        heartbeat for ``STALE_SECONDS``, e.g. a paused process) or removed. Passes while it is ours,
+        or unreadable this once (the heartbeat tells)."""
         held, raw = _read_raw(self.lake, self.rel) if self.lost is None else (self.lost, b"")
         if held is not None and (held.get("id") == self.id or raw is None):
-            return None
-        return f"taken over by {describe(held)}" if held and held.get("id") else "removed"
+            return
+        raise self._lost(f"taken over by {describe(held)}" if held and held.get("id") else "removed")
 
     def release(self) -> None:
         self._stop.set()
@@ -217,14 +221,9 @@ class Lease(_Claim):
             "run (wait for it, stop it, or use another lake)"
         )
 
-    def check(self) -> None:
-        """Raise if this lease is no longer held: its holder went without a heartbeat for
-        ``STALE_SECONDS`` (a paused process, a suspended laptop) and another driver took the run
-        over, or someone removed the lease. A driver calls it before each step it starts."""
-        by = self._lost_to()
-        if by is None:
-            return
-        raise StepError(
+    def _lost(self, by: str) -> StepError:
+        # a driver calls check() before each step it starts (a paused process, a suspended laptop)
+        return StepError(
             f"{self.lake.root}: this driver's lease of the run was {by}; stopping so that the run "
             "has one driver (its heartbeat may have stopped for over "
             f"{STALE_SECONDS:.0f}s, e.g. a paused process)"
@@ -245,14 +244,10 @@ class StepLock(_Claim):
             f"{self.name} is already running ({describe({**held, 'kind': self.name})}); wait for it to finish"
         )
 
-    def check(self) -> None:
-        """Raise if this lock is no longer ours (it went stale while this process was paused and
-        another writer of the step took it over, or it was removed). A fenced lake calls it before
-        every write (:meth:`Lake.fenced`), so a writer that lost its step never writes into it."""
-        by = self._lost_to()
-        if by is None:
-            return
-        raise StepError(
+    def _lost(self, by: str) -> StepError:
+        # a fenced lake calls check() before every write (Lake.fenced): a writer that lost its step
+        # never writes into it
+        return StepError(
             f"{self.lake.where(self.rel)}: the lock of {self.name} held by this process was {by} "
             f"(no heartbeat for over {STALE_SECONDS:.0f}s, e.g. a paused process); nothing more of "
             "this step is written by it"

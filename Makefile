@@ -57,8 +57,14 @@ ui: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)/.nux && printf 'seen: 1\n' > $(DAGSTER_HOME)/.nux/nux.yaml
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
+# OpenBLAS picks its kernels from the CPU it finds, and the task graph's dense similarities round by
+# them; the runs behind the evidence tables (bench/runs/neural-noforced, neural-overrun) were made
+# with its Haswell (AVX2) kernels, so the bench asks for those on any x86-64 unless
+# OPENBLAS_CORETYPE is set (docs/experiments.md, "BLAS kernels")
+BENCH_BLAS := $(if $(filter x86_64,$(shell uname -m)),OPENBLAS_CORETYPE=$${OPENBLAS_CORETYPE:-Haswell})
+
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BENCH_BLAS) $(BIN)/python bench/run_all.py
 
 clean-lake:
 	rm -rf warehouse/lake

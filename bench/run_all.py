@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import re
 import sys
@@ -27,6 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 from envsched_pipeline.analysis.bench import (  # noqa: E402
     ORACLE_CANDIDATES,
     VARIANTS,
+    blas_kernel,
     first_departure,
     prepare_pool,
     provenance,
@@ -2264,11 +2266,13 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
                 f"(random's runs repeat their records step for step at {len(repeat['random'])} of {len(seeds)} "
                 f"seeds). `{lr}`'s runs repeat theirs at {len(repeat[lr])} of {len(seeds)}: "
                 + (
-                    "its committed records do not repeat on this machine from the first step, and neither does "
-                    "a re-run at the commit that added them, while random's do; random uses no task graph, and "
-                    "the form's first picks rest on the graph's floating point, the likeliest thing to differ "
-                    "on the machine that recorded them (same CPU name and package versions; not verified). So "
-                    "its columns here are this machine's re-runs beside the records. "
+                    "its records were made under OpenBLAS's Haswell kernels and these runs under its SkylakeX "
+                    "ones (the kernels OpenBLAS picks on the machine that ran them); the task graph's dense "
+                    "similarities round by the kernel, a tie falls the other way, and the form's picks rest on "
+                    "the graph from its first step (random reads no graph). Under `OPENBLAS_CORETYPE=Haswell` "
+                    "the form's records at seeds 0 and 7 repeat step for step (docs/experiments.md, \"BLAS "
+                    "kernels\"). So its columns here are the same schedule's runs under the other kernels, a "
+                    "second draw of its tie-breaks, beside the records. "
                     if len(repeat[lr]) < len(seeds)
                     else "the same runs as recorded. "
                 )
@@ -2646,6 +2650,11 @@ def main() -> int:
     def extra_for(runs: str) -> list[str]:  # the rows beyond the paper's eight in a section
         return named if named is not None else recorded_variants(runs)
 
+    # new runs of a schedule that reads the task graph repeat the recorded ones only under the same
+    # BLAS kernels (`make bench` asks for Haswell's): say which ones this process runs
+    print(
+        f"run_all: BLAS kernels {blas_kernel()} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')!r})"
+    )
     if "schedulers" in sections:
         section_schedulers(args.steps, args.seeds)
     if "rho" in sections:

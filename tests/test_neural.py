@@ -3,9 +3,12 @@ GRPO on the real verifiers' rewards, and runs inside the loop (`--policy neural`
 seen and unseen environments and a rollout viewer that shows what it did."""
 
 import json
+import os
 import platform
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +16,13 @@ import pytest
 import torch
 
 from envs.registry import load_synthetic
-from envsched_pipeline.analysis.bench import _cache_file, _canonical_eval, run_benchmark, run_environment
+from envsched_pipeline.analysis.bench import (
+    _cache_file,
+    _canonical_eval,
+    blas_kernel,
+    run_benchmark,
+    run_environment,
+)
 from envsched_pipeline.analysis.spread import paired_components, predicted_sd
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
@@ -484,29 +493,48 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     old_file.write_text(
         json.dumps({k: v for k, v in json.loads(old_file.read_text()).items() if k != "environment"})
     )
-    # a record from before the CPU was kept is not a mismatch but is counted apart; the same
-    # versions on another CPU are a mismatch (a re-run there can depart after a few steps)
-    for s, env in (("0", {k: v for k, v in run_environment().items() if k != "cpu"}), ("2", None)):
-        (f,) = runs.glob(f"envsched-s{s}-*.json")
+    # a record from before the CPU (or the BLAS kernels) was kept is not a mismatch but is counted
+    # apart; the same versions on another CPU or other BLAS kernels are a mismatch (a re-run there
+    # can depart), and a record made under other OpenBLAS kernels says how to run them again
+    here = run_environment()
+    assert here["blas"] == blas_kernel() and here["blas"] != "unknown"  # numpy's OpenBLAS is loaded
+    older = {k: v for k, v in here.items() if k not in ("cpu", "blas")}
+    for name, s, env in (("envsched", "0", older), ("envsched", "2", None), ("random", "1", None)):
+        (f,) = runs.glob(f"{name}-s{s}-*.json")
         r = json.loads(f.read_text())
-        r["environment"] = env or {**r["environment"], "cpu": "Other CPU (AVX2)"}
+        changed = {"cpu": "Other CPU (AVX2)"} if name == "envsched" else {"blas": "OtherKernel"}
+        r["environment"] = env or {**r["environment"], **changed}
         f.write_text(json.dumps(r))
     capsys.readouterr()
     assert main([*args, "--recorded-only"]) == 0
     said = capsys.readouterr().out
     assert f"recorded under numpy 1.0.0 (now {np.__version__}): a re-run may differ" in said
-    assert f"recorded under cpu Other CPU (AVX2) (now {run_environment()['cpu']})" in said
+    assert f"recorded under cpu Other CPU (AVX2) (now {here['cpu']})" in said
+    assert (
+        f"recorded under blas OtherKernel (now {here['blas']}): a re-run may differ) "
+        "[OPENBLAS_CORETYPE=OtherKernel repeats its kernels]" in said
+    )
+    assert said.count("OPENBLAS_CORETYPE=") == 1  # only that record's line
     assert "1 cached run(s) predate recorded package versions" in said
     prov = json.loads(out.read_text())["provenance"]
-    assert (prov["runs"], prov["current"], prov["unversioned"], prov["no_cpu"]) == (5, 2, 1, 1)
+    assert (prov["runs"], prov["current"], prov["unversioned"], prov["no_cpu"], prov["no_blas"]) == (
+        5,
+        1,
+        1,
+        1,
+        1,
+    )
     assert prov["other"] == {
         f"numpy 1.0.0 (now {np.__version__})": 1,
-        f"cpu Other CPU (AVX2) (now {run_environment()['cpu']})": 1,
+        f"cpu Other CPU (AVX2) (now {here['cpu']})": 1,
+        f"blas OtherKernel (now {here['blas']})": 1,
     }
     assert (
-        f"Runs behind this table: 5; 2 under this environment's (Python {platform.python_version()}, " in said
+        f"Runs behind this table: 5; 1 under this environment's (Python {platform.python_version()}, " in said
         and "1 recorded before runs kept their package versions; 1 under other versions (numpy 1.0.0" in said
         and "Of the versioned runs, 1 were recorded before runs kept their CPU" in said
+        and f"1 versioned run(s) predate the BLAS kernel in the record (this process: {here['blas']})" in said
+        and "(OPENBLAS_CORETYPE chooses the kernel)" in said
     )
     assert json.loads(out.read_text())["schedulers"]["random"] == full["schedulers"]["random"]
     # learner settings are part of a run's key: runs of other settings are never taken for these
@@ -885,3 +913,21 @@ def test_the_spread_of_a_paired_difference_splits_into_seed_domain_and_environme
         paired_components(d[:, :-1], domains[:-1])
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paired_components(d[:1], domains)
+
+
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or "avx2" not in Path("/proc/cpuinfo").read_text(),
+    reason="OpenBLAS's Haswell kernels need an x86-64 CPU with AVX2",
+)
+def test_a_run_records_the_blas_kernels_it_ran_and_openblas_coretype_chooses_them():
+    """The kernels OpenBLAS runs are part of a run's environment (the task graph's dense similarities
+    round by them), and OPENBLAS_CORETYPE, which `make bench` sets, decides them in a fresh process."""
+    code = "from envsched_pipeline.analysis.bench import run_environment; print(run_environment()['blas'])"
+    said = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "OPENBLAS_CORETYPE": "Haswell"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert said.stdout.strip() == "Haswell"

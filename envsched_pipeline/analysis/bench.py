@@ -32,6 +32,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from envs.isolation import die_with_parent
 from envs.registry import load_synthetic
@@ -668,9 +669,33 @@ def cpu_name() -> str:
     return f"{model or 'unknown'}" + (f" ({isa})" if isa else "")
 
 
+def blas_kernel() -> str:
+    """The kernels the loaded BLAS libraries (numpy's, scipy's) run on this CPU. OpenBLAS picks them
+    when it loads, from the CPU it detects or from ``OPENBLAS_CORETYPE``, so the same packages on
+    two CPUs of one name can run different kernels (``Haswell``: AVX2, ``SkylakeX``: AVX-512). The
+    task graph's cross-environment similarities are a dense matrix product: two kernels round them
+    apart in the last bits, a tie between candidates falls the other way, and a scheduler that
+    rests on the graph picks another batch from its first step on (the neural learner's runs of
+    random, which reads no graph, repeat under either). ``name version`` for a BLAS that is not
+    OpenBLAS; "unknown" when none is loaded."""
+    found = []
+    for lib in threadpool_info():
+        if lib.get("user_api") != "blas":
+            continue
+        name = lib.get("architecture") if lib.get("internal_api") == "openblas" else None
+        found.append(name or f"{lib.get('internal_api')} {lib.get('version')}")
+    return "/".join(sorted(set(found))) or "unknown"
+
+
 def run_environment() -> dict:
-    """Python, machine, CPU and the numerically relevant package versions of this process."""
-    out = {"python": platform.python_version(), "machine": platform.machine(), "cpu": cpu_name()}
+    """Python, machine, CPU, BLAS kernels and the numerically relevant package versions of this
+    process."""
+    out = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": cpu_name(),
+        "blas": blas_kernel(),
+    }
     for pkg in RUN_PACKAGES:
         try:
             out[pkg] = metadata.version(pkg)
@@ -693,6 +718,15 @@ def environment_mismatch(recorded: dict | None, current: dict) -> str | None:
     return ", ".join(diff) or None
 
 
+def _kernel_hint(recorded: dict | None, current: dict) -> str:
+    """How to repeat a record made under other BLAS kernels ('' when the kernels agree or the
+    record predates the field)."""
+    kernel = (recorded or {}).get("blas")
+    if not kernel or kernel == current.get("blas") or "/" in kernel or " " in kernel:
+        return ""
+    return f" [OPENBLAS_CORETYPE={kernel} repeats its kernels]"
+
+
 def provenance(environments: list[dict | None], current: dict) -> dict:
     """How the runs behind one table were recorded: how many ran under ``current``'s package
     versions, how many before versions were kept (``None``), and the others by what differs."""
@@ -705,6 +739,7 @@ def provenance(environments: list[dict | None], current: dict) -> dict:
         "current": sum(1 for e, d in zip(environments, differs, strict=True) if e and not d),
         "unversioned": sum(1 for e in environments if not e),
         "no_cpu": sum(1 for e in environments if e and "cpu" not in e),
+        "no_blas": sum(1 for e in environments if e and "blas" not in e),
         "other": other,
         "environment": current,
     }
@@ -724,6 +759,12 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
         cpu = (
             f" Of the versioned runs, {prov['no_cpu']} were recorded before runs kept their CPU (this "
             f"one: {env.get('cpu', 'unknown')}); on another CPU a re-run can depart after a few steps."
+        )
+    if prov.get("no_blas"):
+        cpu += (
+            f" {prov['no_blas']} versioned run(s) predate the BLAS kernel in the record (this process: "
+            f"{env.get('blas', 'unknown')}): under another kernel a schedule that rests on the task "
+            "graph picks differently from its first step (OPENBLAS_CORETYPE chooses the kernel)."
         )
     return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "." + cpu
 
@@ -860,6 +901,7 @@ def run_benchmark(
                 log(
                     f"  seed {seed + k} {n:<16} (cached"
                     + (f"; recorded under {differs}: a re-run may differ)" if differs else ")")
+                    + _kernel_hint(rec.get("environment"), here)
                 )
                 if trace_dir is not None:
                     rerun.add((n, seed + k))

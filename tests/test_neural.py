@@ -517,20 +517,18 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     assert said.count("OPENBLAS_CORETYPE=") == 1  # only that record's line
     assert "1 cached run(s) predate recorded package versions" in said
     prov = json.loads(out.read_text())["provenance"]
-    assert (prov["runs"], prov["current"], prov["unversioned"], prov["no_cpu"], prov["no_blas"]) == (
-        5,
-        1,
-        1,
-        1,
-        1,
-    )
+    counts = ("runs", "current", "complete", "unversioned", "no_cpu", "no_blas")
+    assert tuple(prov[k] for k in counts) == (5, 1, 0, 1, 1, 1)
     assert prov["other"] == {
         f"numpy 1.0.0 (now {np.__version__})": 1,
         f"cpu Other CPU (AVX2) (now {here['cpu']})": 1,
         f"blas OtherKernel (now {here['blas']})": 1,
     }
     assert (
-        f"Runs behind this table: 5; 1 under this environment's (Python {platform.python_version()}, " in said
+        f"Runs behind this table: 5; 0 under this environment's (Python {platform.python_version()}, "
+        f"blas {here['blas']}, numpy {np.__version__}"
+        in said
+        and "; 1 under its package versions, the CPU or BLAS kernels not recorded; " in said
         and "1 recorded before runs kept their package versions; 1 under other versions (numpy 1.0.0" in said
         and "Of the versioned runs, 1 were recorded before runs kept their CPU" in said
         and f"1 versioned run(s) predate the BLAS kernel in the record (this process: {here['blas']})" in said

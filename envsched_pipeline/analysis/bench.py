@@ -734,9 +734,12 @@ def provenance(environments: list[dict | None], current: dict) -> dict:
     other: dict[str, int] = {}
     for d in filter(None, differs):
         other[d] = other.get(d, 0) + 1
+    same = [bool(e) and not d for e, d in zip(environments, differs, strict=True)]
     return {
         "runs": len(environments),
-        "current": sum(1 for e, d in zip(environments, differs, strict=True) if e and not d),
+        "current": sum(same),  # nothing they recorded differs from this environment
+        # ... and they recorded all of it (not a record from before the CPU or kernels were kept)
+        "complete": sum(1 for e, ok in zip(environments, same, strict=True) if ok and set(current) <= set(e)),
         "unversioned": sum(1 for e in environments if not e),
         "no_cpu": sum(1 for e in environments if e and "cpu" not in e),
         "no_blas": sum(1 for e in environments if e and "blas" not in e),
@@ -748,8 +751,14 @@ def provenance(environments: list[dict | None], current: dict) -> dict:
 def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
     """One sentence for a report: under which package versions a table's runs were recorded."""
     env = prov["environment"]
-    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine", "cpu"))
-    parts = [f"{prov['current']} under this environment's (Python {env['python']}, {versions})"]
+    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine", "cpu", "blas"))
+    kernels = f"blas {env['blas']}, " if "blas" in env else ""
+    complete = prov.get("complete", prov["current"])
+    parts = [f"{complete} under this environment's (Python {env['python']}, {kernels}{versions})"]
+    if prov["current"] > complete:
+        parts.append(
+            f"{prov['current'] - complete} under its package versions, the CPU or BLAS kernels not recorded"
+        )
     if prov["unversioned"]:
         parts.append(f"{prov['unversioned']} recorded before runs kept their package versions")
     parts += [f"{n} under other versions ({diff})" for diff, n in prov["other"].items()]

@@ -9,7 +9,7 @@ process (OpenBLAS reads ``OPENBLAS_CORETYPE`` when it loads). The first batches 
 ``bench/runs/kernels.json``, so running it again only rolls out seeds it has not seen; the table
 goes to the ``kernels`` section of ``bench/RESULTS.md``.
 
-    python bench/kernel_audit.py [--dirs neural-noforced,neural-overrun] [--kernels Haswell,SkylakeX] [--jobs 2]
+    python bench/kernel_audit.py [--dirs neural-noforced,neural-overrun] [--kernels Haswell,SkylakeX] [--write]
 """
 
 from __future__ import annotations
@@ -116,14 +116,36 @@ def classify(first: float, by_kernel: dict[str, float]) -> str:
 RECORD = re.compile(r"^(?P<name>.+)-s(?P<seed>\d+)-[0-9a-f]{12}$")
 
 
-def records(folder: str) -> list[tuple[str, int, dict]]:
-    """(scheduler, seed, record) of the graph-reading runs recorded in ``bench/runs/<folder>``."""
+def records(folder: str) -> list[tuple[Path, int, dict]]:
+    """(file, seed, record) of the graph-reading runs recorded in ``bench/runs/<folder>``."""
     out = []
     for f in sorted((RUNS / folder).glob("*.json")):
         m = RECORD.match(f.stem)
         if m and m["name"].split("@")[0] in GRAPH_SCHEDULERS:
-            out.append((m["name"], int(m["seed"]), json.loads(f.read_text())))
+            out.append((f, int(m["seed"]), json.loads(f.read_text())))
     return out
+
+
+def name_kernel(f: Path, rec: dict, label: str, kernels: list[str]) -> bool:
+    """Write the kernels the audit found into a record that predates the field (True: written).
+    Only a record that names its package versions and matched exactly one kernel; a record that
+    names other kernels than it matched is an error (its first step contradicts it)."""
+    env = rec.get("environment")
+    if label not in kernels or not env:
+        return False
+    if "blas" in env:
+        if env["blas"] != label:
+            raise ValueError(f"{f}: environment.blas is {env['blas']!r} but its first step is {label}'s")
+        return False
+    at = list(env).index("cpu") + 1 if "cpu" in env else len(env)
+    items = list(env.items())
+    rec["environment"] = dict(
+        items[:at] + [("blas", label), ("blas_from", "bench/kernel_audit.py")] + items[at:]
+    )
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec))
+    tmp.replace(f)
+    return True
 
 
 def main() -> int:
@@ -131,6 +153,12 @@ def main() -> int:
     ap.add_argument("--dirs", default=",".join(DIR_CONFIGS), help="folders under bench/runs")
     ap.add_argument("--kernels", default="Haswell,SkylakeX", help="OPENBLAS_CORETYPE values to compare")
     ap.add_argument("--jobs", type=int, default=2, help="first batches rolled out in parallel")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="name the kernels found in each record that predates the field (environment.blas, "
+        "with blas_from naming this audit), so its tables and a resumed run say which kernels repeat it",
+    )
     args = ap.parse_args()
     dirs, kernels = args.dirs.split(","), args.kernels.split(",")
     unknown = [d for d in dirs if d not in DIR_CONFIGS]
@@ -151,12 +179,17 @@ def main() -> int:
     for d in dirs:
         labels: dict[str, int] = {}
         blind: set[int] = set()
-        for _, seed, rec in recs[d]:
+        written = 0
+        for f, seed, rec in recs[d]:
             by_kernel = {k: known[_key(seed, DIR_CONFIGS[d], k)] for k in kernels}
             label = classify(rec["mean_reward"][0], by_kernel)
             labels[label] = labels.get(label, 0) + 1
             if label == "cannot tell":
                 blind.add(seed)
+            if args.write:
+                written += name_kernel(f, rec, label, kernels)
+        if args.write:
+            print(f"  {d}: named the kernels in {written} record(s)")
         tell = f"{labels.get('cannot tell', 0)} ({', '.join(map(str, sorted(blind))) or '—'})"
         cells = [str(labels.get(k, 0)) for k in kernels]
         rows.append(

@@ -729,7 +729,9 @@ def _kernel_hint(recorded: dict | None, current: dict) -> str:
 
 def provenance(environments: list[dict | None], current: dict) -> dict:
     """How the runs behind one table were recorded: how many ran under ``current``'s package
-    versions, how many before versions were kept (``None``), and the others by what differs."""
+    versions (``current``; ``complete``: of those, the ones that recorded every field ``current``
+    has, CPU and BLAS kernels included), how many before versions were kept (``None``), and the
+    others by what differs."""
     differs = [environment_mismatch(e, current) for e in environments]
     other: dict[str, int] = {}
     for d in filter(None, differs):

@@ -7,7 +7,8 @@ rolled out under each kernel, tells which kernels made a record from before reco
 a seed whose cold starts agree under every kernel it cannot tell. Each kernel runs in a fresh
 process (OpenBLAS reads ``OPENBLAS_CORETYPE`` when it loads). The first batches are kept in
 ``bench/runs/kernels.json``, so running it again only rolls out seeds it has not seen; the table
-goes to the ``kernels`` section of ``bench/RESULTS.md``.
+goes to the ``kernels`` section of ``bench/RESULTS.md`` (``make bench`` refreshes it too) when every
+folder is audited under the two kernels, and is printed otherwise.
 
     python bench/kernel_audit.py [--dirs neural-noforced,neural-overrun] [--kernels Haswell,SkylakeX] [--write]
 """
@@ -46,6 +47,7 @@ DIR_CONFIGS = {
     "neural-batch": {"train_forced_stop": True, "loss_denominator": "batch"},
     "neural-dualclip": {"train_forced_stop": True, "dual_clip": 3.0},
 }
+KERNELS = ("Haswell", "SkylakeX")  # AVX2 and AVX-512: the two the records were made under
 SAME = 1e-12  # first_departure's tolerance: a mean reward that differs by more is another batch
 
 
@@ -148,30 +150,21 @@ def name_kernel(f: Path, rec: dict, label: str, kernels: list[str]) -> bool:
     return True
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dirs", default=",".join(DIR_CONFIGS), help="folders under bench/runs")
-    ap.add_argument("--kernels", default="Haswell,SkylakeX", help="OPENBLAS_CORETYPE values to compare")
-    ap.add_argument("--jobs", type=int, default=2, help="first batches rolled out in parallel")
-    ap.add_argument(
-        "--write",
-        action="store_true",
-        help="name the kernels found in each record that predates the field (environment.blas, "
-        "with blas_from naming this audit), so its tables and a resumed run say which kernels repeat it",
-    )
-    args = ap.parse_args()
-    dirs, kernels = args.dirs.split(","), args.kernels.split(",")
+def audit(dirs: list[str], kernels: list[str], jobs: int = 2, write: bool = False) -> str:
+    """Match every graph-reading record in ``dirs`` against the first batches under ``kernels``
+    (rolling out those not yet kept); ``write``: name the kernels in the records (:func:`name_kernel`).
+    Returns the RESULTS section. ValueError for a folder whose learner settings are not known;
+    RuntimeError when OpenBLAS will not run a kernel asked for (not an x86-64 CPU with it)."""
     unknown = [d for d in dirs if d not in DIR_CONFIGS]
     if unknown:
-        print(f"kernel_audit: no learner settings known for {unknown} (DIR_CONFIGS)", file=sys.stderr)
-        return 2
+        raise ValueError(f"no learner settings known for {unknown} (kernel_audit.DIR_CONFIGS)")
     recs = {d: records(d) for d in dirs}
     needed = sorted(
         {(s, json.dumps(DIR_CONFIGS[d], sort_keys=True)) for d in dirs for _, s, _ in recs[d]},
         key=lambda x: (x[1], x[0]),
     )
     print(f"kernel_audit: {len(needed)} (seed, settings) first batches x {len(kernels)} kernels", flush=True)
-    known = measure([(s, json.loads(c)) for s, c in needed], kernels, args.jobs)
+    known = measure([(s, json.loads(c)) for s, c in needed], kernels, jobs)
     rows = [
         "| runs in | graph-reading records | " + " | ".join(kernels) + " | cannot tell (seeds) | neither |",
         "|" + "---|" * (len(kernels) + 4),
@@ -186,37 +179,56 @@ def main() -> int:
             labels[label] = labels.get(label, 0) + 1
             if label == "cannot tell":
                 blind.add(seed)
-            if args.write:
+            if write:
                 written += name_kernel(f, rec, label, kernels)
-        if args.write:
+        if write:
             print(f"  {d}: named the kernels in {written} record(s)")
         tell = f"{labels.get('cannot tell', 0)} ({', '.join(map(str, sorted(blind))) or '—'})"
         cells = [str(labels.get(k, 0)) for k in kernels]
         rows.append(
             f"| `{d}/` | {len(recs[d])} | " + " | ".join(cells) + f" | {tell} | {labels.get('neither', 0)} |"
         )
+    return "\n".join(
+        [
+            "## Which BLAS kernels the graph-reading records were made under",
+            "",
+            "Every schedule that reads the task graph (every envsched form, exploit-only, coverage-only) "
+            "starts from one cold-start batch picked by the graph's similarities, which round by the "
+            'OpenBLAS kernels (docs/experiments.md, "BLAS kernels"). Each record\'s first step is '
+            "compared with that batch rolled out under each kernel in a fresh process "
+            "(`OPENBLAS_CORETYPE`; `python bench/kernel_audit.py`, first batches kept in "
+            "`bench/runs/kernels.json`). A record repeats only under the kernels it was made with; "
+            "*cannot tell*: seeds whose cold starts agree under every kernel. `make bench` asks for "
+            "Haswell's.",
+            "",
+            *rows,
+        ]
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dirs", default=",".join(DIR_CONFIGS), help="folders under bench/runs")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="OPENBLAS_CORETYPE values to compare")
+    ap.add_argument("--jobs", type=int, default=2, help="first batches rolled out in parallel")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="name the kernels found in each record that predates the field (environment.blas, "
+        "with blas_from naming this audit), so its tables and a resumed run say which kernels repeat it",
+    )
+    args = ap.parse_args()
+    try:
+        body = audit(args.dirs.split(","), args.kernels.split(","), args.jobs, args.write)
+    except (ValueError, RuntimeError) as e:
+        print(f"kernel_audit: {e}", file=sys.stderr)
+        return 2
+    if sorted(args.dirs.split(",")) != sorted(DIR_CONFIGS) or args.kernels.split(",") != list(KERNELS):
+        print(body)  # a partial audit: RESULTS keeps the whole table
+        return 0
     from run_all import write_section  # here: run_all loads every bench section's imports (plots too)
 
-    write_section(
-        "kernels",
-        "\n".join(
-            [
-                "## Which BLAS kernels the graph-reading records were made under",
-                "",
-                "Every schedule that reads the task graph (every envsched form, exploit-only, coverage-only) "
-                "starts from one cold-start batch picked by the graph's similarities, which round by the "
-                'OpenBLAS kernels (docs/experiments.md, "BLAS kernels"). Each record\'s first step is '
-                "compared with that batch rolled out under each kernel in a fresh process "
-                "(`OPENBLAS_CORETYPE`; `python bench/kernel_audit.py`, first batches kept in "
-                "`bench/runs/kernels.json`). A record repeats only under the kernels it was made with; "
-                "*cannot tell*: seeds whose cold starts agree under every kernel. `make bench` asks for "
-                "Haswell's.",
-                "",
-                *rows,
-            ]
-        ),
-        after="neural_unseen_split",
-    )
+    write_section("kernels", body, after="neural_unseen_split")
     print(f"wrote {HERE / 'RESULTS.md'}")
     return 0
 

@@ -25,6 +25,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from kernel_audit import DIR_CONFIGS, KERNELS  # noqa: E402
+from kernel_audit import audit as kernel_audit  # noqa: E402
+
 from envsched_pipeline.analysis.bench import (  # noqa: E402
     ORACLE_CANDIDATES,
     VARIANTS,
@@ -2301,6 +2304,17 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
     )
 
 
+def section_kernels(jobs: int) -> None:
+    """Which OpenBLAS kernels made each graph-reading record (bench/kernel_audit.py: first batches
+    are kept, so only a seed or learner setting new to it is rolled out)."""
+    try:
+        body = kernel_audit(list(DIR_CONFIGS), list(KERNELS), jobs)
+    except RuntimeError as e:  # a kernel this CPU cannot run, for a seed not audited yet
+        print(f"kernels: section left as it was ({e})")
+        return
+    write_section("kernels", body, after="neural_unseen_split")
+
+
 TRACED = (
     "random",
     "mopps",
@@ -2570,7 +2584,8 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_traces,neural_forced_stop,neural_noforced,neural_noforced_seeds",
+        "neural_oracle,neural_unseen_split,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -2708,6 +2723,8 @@ def main() -> int:
         )
     if "neural_unseen_split" in sections:
         section_unseen_split(args.neural_unseen_runs, args.neural_noforced_runs, args.steps)
+    if "kernels" in sections:
+        section_kernels(args.jobs)
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

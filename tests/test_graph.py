@@ -1,9 +1,15 @@
 """Topologies, six-view features, the dual graph (full and incremental), and the graph assets."""
 
 import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.graph.store import build_features, build_task_graph, build_topologies, load_graph
@@ -118,3 +124,43 @@ def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
         assert md["topologies"]["extractor"].value == "offline"
         assert md["task_graph"]["cross_edges"].value > 0
         assert md["task_graph"]["similarity_plot"].value.startswith("![similarity](data:image/png;base64,")
+
+
+_GROUPS = """
+import hashlib, sys
+import numpy as np
+import pytest
+from envs.registry import load_synthetic
+from envsched_pipeline.graph.topk import _unique_rows
+from envsched_pipeline.graph.topology import offline_topology, topology_matrix, topology_text
+data = load_synthetic("synthetic", n_envs=51, tasks_per_env=50, seed=0)
+tasks = sorted(data.tasks, key=lambda t: t["task_id"])
+dense = topology_matrix([topology_text(offline_topology(t)) for t in tasks]).toarray().astype(np.float32)
+u, inv = _unique_rows(dense)
+print(len(u), len(np.unique(dense, axis=0)), hashlib.sha256(inv.tobytes() + u.tobytes()).hexdigest())
+"""
+
+
+def test_identical_topologies_are_one_group_under_any_blas_kernel():
+    """The cross-environment candidates go through the distinct topology vectors. Grouped by a
+    float product, the bench pool's identical vectors split into two groups under OpenBLAS's AVX-512
+    kernels and not under its AVX2 ones (a row's product rounds by where it sits), which moved ties
+    and every graph-reading schedule's picks from its first step. Grouped by their bytes they are one
+    group, in the same order, under each kernel this CPU runs (OPENBLAS_CORETYPE, fresh processes)."""
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    if platform.machine() != "x86_64" or "avx2" not in flags:
+        pytest.skip("OpenBLAS's Haswell and SkylakeX kernels need an x86-64 CPU with AVX2 / AVX-512")
+    kernels = ["Haswell"] + (["SkylakeX"] if "avx512f" in flags else [])
+    said = {}
+    for kernel in kernels:
+        out = subprocess.run(
+            [sys.executable, "-c", _GROUPS],
+            env={**os.environ, "OPENBLAS_CORETYPE": kernel},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        groups, exact, digest = out.stdout.split()
+        assert groups == exact, f"{kernel}: {groups} groups for {exact} distinct topology vectors"
+        said[kernel] = digest
+    assert len(set(said.values())) == 1, said  # the same groups in the same order under each kernel

@@ -25,7 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from kernel_audit import DIR_CONFIGS, KERNELS  # noqa: E402
+from kernel_audit import DIR_CONFIGS  # noqa: E402
 from kernel_audit import audit as kernel_audit  # noqa: E402
 
 from envsched_pipeline.analysis.bench import (  # noqa: E402
@@ -2269,13 +2269,13 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
                 f"(random's runs repeat their records step for step at {len(repeat['random'])} of {len(seeds)} "
                 f"seeds). `{lr}`'s runs repeat theirs at {len(repeat[lr])} of {len(seeds)}: "
                 + (
-                    "its records were made under OpenBLAS's Haswell kernels and these runs under its SkylakeX "
-                    "ones (the kernels OpenBLAS picks on the machine that ran them); the task graph's dense "
-                    "similarities round by the kernel, a tie falls the other way, and the form's picks rest on "
-                    "the graph from its first step (random reads no graph). Under `OPENBLAS_CORETYPE=Haswell` "
-                    "the form's records at seeds 0 and 7 repeat step for step (docs/experiments.md, \"BLAS "
-                    "kernels\"). So its columns here are the same schedule's runs under the other kernels, a "
-                    "second draw of its tie-breaks, beside the records. "
+                    "these runs were made before commit 24ddfc9, when the task graph depended on the "
+                    "OpenBLAS kernels (identical topology vectors split into two groups under the AVX-512 "
+                    "ones), under the SkylakeX kernels, and its records under the Haswell ones; the form's "
+                    "picks rest on the graph from its first step (random reads no graph). Today's code builds "
+                    "the Haswell graph under any kernel, and the form's records repeat with it "
+                    '(docs/experiments.md, "BLAS kernels"). So its columns here are the same schedule run on '
+                    "the other graph, a second draw of its tie-breaks, beside the records. "
                     if len(repeat[lr]) < len(seeds)
                     else "the same runs as recorded. "
                 )
@@ -2304,15 +2304,10 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
     )
 
 
-def section_kernels(jobs: int) -> None:
-    """Which OpenBLAS kernels made each graph-reading record (bench/kernel_audit.py: first batches
-    are kept, so only a seed or learner setting new to it is rolled out)."""
-    try:
-        body = kernel_audit(list(DIR_CONFIGS), list(KERNELS), jobs)
-    except RuntimeError as e:  # a kernel this CPU cannot run, for a seed not audited yet
-        print(f"kernels: section left as it was ({e})")
-        return
-    write_section("kernels", body, after="neural_unseen_split")
+def section_kernels() -> None:
+    """Which graph each graph-reading record was made with (bench/kernel_audit.py, from the first
+    batches kept in bench/runs/kernels.json)."""
+    write_section("kernels", kernel_audit(list(DIR_CONFIGS)), after="neural_unseen_split")
 
 
 TRACED = (
@@ -2665,8 +2660,8 @@ def main() -> int:
     def extra_for(runs: str) -> list[str]:  # the rows beyond the paper's eight in a section
         return named if named is not None else recorded_variants(runs)
 
-    # new runs of a schedule that reads the task graph repeat the recorded ones only under the same
-    # BLAS kernels (`make bench` asks for Haswell's): say which ones this process runs
+    # the recorded runs were made under OpenBLAS's Haswell kernels (`make bench` asks for them): say
+    # which ones this process runs
     print(
         f"run_all: BLAS kernels {blas_kernel()} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')!r})"
     )
@@ -2724,7 +2719,7 @@ def main() -> int:
     if "neural_unseen_split" in sections:
         section_unseen_split(args.neural_unseen_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:
-        section_kernels(args.jobs)
+        section_kernels()
     if "neural_forced_stop" in sections:
         section_forced_stop(args.neural_noforced_runs, args.neural_runs, args.neural_updates_runs, args.steps)
     if "neural_traces" in sections:

@@ -672,12 +672,12 @@ def cpu_name() -> str:
 def blas_kernel() -> str:
     """The kernels the loaded BLAS libraries (numpy's, scipy's) run on this CPU. OpenBLAS picks them
     when it loads, from the CPU it detects or from ``OPENBLAS_CORETYPE``, so the same packages on
-    two CPUs of one name can run different kernels (``Haswell``: AVX2, ``SkylakeX``: AVX-512). The
-    task graph's cross-environment similarities are a dense matrix product: two kernels round them
-    apart in the last bits, a tie between candidates falls the other way, and a scheduler that
-    rests on the graph picks another batch from its first step on (the neural learner's runs of
-    random, which reads no graph, repeat under either). ``name version`` for a BLAS that is not
-    OpenBLAS; "unknown" when none is loaded."""
+    two CPUs of one name can run different kernels (``Haswell``: AVX2, ``SkylakeX``: AVX-512) and
+    round a float product apart in the last bits. Until the task graph grouped topology vectors by
+    their bytes (commit 24ddfc9) it depended on them, and a graph-reading schedule picked another
+    batch from its first step under each (docs/experiments.md, "BLAS kernels"); a record names
+    them so a departure can be traced. ``name version`` for a BLAS that is not OpenBLAS; "unknown"
+    when none is loaded."""
     found = []
     for lib in threadpool_info():
         if lib.get("user_api") != "blas":
@@ -716,15 +716,6 @@ def environment_mismatch(recorded: dict | None, current: dict) -> str | None:
         if k in recorded and recorded.get(k) != current.get(k)
     ]
     return ", ".join(diff) or None
-
-
-def _kernel_hint(recorded: dict | None, current: dict) -> str:
-    """How to repeat a record made under other BLAS kernels ('' when the kernels agree or the
-    record predates the field)."""
-    kernel = (recorded or {}).get("blas")
-    if not kernel or kernel == current.get("blas") or "/" in kernel or " " in kernel:
-        return ""
-    return f" [OPENBLAS_CORETYPE={kernel} repeats its kernels]"
 
 
 def provenance(environments: list[dict | None], current: dict) -> dict:
@@ -773,9 +764,8 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
         )
     if prov.get("no_blas"):
         cpu += (
-            f" {prov['no_blas']} versioned run(s) predate the BLAS kernel in the record (this process: "
-            f"{env.get('blas', 'unknown')}): under another kernel a schedule that rests on the task "
-            "graph picks differently from its first step (OPENBLAS_CORETYPE chooses the kernel)."
+            f" {prov['no_blas']} versioned run(s) predate the BLAS kernels in the record (this process: "
+            f"{env.get('blas', 'unknown')})."
         )
     return f"{what}: {prov['runs']}; " + "; ".join(parts) + tail + "." + cpu
 
@@ -912,7 +902,6 @@ def run_benchmark(
                 log(
                     f"  seed {seed + k} {n:<16} (cached"
                     + (f"; recorded under {differs}: a re-run may differ)" if differs else ")")
-                    + _kernel_hint(rec.get("environment"), here)
                 )
                 if trace_dir is not None:
                     rerun.add((n, seed + k))

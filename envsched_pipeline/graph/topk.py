@@ -110,23 +110,27 @@ def _concat_views(mats: list[sp.csr_matrix]) -> sp.csr_matrix | None:
 
 
 def _unique_rows(dense: np.ndarray):
-    """Distinct topology vectors and each task's index into them. Rows are grouped by their bytes
-    (exact: identical vectors are one topology on every machine) and the groups ordered by two
-    random projections (float64) of one member each. Grouping by the projections themselves split
-    identical rows under some BLAS kernels (OpenBLAS's AVX-512 ones round a row's product by where
-    it sits in the matrix), which moved ties and so every pick that rests on the graph; the order
-    is the one the projections gave, so graphs built before are unchanged."""
+    """Distinct topology vectors and each task's index into them. Rows are keyed by two random
+    projections (float64; distinct rows collide with probability zero, and a 1-D unique is far
+    faster than a row-wise one), then keys whose rows are byte-for-byte the same are merged: some
+    BLAS kernels (OpenBLAS's AVX-512 ones) round a row's product by where it sits in the matrix, so
+    identical rows could get two keys, which moved ties and every pick resting on the graph. Merged
+    groups keep the projection order, so the graphs the AVX2 kernels built before are unchanged."""
     if dense.shape[1] == 0:  # no topology terms: every task has the same (empty) topology
         return dense[:1], np.zeros(len(dense), dtype=np.int64)
-    rows = np.ascontiguousarray(dense)
-    exact = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
-    _, first, inv = np.unique(exact, return_index=True, return_inverse=True)
     r = np.random.default_rng(12345).standard_normal((dense.shape[1], 2))
-    proj = dense[first].astype(np.float64) @ r
-    order = np.lexsort((proj[:, 1], proj[:, 0]))  # as np.unique sorts a complex key: real, then imag
+    proj = dense.astype(np.float64) @ r
+    key = proj[:, 0] + 1j * proj[:, 1]
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    reps = np.ascontiguousarray(dense[first])  # one row per key, in key order
+    _, same = np.unique(
+        reps.view(np.dtype((np.void, reps.dtype.itemsize * reps.shape[1]))).ravel(), return_inverse=True
+    )
+    _, lead = np.unique(same.reshape(-1), return_index=True)  # each merged group's first key
+    order = np.argsort(lead)
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return dense[first[order]], rank[inv.reshape(-1)]
+    return reps[lead[order]], rank[same.reshape(-1)][inv.reshape(-1)]
 
 
 def _cross_by_unique(uniq, env_code, targets, cross_idx, cross_sim, k, progress=None) -> None:

@@ -56,9 +56,7 @@ def classify(first: float, by_kernel: dict[str, float]) -> str:
     match = [k for k, v in by_kernel.items() if abs(v - first) <= SAME]
     if not match:
         return "neither"
-    if len(match) == len(by_kernel) and len({round(v, 12) for v in by_kernel.values()}) == 1:
-        return "cannot tell"
-    return "/".join(sorted(match))
+    return "cannot tell" if len(match) == len(by_kernel) else "/".join(sorted(match))
 
 
 RECORD = re.compile(r"^(?P<name>.+)-s(?P<seed>\d+)-[0-9a-f]{12}$")
@@ -74,12 +72,12 @@ def records(folder: str) -> list[tuple[Path, int, dict]]:
     return out
 
 
-def name_kernel(f: Path, rec: dict, label: str, kernels: list[str]) -> bool:
+def name_kernel(f: Path, rec: dict, label: str) -> bool:
     """Write the kernels the audit found into a record that predates the field (True: written).
     Only a record that names its package versions, has no kernels of its own and matched exactly
     one kernel."""
     env = rec.get("environment")
-    if label not in kernels or not env or "blas" in env:
+    if label not in KERNELS or not env or "blas" in env:
         return False
     at = list(env).index("cpu") + 1 if "cpu" in env else len(env)
     items = list(env.items())
@@ -120,7 +118,7 @@ def audit(dirs: list[str], write: bool = False) -> str:
             if label == "cannot tell":
                 blind.add(seed)
             if write:
-                written += name_kernel(f, rec, label, list(KERNELS))
+                written += name_kernel(f, rec, label)
         if write:
             print(f"  {d}: named the kernels in {written} record(s)")
         tell = f"{labels.get('cannot tell', 0)} ({', '.join(map(str, sorted(blind))) or '—'})"

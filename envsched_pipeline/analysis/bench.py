@@ -746,7 +746,7 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
     env = prov["environment"]
     versions = ", ".join(f"{k} {v}" for k, v in env.items() if k not in ("python", "machine", "cpu", "blas"))
     kernels = f"blas {env['blas']}, " if "blas" in env else ""
-    complete = prov.get("complete", prov["current"])
+    complete = prov["complete"]
     parts = [f"{complete} under this environment's (Python {env['python']}, {kernels}{versions})"]
     if prov["current"] > complete:
         parts.append(
@@ -762,7 +762,7 @@ def provenance_text(prov: dict, what: str = "Runs behind this table") -> str:
             f" Of the versioned runs, {prov['no_cpu']} were recorded before runs kept their CPU (this "
             f"one: {env.get('cpu', 'unknown')}); on another CPU a re-run can depart after a few steps."
         )
-    if prov.get("no_blas"):
+    if prov["no_blas"]:
         cpu += (
             f" {prov['no_blas']} versioned run(s) predate the BLAS kernels in the record (this process: "
             f"{env.get('blas', 'unknown')})."

@@ -123,10 +123,8 @@ def _unique_rows(dense: np.ndarray):
     key = proj[:, 0] + 1j * proj[:, 1]
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     reps = np.ascontiguousarray(dense[first])  # one row per key, in key order
-    _, same = np.unique(
-        reps.view(np.dtype((np.void, reps.dtype.itemsize * reps.shape[1]))).ravel(), return_inverse=True
-    )
-    _, lead = np.unique(same.reshape(-1), return_index=True)  # each merged group's first key
+    rows = reps.view(np.dtype((np.void, reps.dtype.itemsize * reps.shape[1]))).ravel()
+    _, lead, same = np.unique(rows, return_index=True, return_inverse=True)  # lead: each group's first key
     order = np.argsort(lead)
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))

@@ -125,6 +125,21 @@ def with_neural_defaults(spec: RunSpec, former: bool = False) -> RunSpec:
     return replace(spec, policy_config={**spec.policy_config, **missing}) if missing else spec
 
 
+# what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
+LM_SETTINGS = (
+    "workers",
+    "lr",
+    "loss_denominator",
+    "dual_clip",
+    "max_new_tokens",
+    "temperature",
+    "max_actions",
+    "checkpoint_every",
+    "resident",
+    "deepspeed",
+)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Settings of the policy being trained. ``None`` means "the component's own default" (each
@@ -183,44 +198,9 @@ class PolicyConfig:
             "temperature",
             "max_actions",
         ),
-        "hf-tiny": (
-            "workers",
-            "lr",
-            "loss_denominator",
-            "dual_clip",
-            "max_new_tokens",
-            "temperature",
-            "max_actions",
-            "checkpoint_every",
-            "resident",
-            "deepspeed",
-        ),
-        "hf": (
-            "workers",
-            "lr",
-            "loss_denominator",
-            "dual_clip",
-            "model_path",
-            "max_new_tokens",
-            "temperature",
-            "max_actions",
-            "checkpoint_every",
-            "resident",
-            "deepspeed",
-        ),
-        "vllm": (
-            "workers",
-            "lr",
-            "loss_denominator",
-            "dual_clip",
-            "model_path",
-            "max_new_tokens",
-            "temperature",
-            "max_actions",
-            "checkpoint_every",
-            "resident",
-            "deepspeed",
-        ),
+        "hf-tiny": LM_SETTINGS,
+        "hf": LM_SETTINGS + ("model_path",),
+        "vllm": LM_SETTINGS + ("model_path",),
         "openai": (
             "workers",
             "base_url",

@@ -400,6 +400,13 @@ def test_a_larger_unseen_split_adds_environments_and_leaves_the_run_as_it_was(tm
         for ev in rec["evals"]:
             assert len(ev["unseen_by_env"]) == n and len(ev["seen_by_env"]) == 4
             assert ev["unseen_mean"] == pytest.approx(np.mean(list(ev["unseen_by_env"].values())))
+            # per task too (what a task asks is in the pool's latents, so held-out can be grouped by it)
+            assert len(ev["unseen_by_task"]) == 10 * n and len(ev["seen_by_task"]) == 4 * 4
+            assert ev["seen_mean"] == pytest.approx(np.mean(list(ev["seen_by_task"].values())))
+            by_env = {}
+            for task, m in ev["unseen_by_task"].items():
+                by_env.setdefault(task.rsplit("-", 1)[0], []).append(m)
+            assert {e: np.mean(v) for e, v in by_env.items()} == pytest.approx(ev["unseen_by_env"])
     assert set(small["evals"][0]["unseen_by_env"]) < set(large["evals"][0]["unseen_by_env"])
     assert main([*base, "--unseen-envs", "0"]) != 0
     assert "unseen_envs must be >= 1" in capsys.readouterr().err

@@ -322,8 +322,14 @@ def run_one(
                     {
                         "step": t,
                         **{f"{k}_{m}": ev[k][m] for k in ("seen", "unseen") for m in ("mean", "se")},
-                        # the neural learner's held-out per environment (where the spread comes from)
-                        **{f"{k}_by_env": ev[k]["by_env"] for k in ("seen", "unseen") if "by_env" in ev[k]},
+                        # the neural learner's held-out per environment and per task (where the
+                        # spread comes from; per task it can be grouped by what the task asks)
+                        **{
+                            f"{k}_{by}": ev[k][by]
+                            for k in ("seen", "unseen")
+                            for by in ("by_env", "by_task")
+                            if by in ev[k]
+                        },
                     }
                 )
                 if log and learner != "simulated":
@@ -1041,7 +1047,7 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             {
                 k: float(np.mean([r["evals"][j][k] for r in runs]))
                 for k in runs[0]["evals"][j]
-                if not k.endswith("_by_env")  # per environment: in each run's record
+                if not k.endswith(("_by_env", "_by_task"))  # per environment or task: in each run's record
             }
             for j in range(len(runs[0]["evals"]))
         ]

@@ -748,6 +748,7 @@ class NeuralLearner:
             "tasks": len(tasks),
             "samples": samples,
             "by_env": {e: float(np.mean(v)) for e, v in sorted(by_env.items())},
+            "by_task": {t["task_id"]: float(m) for t, m in zip(tasks, task_means, strict=True)},
         }
 
     # ------------------------------------------------------------------ checkpoint

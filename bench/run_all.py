@@ -40,8 +40,9 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
     run_environment,
     run_one,
 )
+from envsched_pipeline.analysis.patterns import pattern_effects, residual_share_correlation  # noqa: E402
 from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
-from envsched_pipeline.analysis.spread import paired_components, predicted_sd  # noqa: E402
+from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws  # noqa: E402
 from envsched_pipeline.analysis.trace import known_informative, summarize_traces  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
@@ -2119,13 +2120,14 @@ def section_oracle(runs: str, steps: int, default_runs: str | None = None) -> No
     )
 
 
-def _by_env_records(runs: str | Path, name: str) -> dict[int, dict]:
-    """The records of ``name`` in ``runs`` by seed (runs that keep their held-out per environment)."""
+def _records_keeping(runs: str | Path, name: str, field: str = "unseen_by_env") -> dict[int, dict]:
+    """The records of ``name`` in ``runs`` by seed whose evaluations keep ``field`` (held-out per
+    environment, or ``unseen_by_task``: per task)."""
     out = {}
     for seed in recorded_seeds(runs, name):
         for f in Path(runs).glob(f"{name}-s{seed}-*.json"):
             rec = json.loads(f.read_text())
-            if rec.get("evals") and "unseen_by_env" in rec["evals"][-1]:
+            if rec.get("evals") and field in rec["evals"][-1]:
                 out[seed] = rec
     return out
 
@@ -2146,7 +2148,7 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
     (which environments it holds) and how much is the run's: random and the recommended form with a
     larger unseen split (``--unseen-envs``), whose first 12 environments are the default split."""
     lr = BESIDE_ORACLE[-1]
-    recs = {n: _by_env_records(runs, n) for n in ("random", lr)}
+    recs = {n: _records_keeping(runs, n) for n in ("random", lr)}
     seeds = sorted(set(recs["random"]) & set(recs[lr]))
     if len(seeds) < 3:
         print(f"neural_unseen_split: {len(seeds)} paired seeds in {runs}; section left as it was")
@@ -2253,6 +2255,42 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
         f"Over these {len(seeds)} seeds the variance components rest on {u['df']['seed']} degrees of freedom for the "
         "run's share: a rough split, not a measurement to two digits."
     )
+    draws = ""
+    both = [
+        i for i, s in enumerate(seeds) if departs[lr].get(s) is not None and all(n in base[s] for n in recs)
+    ]
+    if len(both) >= 3 and len(both) == len(rec_d["unseen"]):
+        # the re-runs and the records are two draws of one schedule at each seed, on the same 12
+        # unseen environments (and the same seen tasks): how much of the spread is the run's, directly
+        parts = {
+            kind: two_draws(np.array(rec_d[kind]), np.array([again[i] for i in both]))
+            for kind, again in (("unseen", d12), ("seen", d_seen))
+        }
+        u, sn = parts["unseen"], parts["seen"]
+        draws = (
+            f"Two draws: at {len(both)} seeds the re-run and the record are the same schedule with other "
+            "tie-breaks, against the same random run, on the same 12 unseen environments, so they measure the "
+            "run's own share directly (`two_draws` in `envsched_pipeline/analysis/spread.py`: half the variance "
+            "of the two draws' difference), without the per-environment fit. Unseen (default 12): sd over "
+            f"seeds {u['sd']:.4f}, the run's {u['run_sd']:.4f} ({u['run_share']:.0%} of the variance), the "
+            f"seed's {u['seed_sd']:.4f}; the draws correlate {u['correlation']:.2f} over seeds; above random in "
+            f"{u['positive'][0]} and {u['positive'][1]} of {len(both)} seeds, in both draws at "
+            f"{u['both_positive']}. Seen: sd {sn['sd']:.4f}, the run's {sn['run_sd']:.4f} "
+            f"({sn['run_share']:.0%}), correlation {sn['correlation']:.2f}. The random run is evaluated once "
+            "with each split, so the evaluation's own sampling (about 0.004 of the draws' difference) counts "
+            f"as the run's here. So on unseen environments about {1 - u['run_share']:.0%} of the spread is the "
+            "seed's (its held-out environments, pool and warm start) and about "
+            f"{u['run_share']:.0%} the run's, more than the fit's {share:.0%}: the fit counts as the run's only "
+            "what is common to every environment, and a run's own luck that differs by environment lands in "
+            "its per-domain and per-environment shares. Whether a given seed comes out above random is partly "
+            "the run's luck as well: "
+            + (
+                f"seed(s) {', '.join(map(str, low))} below random in both draws, the others below it in one at most."
+                if (low := [seeds[i] for j, i in enumerate(both) if rec_d["unseen"][j] <= 0 and d12[i] <= 0])
+                else "no seed is below random in both draws."
+            )
+            + " On seen tasks the spread is smaller, and more of it the run's."
+        )
     write_section(
         "neural_unseen_split",
         "\n".join(
@@ -2298,16 +2336,131 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
                 "held-out's own standard error accounts for (16 episodes a task).",
                 "",
                 reading,
+                *(["", draws] if draws else []),
             ]
         ),
         after="neural_oracle",
     )
 
 
+def section_patterns(runs: str, base_runs: str, steps: int) -> None:
+    """Where the recommended form's held-out gain over random falls, by what the held-out tasks ask
+    (their operation patterns), beside how much more of each pattern it trained on (its traces)."""
+    import pyarrow.parquet as pq  # only this section reads traces here
+
+    from envs.registry import load_synthetic  # (with pyarrow above: this section alone makes pools)
+
+    lr = BESIDE_ORACLE[-1]
+    recs = {n: _records_keeping(runs, n, "unseen_by_task") for n in ("random", lr)}
+    traces = Path(runs) / "traces"
+    seeds = [
+        s
+        for s in sorted(set(recs["random"]) & set(recs[lr]))
+        if all((traces / f"{n}-s{s}.parquet").exists() for n in recs)
+    ]
+    if len(seeds) < 3:
+        print(f"neural_patterns: {len(seeds)} paired seeds with traces in {runs}; section left as it was")
+        return
+    effects: dict[str, list[dict]] = {"seen": [], "unseen": []}
+    repeats = {n: 0 for n in recs}
+    n_unseen = len(recs["random"][seeds[0]]["evals"][-1]["unseen_by_env"])
+    for s in seeds:
+        pool = load_synthetic(
+            "synthetic", n_envs=51, tasks_per_env=50, seed=s, unseen_envs=n_unseen
+        )  # the runs' pool: its latents name each task's patterns
+        patterns = {r["task_id"]: json.loads(r["patterns"]) for r in pool.latents}
+        picks = {
+            n: pq.read_table(traces / f"{n}-s{s}.parquet", columns=["task_id"]).column(0).to_pylist()
+            for n in recs
+        }
+        for kind in effects:
+            effects[kind].append(
+                pattern_effects(
+                    recs["random"][s]["evals"][-1][f"{kind}_by_task"],
+                    recs[lr][s]["evals"][-1][f"{kind}_by_task"],
+                    patterns,
+                    picks["random"],
+                    picks[lr],
+                )
+            )
+        for n in recs:
+            original = _record_of(base_runs, n, s)
+            repeats[n] += bool(original) and first_departure(original, recs[n][s]) is None
+    names = sorted(effects["unseen"][0]["patterns"])
+    rows = [
+        "| pattern | trained × random (share of picks) | Δ seen | residual seen | Δ unseen | residual unseen | "
+        "seeds above random, unseen | random's held-out unseen |",
+        "|" + "---|" * 8,
+    ]
+    for p in names:
+
+        def col(kind: str, key: str, p: str = p) -> np.ndarray:
+            return np.array([e["patterns"][p][key] for e in effects[kind]])
+
+        du = col("unseen", "diff")
+        rows.append(
+            f"| {p} | {col('unseen', 'share_ratio').mean():.2f} | {col('seen', 'diff').mean():+.4f} | "
+            f"{col('seen', 'residual').mean():+.4f} | {du.mean():+.4f} | {col('unseen', 'residual').mean():+.4f} | "
+            f"{(du > 0).sum()}/{len(du)} | {col('unseen', 'baseline').mean():.3f} |"
+        )
+    overall = {k: np.array([e["diff"] for e in effects[k]]) for k in effects}
+    rows.append(
+        f"| all tasks | 1.00 | {overall['seen'].mean():+.4f} | — | {overall['unseen'].mean():+.4f} | — | "
+        f"{(overall['unseen'] > 0).sum()}/{len(seeds)} | — |"
+    )
+    r = {k: residual_share_correlation(effects[k]) for k in effects}
+    per_seed = ", ".join(f"seed {s} {d:+.4f}" for s, d in zip(seeds, overall["unseen"], strict=True))
+    spread_u = np.std([[e["patterns"][p]["residual"] for p in names] for e in effects["unseen"]])
+    ratio = {p: float(np.mean([e["patterns"][p]["share_ratio"] for e in effects["unseen"]])) for p in names}
+    resid = {p: float(np.mean([e["patterns"][p]["residual"] for e in effects["unseen"]])) for p in names}
+    least = sorted(names, key=ratio.get)[:2]
+    reading = (
+        f"Reading: over the {len(seeds)} seeds x {len(names)} patterns a pattern's residual goes with how much "
+        f"more of it the form trained on with r = {r['seen']:+.2f} on seen tasks and r = {r['unseen']:+.2f} on "
+        "unseen environments. The two patterns the form trained least on against random are "
+        + " and ".join(f"{p} ({ratio[p]:.2f}x, unseen residual {resid[p]:+.4f})" for p in least)
+        + f"; the one it trained most on is {max(names, key=ratio.get)} ({max(ratio.values()):.2f}x, "
+        f"{resid[max(names, key=ratio.get)]:+.4f}). The residuals' sd is {spread_u:.4f}, and the seed's common "
+        f"shift on unseen environments ({per_seed}) is "
+        + ("larger" if np.std(overall["unseen"]) > spread_u else "no larger")
+        + " than what is particular to a pattern."
+    )
+    write_section(
+        "neural_patterns",
+        "\n".join(
+            [
+                "## Where the held-out gain falls, by what the tasks ask",
+                "",
+                f"Random and `{lr}` on the default learner at seeds {', '.join(map(str, seeds))}, run with "
+                f"`--unseen-envs {n_unseen} --trace` so that every evaluation keeps its held-out per task and every "
+                "pick is kept (runs and traces in "
+                f"`bench/runs/{Path(runs).name}/`; they repeat the default-split records step for step at "
+                f"{repeats['random']} and {repeats[lr]} of {len(seeds)} seeds). Every synthetic task is made of one "
+                "or more operation patterns (the pool's latents name them; the scheduler never reads them). Per "
+                "pattern: how much more of it the form trained on than random (its share of the pattern "
+                "occurrences in the picks over random's), the paired held-out difference over the held-out "
+                "tasks that contain it, and its residual (that difference minus the one over every held-out "
+                "task of the seed: what is particular to the pattern once the run's common shift is out). "
+                "Means over seeds (`envsched_pipeline/analysis/patterns.py`). "
+                + provenance_text(
+                    provenance(
+                        [r.get("environment") for n in recs for r in recs[n].values()], run_environment()
+                    )
+                ),
+                "",
+                *rows,
+                "",
+                reading,
+            ]
+        ),
+        after="neural_unseen_split",
+    )
+
+
 def section_kernels() -> None:
     """Which graph each graph-reading record was made with (bench/kernel_audit.py, from the first
     batches kept in bench/runs/kernels.json)."""
-    write_section("kernels", kernel_audit(list(DIR_CONFIGS)), after="neural_unseen_split")
+    write_section("kernels", kernel_audit(list(DIR_CONFIGS)), after="neural_patterns")
 
 
 TRACED = (
@@ -2579,7 +2732,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -2628,6 +2781,11 @@ def main() -> int:
             "neural-noforced-unseen48",
             "default-learner runs with 48 unseen environments, held-out per environment (section "
             "neural_unseen_split)",
+        ),
+        (
+            "--neural-patterns-runs",
+            "neural-noforced-pertask",
+            "default-learner runs with held-out per task and their traces (section neural_patterns)",
         ),
         (
             "--neural-updates-runs",
@@ -2718,6 +2876,8 @@ def main() -> int:
         )
     if "neural_unseen_split" in sections:
         section_unseen_split(args.neural_unseen_runs, args.neural_noforced_runs, args.steps)
+    if "neural_patterns" in sections:
+        section_patterns(args.neural_patterns_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

@@ -23,7 +23,8 @@ from envsched_pipeline.analysis.bench import (
     run_benchmark,
     run_environment,
 )
-from envsched_pipeline.analysis.spread import paired_components, predicted_sd
+from envsched_pipeline.analysis.patterns import pattern_effects, pattern_shares, residual_share_correlation
+from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -914,6 +915,60 @@ def test_the_spread_of_a_paired_difference_splits_into_seed_domain_and_environme
         paired_components(d[:, :-1], domains[:-1])
     with pytest.raises(ValueError, match="at least 2 seeds"):
         paired_components(d[:1], domains)
+
+
+def test_two_draws_of_one_scheduler_split_the_spread_into_the_seed_and_the_run():
+    """Two runs per seed that share the seed's part and differ in their own: the run's and the
+    seed's variances are recovered, and inputs that cannot carry them are refused."""
+    rng = np.random.default_rng(1)
+    seeds, seed_sd, run_sd = 4000, 0.02, 0.01
+    g = rng.normal(0.015, seed_sd, seeds)
+    a, b = g + rng.normal(0, run_sd, seeds), g + rng.normal(0, run_sd, seeds)
+    c = two_draws(a, b)
+    assert c["run_sd"] == pytest.approx(run_sd, rel=0.05) and c["seed_sd"] == pytest.approx(seed_sd, rel=0.05)
+    assert c["run_share"] == pytest.approx(run_sd**2 / (run_sd**2 + seed_sd**2), abs=0.02)
+    assert c["correlation"] == pytest.approx(0.8, abs=0.03) and c["seeds"] == seeds
+    assert c["both_positive"] <= min(c["positive"])
+    same = two_draws(a[:10], a[:10])  # one draw twice: nothing is the run's
+    assert same["run_sd"] == 0.0 and same["run_share"] == 0.0
+    with pytest.raises(ValueError, match="one difference per seed"):
+        two_draws(a[:5], b[:4])
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        two_draws(a[:2], b[:2])
+
+
+def test_held_out_moves_by_pattern_residuals_and_training_shares():
+    """Per pattern: the paired difference over the tasks that contain it, its residual from the run's
+    common shift and the scheduler's training share of it over the baseline's; a difference put on
+    one pattern's tasks shows as that pattern's residual, and bad inputs are named."""
+    patterns = {"t0": ["lookup"], "t1": ["lookup", "transfer"], "t2": ["transfer"], "t3": ["create"]}
+    base = {"t0": 0.5, "t1": 0.6, "t2": 0.7, "t3": 0.8}
+    sched = {"t0": 0.55, "t1": 0.65, "t2": 0.95, "t3": 0.85}  # +0.05 everywhere, +0.25 on t2
+    e = pattern_effects(base, sched, patterns, ["t0", "t3", "t2", "t2"], ["t2", "t2", "t1", "t3"])
+    assert e["diff"] == pytest.approx(0.1) and e["tasks"] == 4
+    rows = e["patterns"]
+    assert rows["transfer"]["diff"] == pytest.approx(0.15) and rows["transfer"]["residual"] == pytest.approx(
+        0.05
+    )
+    assert rows["create"]["residual"] == pytest.approx(-0.05) and rows["lookup"]["tasks"] == 2
+    assert rows["lookup"]["baseline"] == pytest.approx(0.55) and np.isnan(rows["create"]["se"])
+    # pattern occurrences picked: baseline lookup 1, create 1, transfer 2; scheduler 1, 1, 3
+    assert pattern_shares(["t2", "t2", "t1", "t3"], patterns)["transfer"] == pytest.approx(0.6)
+    assert rows["create"]["share_ratio"] == pytest.approx(0.8) and rows["transfer"][
+        "share_ratio"
+    ] == pytest.approx(1.2)
+    assert residual_share_correlation([e]) == pytest.approx(1.0)  # the more-trained pattern gained more
+    never = pattern_effects(base, sched, patterns, ["t0"], ["t2"])[
+        "patterns"
+    ]  # baseline never picked transfer
+    assert np.isnan(never["transfer"]["share_ratio"]) and never["lookup"]["share_ratio"] == 0.0
+    with pytest.raises(ValueError, match="at least 3 patterns"):
+        residual_share_correlation([{"patterns": never}])
+    assert "share_ratio" not in pattern_effects(base, sched, patterns)["patterns"]["lookup"]
+    with pytest.raises(ValueError, match="task sets differ"):
+        pattern_effects(base, {**sched, "t9": 0.1}, patterns)
+    with pytest.raises(ValueError, match="no patterns for held-out task"):
+        pattern_effects({**base, "t9": 0.1}, {**sched, "t9": 0.1}, patterns)
 
 
 @pytest.mark.skipif(

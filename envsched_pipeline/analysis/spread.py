@@ -78,3 +78,31 @@ def predicted_sd(components: dict, domains: int, per_domain: int) -> float:
     return math.sqrt(
         c["var_seed"] + c["var_seed_domain"] / domains + c["var_within_domain"] / (domains * per_domain)
     )
+
+
+def two_draws(first: np.ndarray, second: np.ndarray) -> dict:
+    """Two runs of one scheduler at the same seeds that differ only in their draw (their random
+    stream): ``first[s]`` and ``second[s]`` are each run's paired difference against the baseline at
+    seed ``s`` on the same held-out set. Modelled as ``d_k[s] = mu + g[s] + e_k[s]``: ``g`` the seed's
+    share (which environments it holds out, its pool and warm start, common to both draws) and ``e``
+    the run's own. Then ``var(e) = var(d_1 - d_2) / 2`` and ``var(g) = cov(d_1, d_2)``, each estimated
+    without the per-environment records the fit above needs."""
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"two draws need one difference per seed each (got shapes {a.shape} and {b.shape})")
+    if len(a) < 3:
+        raise ValueError(f"need at least 3 seeds (got {len(a)})")
+    total = (np.var(a, ddof=1) + np.var(b, ddof=1)) / 2
+    run = float(np.var(a - b, ddof=1) / 2)
+    seed = max(float(np.cov(a, b)[0, 1]), 0.0)
+    return {
+        "seeds": len(a),
+        "sd": math.sqrt(total),
+        "run_sd": math.sqrt(run),
+        "seed_sd": math.sqrt(seed),
+        "run_share": run / total if total > 0 else float("nan"),
+        "correlation": float(np.corrcoef(a, b)[0, 1]),
+        "positive": (int((a > 0).sum()), int((b > 0).sum())),
+        "both_positive": int(((a > 0) & (b > 0)).sum()),
+        "mean": (float(a.mean()), float(b.mean())),
+    }

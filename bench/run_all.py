@@ -2388,7 +2388,7 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
             repeats[n] += bool(original) and first_departure(original, recs[n][s]) is None
     names = sorted(effects["unseen"][0]["patterns"])
     rows = [
-        "| pattern | trained × random (share of picks) | Δ seen | residual seen | Δ unseen | residual unseen | "
+        "| pattern | trained × random (share of picks) | Δ seen | residual seen | Δ unseen | residual unseen (± s.e. over seeds) | "
         "seeds above random, unseen | random's held-out unseen |",
         "|" + "---|" * 8,
     ]
@@ -2400,7 +2400,7 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
         du = col("unseen", "diff")
         rows.append(
             f"| {p} | {col('unseen', 'share_ratio').mean():.2f} | {col('seen', 'diff').mean():+.4f} | "
-            f"{col('seen', 'residual').mean():+.4f} | {du.mean():+.4f} | {col('unseen', 'residual').mean():+.4f} | "
+            f"{col('seen', 'residual').mean():+.4f} | {du.mean():+.4f} | {col('unseen', 'residual').mean():+.4f} ± {col('unseen', 'residual').std(ddof=1) / math.sqrt(len(seeds)):.4f} | "
             f"{(du > 0).sum()}/{len(du)} | {col('unseen', 'baseline').mean():.3f} |"
         )
     overall = {k: np.array([e["diff"] for e in effects[k]]) for k in effects}
@@ -2440,7 +2440,8 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
                 "pattern: how much more of it the form trained on than random (its share of the pattern "
                 "occurrences in the picks over random's), the paired held-out difference over the held-out "
                 "tasks that contain it, and its residual (that difference minus the one over every held-out "
-                "task of the seed: what is particular to the pattern once the run's common shift is out). "
+                "task of the seed: what is particular to the pattern once the run's common shift is out; a task "
+                "with several patterns counts under each, so the residuals need not average to zero). "
                 "Means over seeds (`envsched_pipeline/analysis/patterns.py`). "
                 + provenance_text(
                     provenance(

@@ -2143,7 +2143,42 @@ def _domain(env_id: str) -> str:
     return re.sub(r"_\d+$", "", env_id)
 
 
-def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
+def _draws_on_all(recs: dict, lr: str, seeds: list[int], pertask_runs: str | None, n_unseen: int) -> str:
+    """The two draws on every unseen environment of the larger split: the form's records re-run with
+    it after the BLAS fix (``pertask_runs``, the same draw as its records) beside ``recs`` (the other
+    draw), against the same random runs and evaluations."""
+    if not pertask_runs:
+        return ""
+    again = {n: _records_keeping(pertask_runs, n) for n in recs}
+    both = [s for s in seeds if all(s in again[n] for n in recs)]
+    same_random = all(
+        again["random"][s]["evals"][-1]["unseen_mean"] == recs["random"][s]["evals"][-1]["unseen_mean"]
+        for s in both
+    )
+    if len(both) < 3 or not same_random:
+        return ""
+
+    def delta(src: dict, s: int) -> float:
+        return src[lr][s]["evals"][-1]["unseen_mean"] - src["random"][s]["evals"][-1]["unseen_mean"]
+
+    c = two_draws(np.array([delta(again, s) for s in both]), np.array([delta(recs, s) for s in both]))
+    floor = c["run_sd"] * NormalDist().inv_cdf(0.9 ** (1 / 10))
+    return (
+        f" On all {n_unseen} unseen environments, with the records' draw re-run on that split (`bench/runs/"
+        f"{Path(pertask_runs).name}/`, which repeats the records step for step, against the very same random "
+        f"evaluations) at {len(both)} seeds: sd over seeds {c['sd']:.4f}, the run's {c['run_sd']:.4f} "
+        f"({c['run_share']:.0%}), the seed's {c['seed_sd']:.4f}, correlation {c['correlation']:.2f}; above random "
+        f"in {c['positive'][0]} and {c['positive'][1]} of {len(both)} seeds, both at {c['both_positive']}; mean "
+        f"{c['mean'][0]:+.4f} and {c['mean'][1]:+.4f}. Four times the environments shrink the seed's part, not the "
+        "run's: a run's own luck is common to every environment it is measured on. So whatever the held-out set, "
+        f"all 10 seeds above random with a chance of 0.9 needs a mean unseen effect of at least about {floor:+.4f} "
+        "(the form's run sd alone, as if the seed's part were gone), and about "
+        f"{floor * math.sqrt(2):+.4f} if random's run varies as much as the form's (here random's one run per "
+        "seed sits in the seed's part)."
+    )
+
+
+def section_unseen_split(runs: str, base_runs: str, steps: int, pertask_runs: str | None = None) -> None:
     """How much of the paired held-out difference's spread over seeds is the held-out set's own
     (which environments it holds) and how much is the run's: random and the recommended form with a
     larger unseen split (``--unseen-envs``), whose first 12 environments are the default split."""
@@ -2279,10 +2314,13 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
             f"({sn['run_share']:.0%}), correlation {sn['correlation']:.2f}. The random run is evaluated once "
             "with each split, so the evaluation's own sampling (about 0.004 of the draws' difference) counts "
             f"as the run's here. So on unseen environments about {1 - u['run_share']:.0%} of the spread is the "
-            "seed's (its held-out environments, pool and warm start) and about "
-            f"{u['run_share']:.0%} the run's, more than the fit's {share:.0%}: the fit counts as the run's only "
-            "what is common to every environment, and a run's own luck that differs by environment lands in "
-            "its per-domain and per-environment shares. Whether a given seed comes out above random is partly "
+            "seed's (its held-out environments, pool and warm start, and random's own run, which both draws "
+            "share) and about "
+            f"{u['run_share']:.0%} the run's, more than the fit's {share:.0%}. Both rest on {len(both) - 1} degrees "
+            f"of freedom (a variance from {len(both)} seeds is uncertain by about "
+            f"{math.sqrt(2 / (len(both) - 1)):.0%} of its size), and the draws on all {len(unseen_envs)} "
+            "environments next, whose run part does not shrink with the environments, say the fit gave the run "
+            "too little of the seed-level variance. Whether a given seed comes out above random is partly "
             "the run's luck as well: "
             + (
                 f"seed(s) {', '.join(map(str, low))} below random in both draws, the others below it in one at most."
@@ -2291,6 +2329,7 @@ def section_unseen_split(runs: str, base_runs: str, steps: int) -> None:
             )
             + " On seen tasks the spread is smaller, and more of it the run's."
         )
+        draws += _draws_on_all(recs, lr, seeds, pertask_runs, len(unseen_envs))
     write_section(
         "neural_unseen_split",
         "\n".join(
@@ -2411,6 +2450,11 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
     r = {k: residual_share_correlation(effects[k]) for k in effects}
     per_seed = ", ".join(f"seed {s} {d:+.4f}" for s, d in zip(seeds, overall["unseen"], strict=True))
     spread_u = np.std([[e["patterns"][p]["residual"] for p in names] for e in effects["unseen"]])
+    pairs = [
+        row for e in effects["unseen"] for row in e["patterns"].values() if math.isfinite(row["share_ratio"])
+    ]
+    room = float(np.corrcoef([x["baseline"] for x in pairs], [x["residual"] for x in pairs])[0, 1])
+    room_share = float(np.corrcoef([x["baseline"] for x in pairs], [x["share_ratio"] for x in pairs])[0, 1])
     ratio = {p: float(np.mean([e["patterns"][p]["share_ratio"] for e in effects["unseen"]])) for p in names}
     resid = {p: float(np.mean([e["patterns"][p]["residual"] for e in effects["unseen"]])) for p in names}
     least = sorted(names, key=ratio.get)[:2]
@@ -2423,7 +2467,10 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
         f"{resid[max(names, key=ratio.get)]:+.4f}). The residuals' sd is {spread_u:.4f}, and the seed's common "
         f"shift on unseen environments ({per_seed}) is "
         + ("larger" if np.std(overall["unseen"]) > spread_u else "no larger")
-        + " than what is particular to a pattern."
+        + " than what is particular to a pattern. Room goes with it: over the same (seed, pattern) pairs the "
+        f"unseen residual goes with random's own held-out on the pattern with r = {room:+.2f}, and the form's "
+        f"share ratio with it with r = {room_share:+.2f} (it trains more of what random leaves unsolved), so "
+        "the share ratio's own part in the unseen residual is smaller still."
     )
     write_section(
         "neural_patterns",
@@ -2876,7 +2923,9 @@ def main() -> int:
             default_runs=args.neural_noforced_runs,
         )
     if "neural_unseen_split" in sections:
-        section_unseen_split(args.neural_unseen_runs, args.neural_noforced_runs, args.steps)
+        section_unseen_split(
+            args.neural_unseen_runs, args.neural_noforced_runs, args.steps, args.neural_patterns_runs
+        )
     if "neural_patterns" in sections:
         section_patterns(args.neural_patterns_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:

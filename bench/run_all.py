@@ -43,7 +43,7 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
 from envsched_pipeline.analysis.patterns import pattern_effects, residual_share_correlation  # noqa: E402
 from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
 from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws  # noqa: E402
-from envsched_pipeline.analysis.trace import known_informative, summarize_traces  # noqa: E402
+from envsched_pipeline.analysis.trace import known_informative, query_traces, summarize_traces  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
 PAPER = {  # Qwen3-4B, 200 steps (paper's table)
@@ -2382,12 +2382,10 @@ def section_unseen_split(runs: str, base_runs: str, steps: int, pertask_runs: st
     )
 
 
-def section_patterns(runs: str, base_runs: str, steps: int) -> None:
+def section_patterns(runs: str, base_runs: str) -> None:
     """Where the recommended form's held-out gain over random falls, by what the held-out tasks ask
     (their operation patterns), beside how much more of each pattern it trained on (its traces)."""
-    import pyarrow.parquet as pq  # only this section reads traces here
-
-    from envs.registry import load_synthetic  # (with pyarrow above: this section alone makes pools)
+    from envs.registry import load_synthetic  # only this section makes pools from their seeds
 
     lr = BESIDE_ORACLE[-1]
     recs = {n: _records_keeping(runs, n, "unseen_by_task") for n in ("random", lr)}
@@ -2409,7 +2407,7 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
         )  # the runs' pool: its latents name each task's patterns
         patterns = {r["task_id"]: json.loads(r["patterns"]) for r in pool.latents}
         picks = {
-            n: pq.read_table(traces / f"{n}-s{s}.parquet", columns=["task_id"]).column(0).to_pylist()
+            n: query_traces([traces / f"{n}-s{s}.parquet"], "select task_id from picks").column(0).to_pylist()
             for n in recs
         }
         for kind in effects:
@@ -2431,23 +2429,28 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
         "seeds above random, unseen | random's held-out unseen |",
         "|" + "---|" * 8,
     ]
+
+    def col(kind: str, key: str, p: str) -> np.ndarray:  # one pattern's value over the seeds
+        return np.array([e["patterns"][p][key] for e in effects[kind]])
+
+    ratio = {p: float(col("unseen", "share_ratio", p).mean()) for p in names}
+    resid = {p: float(col("unseen", "residual", p).mean()) for p in names}
     for p in names:
-
-        def col(kind: str, key: str, p: str = p) -> np.ndarray:
-            return np.array([e["patterns"][p][key] for e in effects[kind]])
-
-        du = col("unseen", "diff")
+        du, res_se = (
+            col("unseen", "diff", p),
+            col("unseen", "residual", p).std(ddof=1) / math.sqrt(len(seeds)),
+        )
         rows.append(
-            f"| {p} | {col('unseen', 'share_ratio').mean():.2f} | {col('seen', 'diff').mean():+.4f} | "
-            f"{col('seen', 'residual').mean():+.4f} | {du.mean():+.4f} | {col('unseen', 'residual').mean():+.4f} ± {col('unseen', 'residual').std(ddof=1) / math.sqrt(len(seeds)):.4f} | "
-            f"{(du > 0).sum()}/{len(du)} | {col('unseen', 'baseline').mean():.3f} |"
+            f"| {p} | {ratio[p]:.2f} | {col('seen', 'diff', p).mean():+.4f} | "
+            f"{col('seen', 'residual', p).mean():+.4f} | {du.mean():+.4f} | {resid[p]:+.4f} ± {res_se:.4f} | "
+            f"{(du > 0).sum()}/{len(du)} | {col('unseen', 'baseline', p).mean():.3f} |"
         )
     overall = {k: np.array([e["diff"] for e in effects[k]]) for k in effects}
     rows.append(
         f"| all tasks | 1.00 | {overall['seen'].mean():+.4f} | — | {overall['unseen'].mean():+.4f} | — | "
         f"{(overall['unseen'] > 0).sum()}/{len(seeds)} | — |"
     )
-    r = {k: residual_share_correlation(effects[k]) for k in effects}
+    corr = {k: residual_share_correlation(effects[k]) for k in effects}
     per_seed = ", ".join(f"seed {s} {d:+.4f}" for s, d in zip(seeds, overall["unseen"], strict=True))
     spread_u = np.std([[e["patterns"][p]["residual"] for p in names] for e in effects["unseen"]])
     pairs = [
@@ -2455,12 +2458,10 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
     ]
     room = float(np.corrcoef([x["baseline"] for x in pairs], [x["residual"] for x in pairs])[0, 1])
     room_share = float(np.corrcoef([x["baseline"] for x in pairs], [x["share_ratio"] for x in pairs])[0, 1])
-    ratio = {p: float(np.mean([e["patterns"][p]["share_ratio"] for e in effects["unseen"]])) for p in names}
-    resid = {p: float(np.mean([e["patterns"][p]["residual"] for e in effects["unseen"]])) for p in names}
     least = sorted(names, key=ratio.get)[:2]
     reading = (
         f"Reading: over the {len(seeds)} seeds x {len(names)} patterns a pattern's residual goes with how much "
-        f"more of it the form trained on with r = {r['seen']:+.2f} on seen tasks and r = {r['unseen']:+.2f} on "
+        f"more of it the form trained on with r = {corr['seen']:+.2f} on seen tasks and r = {corr['unseen']:+.2f} on "
         "unseen environments. The two patterns the form trained least on against random are "
         + " and ".join(f"{p} ({ratio[p]:.2f}x, unseen residual {resid[p]:+.4f})" for p in least)
         + f"; the one it trained most on is {max(names, key=ratio.get)} ({max(ratio.values()):.2f}x, "
@@ -2492,7 +2493,7 @@ def section_patterns(runs: str, base_runs: str, steps: int) -> None:
                 "Means over seeds (`envsched_pipeline/analysis/patterns.py`). "
                 + provenance_text(
                     provenance(
-                        [r.get("environment") for n in recs for r in recs[n].values()], run_environment()
+                        [recs[n][s].get("environment") for n in recs for s in seeds], run_environment()
                     )
                 ),
                 "",
@@ -2927,7 +2928,7 @@ def main() -> int:
             args.neural_unseen_runs, args.neural_noforced_runs, args.steps, args.neural_patterns_runs
         )
     if "neural_patterns" in sections:
-        section_patterns(args.neural_patterns_runs, args.neural_noforced_runs, args.steps)
+        section_patterns(args.neural_patterns_runs, args.neural_noforced_runs)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

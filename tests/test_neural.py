@@ -947,20 +947,17 @@ def test_held_out_moves_by_pattern_residuals_and_training_shares():
     e = pattern_effects(base, sched, patterns, ["t0", "t3", "t2", "t2"], ["t2", "t2", "t1", "t3"])
     assert e["diff"] == pytest.approx(0.1) and e["tasks"] == 4
     rows = e["patterns"]
-    assert rows["transfer"]["diff"] == pytest.approx(0.15) and rows["transfer"]["residual"] == pytest.approx(
-        0.05
-    )
+    assert rows["transfer"]["diff"] == pytest.approx(0.15)
+    assert rows["transfer"]["residual"] == pytest.approx(0.05)
     assert rows["create"]["residual"] == pytest.approx(-0.05) and rows["lookup"]["tasks"] == 2
     assert rows["lookup"]["baseline"] == pytest.approx(0.55) and np.isnan(rows["create"]["se"])
     # pattern occurrences picked: baseline lookup 1, create 1, transfer 2; scheduler 1, 1, 3
     assert pattern_shares(["t2", "t2", "t1", "t3"], patterns)["transfer"] == pytest.approx(0.6)
-    assert rows["create"]["share_ratio"] == pytest.approx(0.8) and rows["transfer"][
-        "share_ratio"
-    ] == pytest.approx(1.2)
+    assert rows["create"]["share_ratio"] == pytest.approx(0.8)
+    assert rows["transfer"]["share_ratio"] == pytest.approx(1.2)
     assert residual_share_correlation([e]) == pytest.approx(1.0)  # the more-trained pattern gained more
-    never = pattern_effects(base, sched, patterns, ["t0"], ["t2"])[
-        "patterns"
-    ]  # baseline never picked transfer
+    # the baseline never picked transfer
+    never = pattern_effects(base, sched, patterns, ["t0"], ["t2"])["patterns"]
     assert np.isnan(never["transfer"]["share_ratio"]) and never["lookup"]["share_ratio"] == 0.0
     with pytest.raises(ValueError, match="at least 3 patterns"):
         residual_share_correlation([{"patterns": never}])

@@ -544,6 +544,40 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     assert main(other) == 2 and not none.exists()
 
 
+def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_keyed_as_they_were(tmp_path):
+    """`--draw K`: the same seed's pool, split and warm start, other sampling and selection streams.
+    Draw 0 is the recorded run (same key, same numbers); draw K > 0 is a record of its own, differs
+    from draw 0 and repeats itself."""
+    base = ["bench", "scheduler", "--envs", "4", "--tasks", "6", "--steps", "6", "--batch-size", "6"]
+    base += [
+        "--group-size",
+        "4",
+        "--schedulers",
+        "random,envsched",
+        "--cache",
+        str(tmp_path / "runs"),
+        "--series",
+    ]
+    docs = {}
+    for label, extra in (
+        ("plain", []),
+        ("zero", ["--draw", "0"]),
+        ("one", ["--draw", "1"]),
+        ("again", ["--draw", "1"]),
+    ):
+        out = tmp_path / f"{label}.json"
+        assert main([*base, *extra, "--json", str(out)]) == 0
+        docs[label] = json.loads(out.read_text())
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 4  # two schedulers x two draws
+    for name in ("random", "envsched"):
+        plain, one = docs["plain"]["series"][name], docs["one"]["series"][name]
+        assert docs["zero"]["series"][name]["mean_reward"] == plain["mean_reward"]
+        assert docs["again"]["series"][name]["mean_reward"] == one["mean_reward"]
+        assert one["mean_reward"] != plain["mean_reward"]
+    assert docs["one"]["setup"]["draw"] == 1 and docs["plain"]["setup"]["draw"] == 0
+    assert main([*base, "--draw", "-1"]) == 2
+
+
 def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
     from envsched_pipeline.analysis.bench import check_learner_config
 

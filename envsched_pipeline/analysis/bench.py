@@ -257,13 +257,19 @@ def run_one(
     probe_every: int | None = None,
     trace: str | Path | None = None,
     oracle_candidates: int = ORACLE_CANDIDATES,
+    draw: int = 0,
 ) -> dict:
     """One scheduler, one seed: per-step series and held-out evaluations. ``difficulty_shift`` > 0
     simulates a weaker model (simulated learner only). ``probe_every``: every that many steps, probe
     the whole pool (:func:`headroom_probe`; the run itself is unchanged). ``trace``: write the run's
     picks beside their groups' outcomes to this Parquet file (envsched_pipeline/analysis/trace.py).
     ``oracle_candidates``: how many tasks the neural learner's oracle looks at each step
-    (:class:`~envsched_pipeline.scheduler.baselines.ProbeOracle`)."""
+    (:class:`~envsched_pipeline.scheduler.baselines.ProbeOracle`). ``draw``: which of the seed's
+    streams of rollout sampling and selection ties the run uses (0: the seed's own; another number
+    gives another run from the same pool, split, warm start and held-out samples)."""
+    if draw < 0:
+        raise ValueError(f"draw must be >= 0 (got {draw})")
+    stream = [draw] if draw else []  # draw 0 keeps the streams every recorded run used
     tasks = pool["tasks"]
     kw = (
         {"difficulty_shift": difficulty_shift, "learner_config": learner_config}
@@ -291,7 +297,7 @@ def run_one(
             sched = make_scheduler(
                 base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None
             )
-        roll_rng = np.random.default_rng([seed, 99])
+        roll_rng = np.random.default_rng([seed, 99, *stream])
         keys = (
             "batch_variance",
             "zero_variance_fraction",
@@ -341,7 +347,7 @@ def run_one(
                 break
             t_step = time.perf_counter()
             t0 = time.perf_counter()
-            selection = sched.select(state, batch_size, np.random.default_rng([seed, t]), t)
+            selection = sched.select(state, batch_size, np.random.default_rng([seed, t, *stream]), t)
             t_sel = time.perf_counter() - t0
             picks = selection.picks
             ids = [p.task_id for p in picks]
@@ -804,8 +810,8 @@ def _cache_file(cache_dir: Path | None, name: str, seed: int, kw: dict) -> Path 
     return cache_dir / f"{name}-s{seed}-{key}.json"
 
 
-def _trace_file(trace_dir: str | Path, name: str, seed: int) -> str:
-    return str(Path(trace_dir) / f"{name}-s{seed}.parquet")
+def _trace_file(trace_dir: str | Path, name: str, seed: int, draw: int = 0) -> str:
+    return str(Path(trace_dir) / (f"{name}-s{seed}" + (f"-d{draw}" if draw else "") + ".parquet"))
 
 
 def first_departure(record: dict, rerun: dict) -> int | None:
@@ -836,6 +842,7 @@ def run_benchmark(
     trace_dir: str | Path | None = None,
     oracle_candidates: int = ORACLE_CANDIDATES,
     unseen_envs: int = UNSEEN_ENVS,
+    draw: int = 0,
 ) -> dict:
     """All schedulers x seeds. Returns the JSON document of ``envsched bench scheduler``.
     ``learner_config``: settings of the learner (simulated: e.g. the sweep's phenomena; neural: e.g.
@@ -849,7 +856,10 @@ def run_benchmark(
     a fresh group of that many tasks each step (part of its runs' key). ``unseen_envs``: environments
     in the unseen held-out split (neural learner; part of the key when not the default 12; the first
     12 are the default split's, so every run's held-out includes the default one, environment by
-    environment in its ``evals``)."""
+    environment in its ``evals``). ``draw``: another run of every (scheduler, seed) from the same
+    pool, split and warm start, with other rollout-sampling and selection streams (0: the recorded
+    runs; part of the key only when not 0; traces get a ``-d<draw>`` suffix): how much a schedule's
+    held-out varies from run to run at one seed."""
     unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
     if unknown:
         raise ValueError(
@@ -865,6 +875,8 @@ def run_benchmark(
         raise ValueError(f"oracle_candidates must be >= 1 (got {oracle_candidates})")
     if unseen_envs < 1:
         raise ValueError(f"unseen_envs must be >= 1 (got {unseen_envs})")
+    if draw < 0:
+        raise ValueError(f"draw must be >= 0 (got {draw})")
     if learner_config:
         learner_config = check_learner_config(learner, learner_config)
     key_config = record_key_config(learner, learner_config)
@@ -891,6 +903,7 @@ def run_benchmark(
                 "eval_every": eval_every,
                 **({"probe_every": probe_every} if probe_every else {}),
                 **({"unseen_envs": unseen_envs} if unseen_envs != UNSEEN_ENVS else {}),
+                **({"draw": draw} if draw else {}),
                 **(
                     {"oracle_candidates": oracle_candidates}
                     if n == "oracle" and learner != "simulated"
@@ -911,10 +924,10 @@ def run_benchmark(
                 )
                 if trace_dir is not None:
                     rerun.add((n, seed + k))
-                    todo.append((n, seed + k, {**kw, "trace": _trace_file(trace_dir, n, seed + k)}, f))
+                    todo.append((n, seed + k, {**kw, "trace": _trace_file(trace_dir, n, seed + k, draw)}, f))
             else:
                 if trace_dir is not None:
-                    kw = {**kw, "trace": _trace_file(trace_dir, n, seed + k)}
+                    kw = {**kw, "trace": _trace_file(trace_dir, n, seed + k, draw)}
                 todo.append((n, seed + k, kw, f))
     unversioned = sum(1 for e in recorded_env.values() if not e)
     if unversioned:
@@ -996,6 +1009,7 @@ def run_benchmark(
             "group_size": group_size,
             "learner_config": learner_config or {},
             "unseen_envs": unseen_envs,
+            "draw": draw,
         },
     )
     out["provenance"] = provenance([recorded_env.get(k) for k in results], here)

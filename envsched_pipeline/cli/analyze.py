@@ -113,6 +113,15 @@ def add_parser(sub) -> None:
         f"{UNSEEN_ENVS} are the default split's (default {UNSEEN_ENVS})",
     )
     bs.add_argument(
+        "--draw",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run each (scheduler, seed) again from the same pool, split and warm start with the K-th other "
+        "stream of rollout sampling and selection ties (0: the recorded runs; K is part of the run's key): "
+        "how far one schedule's held-out moves from run to run at one seed",
+    )
+    bs.add_argument(
         "--trace",
         default=None,
         metavar="DIR",
@@ -233,6 +242,7 @@ def cmd_bench_scheduler(args) -> int:
             trace_dir=args.trace,
             oracle_candidates=args.oracle_candidates,
             unseen_envs=args.unseen_envs,
+            draw=args.draw,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

@@ -41,7 +41,7 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
     run_one,
 )
 from envsched_pipeline.analysis.patterns import pattern_effects, residual_share_correlation  # noqa: E402
-from envsched_pipeline.analysis.plots import bench_plots, headroom_plot, heldout_plots  # noqa: E402
+from envsched_pipeline.analysis.plots import bench_plots, draws_plot, headroom_plot, heldout_plots  # noqa: E402
 from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws  # noqa: E402
 from envsched_pipeline.analysis.trace import known_informative, query_traces, summarize_traces  # noqa: E402
 
@@ -2506,10 +2506,195 @@ def section_patterns(runs: str, base_runs: str) -> None:
     )
 
 
+def _by_draw(
+    names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...] = (50,)
+) -> dict:
+    """The default learner's records of ``names`` in ``runs`` at one draw (`bench scheduler --draw`),
+    every seed on record: the bench's summary per scheduler and seed. ``evals``: the held-out
+    schedules (`--eval-every`) to look under, the first found kept; evaluating leaves training as it
+    was, so a run's final held-out is the same under each."""
+    last = max((s for n in names for s in recorded_seeds(runs, n)), default=None)
+    out: dict[str, dict] = {}
+    if last is None:
+        return out
+    for every in evals:
+        found = run_benchmark(
+            list(names),
+            steps=steps,
+            seed=0,
+            seeds=last + 1,
+            learner="neural",
+            eval_every=every,
+            recorded_only=True,
+            log=lambda _m: None,
+            cache_dir=runs,
+            draw=draw,
+        )["per_seed"]
+        for n, by_seed in found.items():
+            for s, summary in by_seed.items():
+                out.setdefault(n, {}).setdefault(s, summary)
+    return out
+
+
+def section_draws(runs: str, base_runs: str, steps: int) -> None:
+    """Random and the recommended form run twice at every seed: their records (draw 0) and
+    `--draw 1` (the same pool, split, warm start and held-out samples; other rollout-sampling and
+    selection streams). How far each scheduler's own held-out moves from run to run, how much of
+    the paired difference's spread over seeds is the runs' (random's included), and the point-4
+    targets on the second draw."""
+    lr = BESIDE_ORACLE[-1]
+    names = ("random", lr)
+    first, second = _by_draw(names, base_runs, steps, 0), _by_draw(names, runs, steps, 1, evals=(50, steps))
+    seeds = sorted(set.intersection(*(set(d.get(n, {})) for d in (first, second) for n in names)))
+    if len(seeds) < 3:
+        print(
+            f"neural_draws: {len(seeds)} seeds with both draws of {', '.join(names)}; section left as it was"
+        )
+        return
+    draws = (first, second)
+
+    def level(d: dict, n: str, key: str) -> np.ndarray:
+        return np.array([d[n][s][key] for s in seeds])
+
+    def delta(d: dict, kind: str) -> np.ndarray:
+        key = f"heldout_{kind}_final"
+        return level(d, lr, key) - level(d, "random", key)
+
+    def zv_ratio(d: dict) -> float:  # ratio of the means over seeds, as in the tables above
+        return float(
+            level(d, lr, "zero_variance_fraction").mean()
+            / level(d, "random", "zero_variance_fraction").mean()
+        )
+
+    def bv_ratio(d: dict) -> float:
+        return float(level(d, lr, "batch_variance").mean() / level(d, "random", "batch_variance").mean())
+
+    du = [delta(d, "unseen") for d in draws]
+    ds = [delta(d, "seen") for d in draws]
+    rows = [
+        "| seed | random unseen: draw 0 | draw 1 | form unseen: draw 0 | draw 1 | Δ unseen: draw 0 | draw 1 | "
+        "Δ unseen, mean of the draws | Δ seen: draw 0 | draw 1 | zero-var × random: draw 0 | draw 1 |",
+        "|" + "---|" * 12,
+    ]
+    zv = [
+        level(d, lr, "zero_variance_fraction") / level(d, "random", "zero_variance_fraction") for d in draws
+    ]
+    for i, s in enumerate(seeds):
+        rows.append(
+            f"| {s} | {first['random'][s]['heldout_unseen_final']:.4f} | "
+            f"{second['random'][s]['heldout_unseen_final']:.4f} | {first[lr][s]['heldout_unseen_final']:.4f} | "
+            f"{second[lr][s]['heldout_unseen_final']:.4f} | {du[0][i]:+.4f} | {du[1][i]:+.4f} | "
+            f"{(du[0][i] + du[1][i]) / 2:+.4f} | {ds[0][i]:+.4f} | {ds[1][i]:+.4f} | {zv[0][i]:.2f} | {zv[1][i]:.2f} |"
+        )
+
+    def wins(x) -> str:
+        x = np.asarray(x)
+        return f"{x.mean():+.4f} ({(x > 0).sum()}/{len(x)})"
+
+    mean_of = lambda d, n: level(d, n, "heldout_unseen_final").mean()  # noqa: E731
+    rows.append(
+        f"| mean (wins) | {mean_of(first, 'random'):.4f} | {mean_of(second, 'random'):.4f} | "
+        f"{mean_of(first, lr):.4f} | {mean_of(second, lr):.4f} | {wins(du[0])} | {wins(du[1])} | "
+        f"{wins((du[0] + du[1]) / 2)} | {wins(ds[0])} | {wins(ds[1])} | {zv_ratio(first):.2f} | "
+        f"{zv_ratio(second):.2f} |"
+    )
+    n = len(seeds)
+
+    def met(ok: bool) -> str:
+        return "**met**" if ok else "**missed**"
+
+    both_u, both_s = np.concatenate(du), np.concatenate(ds)
+    targets = [
+        "| target (point 4, against random) | draw 0 (the records) | draw 1 | both draws (2 runs a seed) |",
+        "|---|---|---|---|",
+        f"| seen above random in every run | {met((ds[0] > 0).all())} ({(ds[0] > 0).sum()}/{n}) | "
+        f"{met((ds[1] > 0).all())} ({(ds[1] > 0).sum()}/{n}) | {(both_s > 0).sum()}/{2 * n} |",
+        f"| unseen above random in every run | {met((du[0] > 0).all())} ({(du[0] > 0).sum()}/{n}) | "
+        f"{met((du[1] > 0).all())} ({(du[1] > 0).sum()}/{n}) | {(both_u > 0).sum()}/{2 * n} |",
+        f"| batch variance >= 1.5x | {met(bv_ratio(first) >= 1.5)} ({bv_ratio(first):.2f}x) | "
+        f"{met(bv_ratio(second) >= 1.5)} ({bv_ratio(second):.2f}x) | — |",
+        f"| zero-variance share <= 0.6x | {met(zv_ratio(first) <= 0.6)} ({zv_ratio(first):.2f}x) | "
+        f"{met(zv_ratio(second) <= 0.6)} ({zv_ratio(second):.2f}x) | — |",
+    ]
+    # each scheduler's own run-to-run sd at one seed: half the variance of its two draws' difference
+    own = {
+        (nm, kind): math.sqrt(
+            np.var(
+                level(second, nm, f"heldout_{kind}_final") - level(first, nm, f"heldout_{kind}_final"), ddof=1
+            )
+            / 2
+        )
+        for nm in names
+        for kind in ("unseen", "seen")
+    }
+    parts = {"unseen": two_draws(du[0], du[1]), "seen": two_draws(ds[0], ds[1])}
+    u = parts["unseen"]
+    z = NormalDist().inv_cdf(0.9 ** (1 / 10))
+    chance = lambda mu, sd: NormalDist().cdf(mu / sd) ** 10  # noqa: E731
+    mu_u = float(both_u.mean())
+    plot = draws_plot(
+        {
+            k: {s: [float(d[i]) for d in v] for i, s in enumerate(seeds)}
+            for k, v in (("unseen", du), ("seen", ds))
+        },
+        HERE / "neural_draws.png",
+    )
+    reading = (
+        f"Reading: at one seed random's own held-out moves from run to run by sd {own[('random', 'unseen')]:.4f} on "
+        f"unseen environments and {own[('random', 'seen')]:.4f} on seen tasks; the form's by "
+        f"{own[(lr, 'unseen')]:.4f} and {own[(lr, 'seen')]:.4f}. Both runs of a paired difference carry their own "
+        f"luck, so the paired unseen difference varies between the two draws of a seed by sd {u['run_sd']:.4f} "
+        f"(`two_draws` in `envsched_pipeline/analysis/spread.py`: {u['run_share']:.0%} of its variance over seeds, "
+        f"the seed's part sd {u['seed_sd']:.4f}, the draws correlate {u['correlation']:.2f}); on seen tasks "
+        f"{parts['seen']['run_sd']:.4f} ({parts['seen']['run_share']:.0%}). The unseen difference is above random in "
+        f"{u['positive'][0]} and {u['positive'][1]} of {n} seeds, in both draws at {u['both_positive']}. With the "
+        f"seed's part gone altogether, all 10 seeds above random with a chance of 0.9 would need a mean unseen "
+        f"effect of {u['run_sd'] * z:+.4f}; with it, {u['sd'] * z:+.4f}. At the form's measured {mu_u:+.4f} (both "
+        f"draws) and this spread, all 10 seeds come out above random with a chance of about "
+        f"{chance(mu_u, u['sd']):.0%} (a variance from {n} seeds is uncertain by about "
+        f"{math.sqrt(2 / (n - 1)):.0%} of its size)."
+    )
+    write_section(
+        "neural_draws",
+        "\n".join(
+            [
+                "## Two runs of every seed: how much of a seed's verdict is the run's luck",
+                "",
+                f"Random and `{lr}` (default learner) ran again at seeds {', '.join(map(str, seeds))} with "
+                "`envsched bench scheduler --draw 1`: the same pool, held-out split, warm start and held-out "
+                "samples as their records (draw 0, `bench/runs/neural-noforced/`), other streams of rollout "
+                "sampling and of selection tie-breaks (runs in "
+                f"`bench/runs/{Path(runs).name}/`, most with held-out only at the start and the end: evaluating "
+                "leaves training as it was, as the 48-environment re-runs above show step for step). Until now each seed had one random run, so random's own "
+                "run-to-run noise sat inside every seed's verdict unmeasured. Final held-out (step "
+                f"{steps}). "
+                + provenance_text(
+                    provenance(
+                        [
+                            json.loads(f.read_text()).get("environment")
+                            for f in sorted(Path(runs).glob("*.json"))
+                        ],
+                        run_environment(),
+                    )
+                ),
+                "",
+                *rows,
+                "",
+                *targets,
+                "",
+                reading,
+                "",
+                f"![two draws]({Path(plot).name})",
+            ]
+        ),
+        after="neural_patterns",
+    )
+
+
 def section_kernels() -> None:
     """Which graph each graph-reading record was made with (bench/kernel_audit.py, from the first
     batches kept in bench/runs/kernels.json)."""
-    write_section("kernels", kernel_audit(list(DIR_CONFIGS)), after="neural_patterns")
+    write_section("kernels", kernel_audit(list(DIR_CONFIGS)), after="neural_draws")
 
 
 TRACED = (
@@ -2781,7 +2966,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -2835,6 +3020,11 @@ def main() -> int:
             "--neural-patterns-runs",
             "neural-noforced-pertask",
             "default-learner runs with held-out per task and their traces (section neural_patterns)",
+        ),
+        (
+            "--neural-draws-runs",
+            "neural-noforced-draws",
+            "default-learner runs of random and the recommended form with --draw 1 (section neural_draws)",
         ),
         (
             "--neural-updates-runs",
@@ -2929,6 +3119,8 @@ def main() -> int:
         )
     if "neural_patterns" in sections:
         section_patterns(args.neural_patterns_runs, args.neural_noforced_runs)
+    if "neural_draws" in sections:
+        section_draws(args.neural_draws_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

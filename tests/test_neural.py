@@ -971,6 +971,18 @@ def test_two_draws_of_one_scheduler_split_the_spread_into_the_seed_and_the_run()
         two_draws(a[:2], b[:2])
 
 
+def test_the_draws_plot_shows_every_seed_and_draw(tmp_path):
+    """One panel per held-out kind, one marker per (seed, draw): a PNG of the size asked for."""
+    from PIL import Image
+
+    from envsched_pipeline.analysis.plots import draws_plot
+
+    diffs = {"unseen": {0: [0.01, -0.02], 1: [0.03, 0.02]}, "seen": {0: [0.02, 0.01], 1: [0.01, 0.02]}}
+    path = draws_plot(diffs, tmp_path / "draws.png")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size == (900, 342)
+
+
 def test_held_out_moves_by_pattern_residuals_and_training_shares():
     """Per pattern: the paired difference over the tasks that contain it, its residual from the run's
     common shift and the scheduler's training share of it over the baseline's; a difference put on

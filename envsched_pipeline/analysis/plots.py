@@ -323,3 +323,33 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     fig.savefig(out_path, dpi=90)
     plt.close(fig)
     return str(out_path)
+
+
+def draws_plot(diffs: dict[str, dict[int, list[float]]], out_path: Path) -> str:
+    """Per held-out kind, each seed's paired difference against random in every draw of it (one
+    marker per draw, a line between a seed's draws): how far a seed's verdict moves between two
+    runs of the same schedules. ``diffs[kind][seed]``: the differences, draw 0 first."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(diffs), figsize=(5 * len(diffs), 3.8), squeeze=False)
+    for ax, (kind, by_seed) in zip(axes[0], diffs.items(), strict=True):
+        for s, ds in sorted(by_seed.items()):
+            ax.plot([s] * len(ds), ds, "-", color="0.6", lw=1)
+            for k, d in enumerate(ds):
+                ax.plot(
+                    s,
+                    d,
+                    "o" if k == 0 else "s",
+                    color=f"C{k}",
+                    ms=6,
+                    label=f"draw {k}" if s == min(by_seed) else None,
+                )
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("seed")
+        ax.set_ylabel(f"held-out {kind}: scheduler - random")
+        ax.set_xticks(sorted(by_seed))
+        ax.set_title(f"{kind}: paired difference per seed and draw")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=90)
+    plt.close(fig)
+    return str(out_path)

@@ -575,6 +575,13 @@ def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_k
         assert docs["again"]["series"][name]["mean_reward"] == one["mean_reward"]
         assert one["mean_reward"] != plain["mean_reward"]
     assert docs["one"]["setup"]["draw"] == 1 and docs["plain"]["setup"]["draw"] == 0
+    # a traced draw is a file of its own beside the recorded run's trace
+    traced = tmp_path / "traced.json"
+    assert main([*base, "--draw", "1", "--trace", str(tmp_path / "t"), "--json", str(traced)]) == 0
+    assert sorted(Path(p).name for p in json.loads(traced.read_text())["traces"]) == [
+        "envsched-s0-d1.parquet",
+        "random-s0-d1.parquet",
+    ]
     assert main([*base, "--draw", "-1"]) == 2
 
 

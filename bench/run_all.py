@@ -2536,6 +2536,14 @@ def _by_draw(
     return out
 
 
+def _share(parts: dict) -> str:
+    """The run's share of a two-draw split in words: above 1 when the draws do not correlate over
+    seeds (the seed's part is then estimated at 0, within its sampling error)."""
+    if parts["run_share"] >= 1:
+        return "all of its variance over seeds: the two draws do not correlate"
+    return f"{parts['run_share']:.0%} of its variance over seeds"
+
+
 def section_draws(runs: str, base_runs: str, steps: int) -> None:
     """Random and the recommended form run twice at every seed: their records (draw 0) and
     `--draw 1` (the same pool, split, warm start and held-out samples; other rollout-sampling and
@@ -2644,9 +2652,9 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
         f"unseen environments and {own[('random', 'seen')]:.4f} on seen tasks; the form's by "
         f"{own[(lr, 'unseen')]:.4f} and {own[(lr, 'seen')]:.4f}. Both runs of a paired difference carry their own "
         f"luck, so the paired unseen difference varies between the two draws of a seed by sd {u['run_sd']:.4f} "
-        f"(`two_draws` in `envsched_pipeline/analysis/spread.py`: {u['run_share']:.0%} of its variance over seeds, "
+        f"(`two_draws` in `envsched_pipeline/analysis/spread.py`: {_share(u)}, "
         f"the seed's part sd {u['seed_sd']:.4f}, the draws correlate {u['correlation']:.2f}); on seen tasks "
-        f"{parts['seen']['run_sd']:.4f} ({parts['seen']['run_share']:.0%}). The unseen difference is above random in "
+        f"{parts['seen']['run_sd']:.4f} ({_share(parts['seen'])}). The unseen difference is above random in "
         f"{u['positive'][0]} and {u['positive'][1]} of {n} seeds, in both draws at {u['both_positive']}. With the "
         f"seed's part gone altogether, all 10 seeds above random with a chance of 0.9 would need a mean unseen "
         f"effect of {u['run_sd'] * z:+.4f}; with it, {u['sd'] * z:+.4f}. At the form's measured {mu_u:+.4f} (both "

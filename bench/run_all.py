@@ -2660,7 +2660,21 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
         f"effect of {u['run_sd'] * z:+.4f}; with it, {u['sd'] * z:+.4f}. At the form's measured {mu_u:+.4f} (both "
         f"draws) and this spread, all 10 seeds come out above random with a chance of about "
         f"{chance(mu_u, u['sd']):.0%} (a variance from {n} seeds is uncertain by about "
-        f"{math.sqrt(2 / (n - 1)):.0%} of its size)."
+        f"{math.sqrt(2 / (n - 1)):.0%} of its size). "
+        + (
+            f"At seed(s) {', '.join(map(str, flips))} the same two schedules come out on either side of random "
+            "on unseen environments in the two draws. "
+            if (flips := [s for i, s in enumerate(seeds) if (du[0][i] > 0) != (du[1][i] > 0)])
+            else ""
+        )
+        + "The two draws of the form alone (the section on the unseen spread above) put random's single run "
+        "in the seed's part; with random drawn again too, the seed's part (which environments are held out, the "
+        "pool, the warm start) is "
+        + (
+            "the smaller one, and the every-seed unseen target asks ten runs' luck to fall the same way."
+            if u["run_share"] > 0.5
+            else "still the larger one."
+        )
     )
     write_section(
         "neural_draws",
@@ -2691,7 +2705,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
                 *targets,
                 "",
                 "The sixth target, the best mean held-out of all eight schedulers, needs every scheduler's "
-                "second draw (not run: these two rows cost about 20 CPU-minutes a seed).",
+                "second draw (not run: it needs all eight schedulers run again).",
                 "",
                 reading,
                 "",

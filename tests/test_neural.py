@@ -544,7 +544,9 @@ def test_a_table_from_recorded_runs_leaves_out_what_is_not_on_record(tmp_path, c
     assert main(other) == 2 and not none.exists()
 
 
-def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_keyed_as_they_were(tmp_path):
+def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_keyed_as_they_were(
+    tmp_path, capsys
+):
     """`--draw K`: the same seed's pool, split and warm start, other sampling and selection streams.
     Draw 0 is the recorded run (same key, same numbers); draw K > 0 is a record of its own, differs
     from draw 0 and repeats itself."""
@@ -558,7 +560,7 @@ def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_k
         str(tmp_path / "runs"),
         "--series",
     ]
-    docs = {}
+    docs, headers = {}, {}
     for label, extra in (
         ("plain", []),
         ("zero", ["--draw", "0"]),
@@ -568,6 +570,9 @@ def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_k
         out = tmp_path / f"{label}.json"
         assert main([*base, *extra, "--json", str(out)]) == 0
         docs[label] = json.loads(out.read_text())
+        headers[label] = capsys.readouterr().out.splitlines()[0]
+    # the command's first line says which draw it runs (nothing for the recorded one)
+    assert headers["one"].endswith(", draw 1") and "draw" not in headers["plain"] + headers["zero"]
     assert len(list((tmp_path / "runs").glob("*.json"))) == 4  # two schedulers x two draws
     for name in ("random", "envsched"):
         plain, one = docs["plain"]["series"][name], docs["one"]["series"][name]

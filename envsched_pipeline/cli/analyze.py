@@ -218,7 +218,8 @@ def cmd_bench_scheduler(args) -> int:
     label = "SIMULATED learner" if args.learner == "simulated" else "NEURAL learner (real environments)"
     print(
         f"benchmark ({label}): {', '.join(chosen)} | {args.envs} envs x {args.tasks} tasks/env, "
-        f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}",
+        f"{args.steps} steps, B={args.batch_size} G={args.group_size}, seeds {args.seed}..{args.seed + args.seeds - 1}"
+        + (f", draw {args.draw}" if args.draw else ""),
         flush=True,
     )
     try:

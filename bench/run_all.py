@@ -18,7 +18,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 
@@ -42,7 +41,13 @@ from envsched_pipeline.analysis.bench import (  # noqa: E402
 )
 from envsched_pipeline.analysis.patterns import pattern_effects, residual_share_correlation  # noqa: E402
 from envsched_pipeline.analysis.plots import bench_plots, draws_plot, headroom_plot, heldout_plots  # noqa: E402
-from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws  # noqa: E402
+from envsched_pipeline.analysis.spread import (  # noqa: E402
+    every_seed_chance,
+    every_seed_needs,
+    paired_components,
+    predicted_sd,
+    two_draws,
+)
 from envsched_pipeline.analysis.trace import known_informative, query_traces, summarize_traces  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
@@ -936,9 +941,7 @@ def _variant_targets(S: dict, P: dict) -> list[str]:
 def _all_seeds_chance(d: dict) -> float:
     """The chance that all ``d["n"]`` seeds of a paired difference come out positive, were each
     seed's difference drawn from a normal with the measured mean and sd over seeds."""
-    if d["sd"] <= 0:
-        return float(d["mean"] > 0)
-    return (0.5 * (1 + math.erf(d["mean"] / (d["sd"] * math.sqrt(2))))) ** d["n"]
+    return every_seed_chance(d["mean"], d["sd"], d["n"])
 
 
 def _variant_block(S: dict, P: dict) -> list[str]:
@@ -1337,7 +1340,7 @@ def _seed_and_run_noise(per: dict) -> list[str]:
         res_var = float((resid**2).sum() / ((len(rows) - 1) * (k - 1)))
         seed_var = max(float(np.var(x.mean(axis=0), ddof=1)) - res_var / len(rows), 0.0)
         paired = math.sqrt(2 * res_var)
-        needs = [paired * NormalDist().inv_cdf(0.9 ** (1 / n)) for n in (5, 10)]
+        needs = [every_seed_needs(paired, n) for n in (5, 10)]
         out.append(
             f"| {label} | {math.sqrt(seed_var):.4f} | {math.sqrt(res_var):.4f} | {paired:.4f} | "
             f"{needs[0]:+.4f} | {needs[1]:+.4f} |"
@@ -2162,7 +2165,7 @@ def _draws_on_all(recs: dict, lr: str, seeds: list[int], pertask_runs: str | Non
         return src[lr][s]["evals"][-1]["unseen_mean"] - src["random"][s]["evals"][-1]["unseen_mean"]
 
     c = two_draws(np.array([delta(again, s) for s in both]), np.array([delta(recs, s) for s in both]))
-    floor = c["run_sd"] * NormalDist().inv_cdf(0.9 ** (1 / 10))
+    floor = every_seed_needs(c["run_sd"])
     return (
         f" On all {n_unseen} unseen environments, with the records' draw re-run on that split (`bench/runs/"
         f"{Path(pertask_runs).name}/`, which repeats the records step for step, against the very same random "
@@ -2253,7 +2256,6 @@ def section_unseen_split(runs: str, base_runs: str, steps: int, pertask_runs: st
         f"{wins(d_all)} | {np.mean([a for a, _ in rec_d['zv']]) / np.mean([r for _, r in rec_d['zv']]):.2f} | "
         f"{np.mean([zv[lr][s] for s in seeds]) / np.mean([zv['random'][s] for s in seeds]):.2f} |"
     )
-    z = NormalDist().inv_cdf
     comp_rows = [
         "| held-out | split measured (domains x each) | sd: the run's, every environment | sd: the seed's, per "
         "domain | sd: per environment | of which the evaluation's sampling | sd of the mean Δ over seeds: "
@@ -2271,12 +2273,11 @@ def section_unseen_split(runs: str, base_runs: str, steps: int, pertask_runs: st
         D, V = c["domains"], c["per_domain"]
         each = 1 if kind == "unseen" else V  # the default unseen split: one environment per domain
         default, more = predicted_sd(c, D, each), predicted_sd(c, 4 * D, each)
-        need = lambda sd: sd * z(0.9 ** (1 / 10))  # noqa: E731
         comp_rows.append(
             f"| {kind} | {D * V} ({D} x {V}) | {math.sqrt(c['var_seed']):.4f} | "
             f"{math.sqrt(c['var_seed_domain']):.4f} | {math.sqrt(c['var_within_domain']):.4f} | {sampling:.4f} | "
             f"{default:.4f} ({D} x {each}) | {c['observed_sd']:.4f} | {more:.4f} ({4 * D} x {each}) | "
-            f"{need(default):+.4f} / {need(more):+.4f} | {c['mean']:+.4f} |"
+            f"{every_seed_needs(default):+.4f} / {every_seed_needs(more):+.4f} | {c['mean']:+.4f} |"
         )
     u = fits["unseen"]
     share = u["var_seed"] / max(predicted_sd(u, u["domains"], 1) ** 2, 1e-12)
@@ -2568,14 +2569,11 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
         key = f"heldout_{kind}_final"
         return level(d, lr, key) - level(d, "random", key)
 
-    def zv_ratio(d: dict) -> float:  # ratio of the means over seeds, as in the tables above
-        return float(
-            level(d, lr, "zero_variance_fraction").mean()
-            / level(d, "random", "zero_variance_fraction").mean()
-        )
+    def ratio(d: dict, key: str) -> float:  # of the means over seeds, as in the tables above
+        return float(level(d, lr, key).mean() / level(d, "random", key).mean())
 
-    def bv_ratio(d: dict) -> float:
-        return float(level(d, lr, "batch_variance").mean() / level(d, "random", "batch_variance").mean())
+    zvr = [ratio(d, "zero_variance_fraction") for d in draws]  # per draw
+    bvr = [ratio(d, "batch_variance") for d in draws]
 
     du = [delta(d, "unseen") for d in draws]
     ds = [delta(d, "seen") for d in draws]
@@ -2603,8 +2601,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     rows.append(
         f"| mean (wins) | {mean_of(first, 'random'):.4f} | {mean_of(second, 'random'):.4f} | "
         f"{mean_of(first, lr):.4f} | {mean_of(second, lr):.4f} | {wins(du[0])} | {wins(du[1])} | "
-        f"{wins((du[0] + du[1]) / 2)} | {wins(ds[0])} | {wins(ds[1])} | {zv_ratio(first):.2f} | "
-        f"{zv_ratio(second):.2f} |"
+        f"{wins((du[0] + du[1]) / 2)} | {wins(ds[0])} | {wins(ds[1])} | {zvr[0]:.2f} | {zvr[1]:.2f} |"
     )
     n = len(seeds)
 
@@ -2619,26 +2616,21 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
         f"{met((ds[1] > 0).all())} ({(ds[1] > 0).sum()}/{n}) | {(both_s > 0).sum()}/{2 * n} |",
         f"| unseen above random in every run | {met((du[0] > 0).all())} ({(du[0] > 0).sum()}/{n}) | "
         f"{met((du[1] > 0).all())} ({(du[1] > 0).sum()}/{n}) | {(both_u > 0).sum()}/{2 * n} |",
-        f"| batch variance >= 1.5x | {met(bv_ratio(first) >= 1.5)} ({bv_ratio(first):.2f}x) | "
-        f"{met(bv_ratio(second) >= 1.5)} ({bv_ratio(second):.2f}x) | — |",
-        f"| zero-variance share <= 0.6x | {met(zv_ratio(first) <= 0.6)} ({zv_ratio(first):.2f}x) | "
-        f"{met(zv_ratio(second) <= 0.6)} ({zv_ratio(second):.2f}x) | — |",
+        f"| batch variance >= 1.5x | {met(bvr[0] >= 1.5)} ({bvr[0]:.2f}x) | "
+        f"{met(bvr[1] >= 1.5)} ({bvr[1]:.2f}x) | — |",
+        f"| zero-variance share <= 0.6x | {met(zvr[0] <= 0.6)} ({zvr[0]:.2f}x) | "
+        f"{met(zvr[1] <= 0.6)} ({zvr[1]:.2f}x) | — |",
     ]
-    # each scheduler's own run-to-run sd at one seed: half the variance of its two draws' difference
+    # each scheduler's own run-to-run sd at one seed: the run's part of its two draws' levels
     own = {
-        (nm, kind): math.sqrt(
-            np.var(
-                level(second, nm, f"heldout_{kind}_final") - level(first, nm, f"heldout_{kind}_final"), ddof=1
-            )
-            / 2
-        )
+        (nm, kind): two_draws(
+            level(first, nm, f"heldout_{kind}_final"), level(second, nm, f"heldout_{kind}_final")
+        )["run_sd"]
         for nm in names
         for kind in ("unseen", "seen")
     }
     parts = {"unseen": two_draws(du[0], du[1]), "seen": two_draws(ds[0], ds[1])}
     u = parts["unseen"]
-    z = NormalDist().inv_cdf(0.9 ** (1 / 10))
-    chance = lambda mu, sd: NormalDist().cdf(mu / sd) ** 10  # noqa: E731
     mu_u = float(both_u.mean())
     plot = draws_plot(
         {
@@ -2657,9 +2649,9 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
         f"{parts['seen']['run_sd']:.4f} ({_share(parts['seen'])}). The unseen difference is above random in "
         f"{u['positive'][0]} and {u['positive'][1]} of {n} seeds, in both draws at {u['both_positive']}. With the "
         f"seed's part gone altogether, all 10 seeds above random with a chance of 0.9 would need a mean unseen "
-        f"effect of {u['run_sd'] * z:+.4f}; with it, {u['sd'] * z:+.4f}. At the form's measured {mu_u:+.4f} (both "
+        f"effect of {every_seed_needs(u['run_sd']):+.4f}; with it, {every_seed_needs(u['sd']):+.4f}. At the form's measured {mu_u:+.4f} (both "
         f"draws) and this spread, all 10 seeds come out above random with a chance of about "
-        f"{chance(mu_u, u['sd']):.0%} (a variance from {n} seeds is uncertain by about "
+        f"{every_seed_chance(mu_u, u['sd']):.0%} (a variance from {n} seeds is uncertain by about "
         f"{math.sqrt(2 / (n - 1)):.0%} of its size). "
         + (
             f"At seed(s) {', '.join(map(str, flips))} the same two schedules come out on either side of random "

@@ -24,7 +24,13 @@ from envsched_pipeline.analysis.bench import (
     run_environment,
 )
 from envsched_pipeline.analysis.patterns import pattern_effects, pattern_shares, residual_share_correlation
-from envsched_pipeline.analysis.spread import paired_components, predicted_sd, two_draws
+from envsched_pipeline.analysis.spread import (
+    every_seed_chance,
+    every_seed_needs,
+    paired_components,
+    predicted_sd,
+    two_draws,
+)
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
@@ -981,6 +987,16 @@ def test_two_draws_of_one_scheduler_split_the_spread_into_the_seed_and_the_run()
         two_draws(a[:5], b[:4])
     with pytest.raises(ValueError, match="at least 3 seeds"):
         two_draws(a[:2], b[:2])
+
+
+def test_every_seed_needs_and_chance_are_each_others_inverse():
+    """The effect at which all n seeds come out above the baseline with a chance of 0.9, and the
+    chance at a given effect: inverse to each other, larger with more seeds, a step at sd 0."""
+    need = every_seed_needs(0.02, 10)
+    assert every_seed_chance(need, 0.02, 10) == pytest.approx(0.9)
+    assert every_seed_needs(0.02, 5) < need < every_seed_needs(0.02, 15)
+    assert every_seed_chance(0.0, 0.02, 1) == pytest.approx(0.5)
+    assert every_seed_chance(0.01, 0.0) == 1.0 and every_seed_chance(-0.01, 0.0) == 0.0
 
 
 def test_the_draws_plot_shows_every_seed_and_draw(tmp_path):

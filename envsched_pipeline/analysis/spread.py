@@ -21,6 +21,7 @@ so a larger held-out set shrinks only the last two terms: how much that buys dep
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -106,3 +107,17 @@ def two_draws(first: np.ndarray, second: np.ndarray) -> dict:
         "both_positive": int(((a > 0) & (b > 0)).sum()),
         "mean": (float(a.mean()), float(b.mean())),
     }
+
+
+def every_seed_needs(sd: float, seeds: int = 10, chance: float = 0.9) -> float:
+    """The mean paired effect at which all ``seeds`` seeds come out above the baseline with
+    probability ``chance``, each seed's difference drawn from a normal with this ``sd``."""
+    return sd * NormalDist().inv_cdf(chance ** (1 / seeds))
+
+
+def every_seed_chance(mean: float, sd: float, seeds: int = 10) -> float:
+    """The probability that all ``seeds`` seeds come out above the baseline, each seed's difference
+    drawn from a normal with this ``mean`` and ``sd`` (a step at 0 when ``sd`` is 0)."""
+    if sd <= 0:
+        return float(mean > 0)
+    return (0.5 * (1 + math.erf(mean / (sd * math.sqrt(2))))) ** seeds

@@ -8,16 +8,25 @@ between the trainer and each worker, a scrubbed environment and a private workin
   ``MAX_FRAME`` or not JSON is a protocol violation (the worker is killed, the episode fails).
 * **Supervisor**: relays each request to its worker and the reply back within the request's
   deadline; on a timeout or a crash it kills the worker's process group and starts a fresh worker.
-  It is the worker's parent, so ``os.getppid()`` in environment code is the supervisor, never the
-  trainer; it is a child subreaper, so a process the environment forks (even one that calls
-  ``setsid``) is re-parented to it and killed when the episode ends.
+  It is the worker's parent, so ``os.getppid()`` in environment code is the supervisor (confined:
+  0, a process outside its namespace), never the trainer; it is a child subreaper, so a process
+  the environment forks (even one that calls ``setsid``) stays below it (confined: re-parented to
+  the worker, the PID 1 of its namespace) and is killed when the episode ends.
 * **Worker**: its own session (``setsid``), an allow-listed environment (no API keys, no lake
   path), ``HOME``/``TMPDIR``/cwd in a private temporary folder outside the lake, address-space
   and CPU limits, and ``PR_SET_PDEATHSIG`` so it dies with its supervisor.
+* **Confinement** (:func:`confine`, Linux): before any untrusted code the worker enters its own
+  PID, mount, IPC, UTS and network namespaces and a private root: it is PID 1 of a namespace with
+  a fresh /proc (no other process to see, signal or read), has no network interface, sees only the
+  system folders and the Python paths (read-only) besides its home, and drops to ``nobody`` when
+  the trainer is root. A layer the host refuses (a container without namespaces, another OS) is
+  left out and named in the worker's report (``SandboxPool.confinement()``).
 
-What remains possible (there is no network namespace, no seccomp, no PID namespace): environment
-code can open network connections, read files readable by the user, and signal other processes of
-the same user if it finds their pids. Do not import pools from sources you would not run code from.
+What remains possible even confined: reading the system folders and the Python installation
+(world-readable files a user can read anyway), and using its CPU and memory up to the limits.
+Without namespaces (see the report) it can also open network connections, read files readable by
+the user and signal the user's other processes. Do not import pools from sources you would not run
+code from.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
 MAX_FRAME = 256 * 1024 * 1024
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONHASHSEED", "TZ")
@@ -151,6 +161,31 @@ def descendants(root: int, *, zombies: bool = True) -> list[int]:
     return out
 
 
+def reap_orphans(*_signal) -> None:
+    """Collect every child that has exited, without blocking (also a SIGCHLD handler)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+@contextmanager
+def reaping(enabled: bool):
+    """For the PID 1 of a namespace, the parent of every orphan in it: while it waits for its next
+    request (no environment code runs) exited processes are reaped as they go; during a request
+    they are left alone, so environment code can wait for its own children."""
+    if not enabled:
+        yield
+        return
+    reap_orphans()
+    previous = signal.signal(signal.SIGCHLD, reap_orphans)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
 def kill_quietly(pid: int, group: bool = False) -> None:
     try:
         (os.killpg if group else os.kill)(pid, signal.SIGKILL)
@@ -172,6 +207,21 @@ class _WorkerProcess:
             close_fds=True,
         )
         self.w, self.r = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+
+    def own_processes(self) -> set[int]:
+        """The worker and, when it confined itself, the PID 1 of its namespace (the keeper's only
+        child in another PID namespace); every other process below the supervisor is a stray."""
+        own = {self.proc.pid}
+        here = os.readlink("/proc/self/ns/pid")
+        for child in descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{child}/stat", "rb") as fh:
+                    ppid = int(fh.read().decode(errors="replace").rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid and os.readlink(f"/proc/{child}/ns/pid") != here:
+                    own.add(child)
+            except (OSError, ValueError, IndexError):
+                continue  # gone while we looked
+        return own
 
     def kill(self) -> None:
         kill_quietly(self.proc.pid, group=True)
@@ -204,7 +254,8 @@ def supervise(limits_json: str) -> None:
         # kill and reap until nothing but the worker is left alive below us (bounded).
         give_up = time.monotonic() + 2.0
         while True:
-            strays = [p for p in descendants(os.getpid(), zombies=False) if p != worker.proc.pid]
+            keep = worker.own_processes()
+            strays = [p for p in descendants(os.getpid(), zombies=False) if p not in keep]
             for pid in strays:
                 kill_quietly(pid)
             try:
@@ -270,3 +321,296 @@ def worker_setup(memory_mb: int, cpu_seconds: int) -> tuple[int, int]:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return 0, proto_out
+
+
+# ---------------------------------------------------------------------------- confinement (Linux)
+# Namespaces and a private root, entered by the worker before any untrusted code runs. Each layer is
+# best effort: what the kernel or the container refuses is left out and named in the report.
+_NEWNS, _NEWUTS, _NEWIPC, _NEWUSER, _NEWPID, _NEWNET = (
+    0x00020000,
+    0x04000000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
+_MNT_DETACH, _PR_SET_NO_NEW_PRIVS = 2, 38
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+NOBODY = 65534
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+DEVICES = ("null", "zero", "random", "urandom")
+PROCESS_LIMIT = 512  # processes of the unprivileged user, all workers together (fork bombs)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+    libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+    libc.unshare.argtypes = (ctypes.c_int,)
+    return libc
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc().mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
+
+
+def _bind(src: str, dst: str, *, writable: bool = False) -> None:
+    """Bind ``src`` at ``dst``, read-only unless ``writable`` (a writable bind leaves out the mounts
+    below ``src``); keeps the flags the source's mount has locked (nosuid, nodev, noexec), which a
+    remount inside a user namespace may not drop."""
+    _mount(src, dst, None, _MS_BIND | (0 if writable else _MS_REC))
+    st = os.statvfs(src)
+    keep = st.f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | (0 if writable else _MS_RDONLY))
+    ro = 0 if writable else _MS_RDONLY
+    _mount(None, dst, None, _MS_BIND | _MS_REMOUNT | _MS_NOSUID | ro | keep)
+
+
+IMPORTABLE = (".py", ".pyc", ".so", ".pth", ".zip", ".egg")
+
+
+def _importable(folder: str) -> list[str]:
+    """What the import system can load from a folder on ``sys.path``: its packages (folders with
+    ``__init__.py``), modules and extension files. A site-packages folder counts whole (metadata,
+    namespace packages); any other folder (a project, a script's folder, /tmp) gives only these,
+    so a project's lake, its git history and its dotfiles stay outside."""
+    if os.path.basename(folder.rstrip("/")) in ("site-packages", "dist-packages"):
+        return [folder]
+    out = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        full = os.path.join(folder, name)
+        if os.path.isdir(full) and os.path.isfile(os.path.join(full, "__init__.py")):
+            out.append(full)
+        elif os.path.isfile(full) and name.endswith(IMPORTABLE):
+            out.append(full)
+    return out
+
+
+def _python_paths() -> tuple[list[str], list[str]]:
+    """What the worker's interpreter reads, as (needed, optional). Needed: its installation, the
+    folders of the packages it has imported and those an editable install maps. Optional: what it
+    can import from each other ``sys.path`` folder. The sandbox's own private folders (the
+    supervisor's, on the import path as the worker's working directory, and the worker's home) are
+    never among them."""
+    prefixes = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.dirname(sys.executable)),
+    }
+    needed, optional = set(prefixes), set()
+    real_prefixes = tuple(os.path.realpath(p).rstrip("/") + "/" for p in prefixes)
+    for entry in sys.path:
+        if entry and os.path.isdir(entry) and not os.path.realpath(entry).startswith(real_prefixes):
+            optional.update(_importable(os.path.abspath(entry)))
+    for name, module in list(sys.modules.items()):
+        mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
+        if isinstance(mapping, dict):
+            needed.update(p for p in mapping.values() if isinstance(p, str) and os.path.isdir(p))
+        where = getattr(module, "__file__", None)
+        if "." not in name and isinstance(where, str) and where.endswith("__init__.py"):
+            needed.add(os.path.dirname(where))
+    private = ("envsched-supervisor-", "envsched-sandbox-")
+
+    def spelled(paths: set[str]) -> list[str]:
+        out = {q for p in paths for q in (os.path.realpath(p), os.path.abspath(p))}
+        return sorted(
+            p for p in out if p != "/" and not any(part.startswith(private) for part in p.split("/"))
+        )
+
+    needed_out = spelled(needed)
+    return needed_out, [p for p in spelled(optional) if p not in needed_out]
+
+
+def _build_root(new: str, home: str, paths: list[str]) -> None:
+    """A root for the worker on a tmpfs at ``new``: system directories and ``paths`` bound
+    read-only, ``home`` writable, a private /tmp, four devices and a fresh /proc (of the worker's
+    own PID namespace)."""
+    _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+    bound: list[str] = []
+
+    def inside(p: str) -> str:
+        return os.path.join(new, p.lstrip("/"))
+
+    def under_bound(p: str) -> bool:
+        return any(p == b or p.startswith(b.rstrip("/") + "/") for b in bound)
+
+    for p in SYSTEM_PATHS:
+        if os.path.islink(p):
+            os.symlink(os.readlink(p), inside(p))
+        elif os.path.isdir(p):
+            os.makedirs(inside(p), mode=0o755)
+            _bind(p, inside(p))
+            bound.append(p)
+    os.makedirs(inside("/tmp"), mode=0o755)
+    _mount("tmpfs", inside("/tmp"), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+    for p in paths:
+        if under_bound(p) or os.path.islink(p) and under_bound(os.path.realpath(p)):
+            continue
+        if os.path.isdir(p):
+            os.makedirs(inside(p), mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(inside(p)), mode=0o755, exist_ok=True)
+            open(inside(p), "a").close()
+        _bind(p, inside(p))
+        bound.append(p)
+    os.makedirs(inside(home), mode=0o755, exist_ok=True)
+    _bind(home, inside(home), writable=True)
+    os.makedirs(inside("/dev"), mode=0o755)
+    for d in DEVICES:
+        if os.path.exists(f"/dev/{d}"):
+            open(inside(f"/dev/{d}"), "w").close()
+            _bind(f"/dev/{d}", inside(f"/dev/{d}"), writable=True)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(target, inside(f"/dev/{name}"))
+    os.makedirs(inside("/proc"), mode=0o555)
+    _mount("proc", inside("/proc"), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+
+
+def _pivot(new: str) -> None:
+    """Make ``new`` the root and detach the old one (no way back to it, unlike chroot)."""
+    import platform  # only the private root needs the machine's syscall number
+
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(0, f"pivot_root: no syscall number known for {platform.machine()}")
+    os.chdir(new)
+    os.mkdir(".old-root", 0o700)
+    _check(ctypes.CDLL(None, use_errno=True).syscall(number, b".", b".old-root"), "pivot_root")
+    os.chdir("/")
+    _check(_libc().umount2(b"/.old-root", _MNT_DETACH), "umount old root")
+    os.rmdir("/.old-root")
+    _mount(None, "/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
+def _readable_by_others(path: str) -> bool:
+    """Whether an unprivileged user can read ``path`` (a folder: and what lies directly in it).
+    Its parents in the private root are our own 0755 folders, so only its own modes count."""
+    try:
+        if os.stat(path).st_mode & 0o004 == 0 or os.path.isdir(path) and os.stat(path).st_mode & 0o001 == 0:
+            return False
+        if os.path.isdir(path):
+            for entry in os.scandir(path):
+                mode = entry.stat(follow_symlinks=True).st_mode
+                if mode & 0o004 == 0 or entry.is_dir() and mode & 0o001 == 0:
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+def confine(home: str, *, network: bool = False) -> dict:
+    """Enter the worker's confinement before any untrusted code runs; returns what holds.
+
+    * PID, mount, IPC and UTS namespaces (and a user namespace when not root): the worker is
+      PID 1 of its own namespace, sees only its own processes in a fresh /proc, cannot name, signal
+      or read the trainer or any other process; whatever it forks dies with it;
+    * a network namespace with no interfaces up, unless ``network`` (no connections out, none in);
+    * a private root (pivot_root): the system directories and the Python installation and import
+      paths read-only, ``home`` and a private /tmp writable; nothing else of the host's files;
+    * when the trainer runs as root: the worker drops to ``nobody`` (no access to root's files, no
+      capabilities, a process limit), with ``no_new_privs`` so no setuid binary can raise it again.
+
+    The process that calls it forks: the parent stays behind as the child's keeper (it only waits,
+    then leaves with the child's exit code); the child returns and serves. Without Linux namespaces
+    (another OS, a container that forbids them, ``ENVSCHED_SANDBOX_CONFINE=0``) it returns at
+    once and the report says so."""
+    report: dict = {
+        "pid_namespace": False,
+        "network": "host",
+        "filesystem": "host",
+        "uid": os.geteuid(),
+        "notes": [],
+    }
+    if os.environ.get("ENVSCHED_SANDBOX_CONFINE", "1") == "0":
+        report["notes"].append("confinement turned off (ENVSCHED_SANDBOX_CONFINE=0)")
+        return report
+    if not sys.platform.startswith("linux"):
+        report["notes"].append(f"no Linux namespaces on {sys.platform}")
+        return report
+    die_with_parent()  # the keeper below dies with the supervisor, and the worker with the keeper
+    root = os.geteuid() == 0
+    uid, gid = os.geteuid(), os.getegid()
+    flags = _NEWPID | _NEWNS | _NEWIPC | _NEWUTS | (0 if network else _NEWNET) | (0 if root else _NEWUSER)
+    try:
+        _check(_libc().unshare(flags), "unshare")
+    except OSError as exc:
+        report["notes"].append(f"namespaces refused ({exc.strerror or exc}); running unconfined")
+        return report
+    if not root:
+        with open("/proc/self/setgroups", "w") as fh:
+            fh.write("deny")
+        with open("/proc/self/uid_map", "w") as fh:
+            fh.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as fh:
+            fh.write(f"0 {gid} 1")
+    child = os.fork()
+    if child:  # the keeper: our code only, never the environment's
+        while True:
+            try:
+                _, status = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        os._exit(max(0, os.waitstatus_to_exitcode(status)))
+    die_with_parent()
+    report["pid_namespace"] = os.getpid() == 1
+    report["network"] = "host" if network else "none"
+    needed, optional = _python_paths()
+    unreadable = next((p for p in needed if not _readable_by_others(p)), None) if root else None
+    drop = root and unreadable is None
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        new = os.path.join(home, ".root")
+        os.makedirs(new, exist_ok=True)
+        # after the drop to nobody an unreadable optional path could not be imported anyway
+        _build_root(new, home, needed + [p for p in optional if not drop or _readable_by_others(p)])
+        _pivot(new)
+        report["filesystem"] = "private root"
+    except OSError as exc:
+        drop = False  # the host's files: the Python installation may be readable by root alone
+        report["notes"].append(f"private root refused ({exc}); the host's files stay visible")
+        try:
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except OSError as exc2:
+            report["notes"].append(f"fresh /proc refused ({exc2}); the host's processes stay listed")
+    os.chdir(home)
+    if drop:
+        import resource  # Unix only, like the rest of the worker's limits
+
+        os.chown(home, NOBODY, NOBODY)
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    elif root:
+        why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
+        report["notes"].append(f"stays root: {why}")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    report["uid"] = os.geteuid()
+    return report

@@ -16,6 +16,7 @@ that rollout, never the step or the process.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import subprocess
@@ -30,10 +31,12 @@ from dataclasses import asdict, dataclass
 
 from envs.isolation import (
     ProtocolError,
+    confine,
     dumps,
     kill_quietly,
     loads,
     read_frame,
+    reaping,
     scrubbed_env,
     supervise,
     worker_setup,
@@ -50,6 +53,7 @@ class Limits:
     check_seconds: float = 5.0  # per verifier check (worker-enforced)
     call_seconds: float = 5.0  # per tool call (worker-enforced)
     episodes_per_worker: int = 500  # recycle a worker after this many episodes
+    network: bool = False  # let environment code reach the network (off: a namespace without any)
 
 
 def _failure(kind: str, message: str) -> dict:
@@ -59,6 +63,7 @@ def _failure(kind: str, message: str) -> dict:
 def _worker_main(limits: Limits) -> None:
     """Worker loop (``python -m envs.sandbox work LIMITS``, started by the supervisor): JSON frames
     on its protocol fds; untrusted environment and verifier code runs here and only here."""
+    confinement = confine(os.getcwd(), network=limits.network)
     rfd, wfd = worker_setup(limits.memory_mb, limits.cpu_seconds)
     conn = _FrameConn(rfd, wfd)
 
@@ -66,13 +71,17 @@ def _worker_main(limits: Limits) -> None:
     many: dict[int, object] = {}  # vector mode: episode id -> runtime
     while True:
         try:
-            msg = conn.recv()
+            with reaping(confinement["pid_namespace"]):
+                msg = conn.recv()
         except (EOFError, KeyboardInterrupt):
             return
         op = msg[0]
         try:
             if op == "quit":
                 return
+            if op == "confinement":
+                conn.send(("ok", confinement))
+                continue
             if op.startswith("v"):
                 conn.send(("ok", _vector_op(op, msg, many, limits)))
                 continue
@@ -281,6 +290,23 @@ class SandboxPool:
 
     def _checkin(self, w: _Worker) -> None:
         self._idle.put(w)
+
+    def confinement(self) -> dict:
+        """What confines environment code in this pool's workers (``isolation.confine``'s report:
+        PID namespace, network, filesystem, uid, and notes on any layer the host refused)."""
+        w = self._checkout()
+        try:
+            status, *payload = w.call(("confinement",), self.limits.episode_seconds)
+        except (TimeoutError, EOFError, OSError) as exc:
+            w = self._replace(w)
+            raise RuntimeError(
+                f"the sandbox worker did not report its confinement ({type(exc).__name__})"
+            ) from exc
+        finally:
+            self._checkin(w)
+        if status != "ok":
+            raise RuntimeError(f"the sandbox worker did not report its confinement: {payload}")
+        return payload[0]
 
     # ------------------------------------------------------------------ batch mode
     def run_episode(self, spec: dict, actions: list, answer: str | None = None) -> dict:

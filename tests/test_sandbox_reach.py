@@ -1,8 +1,15 @@
 """Environment code cannot reach out: it cannot kill or hang the trainer, leave processes behind,
-read the trainer's secrets, or write into the lake's folder (issue: a loop you can trust, class 7)."""
+read the trainer's secrets, or write into the lake's folder (issue: a loop you can trust, class 7).
+Where the host allows Linux namespaces (``envs.isolation.confine``): it cannot see, signal or read
+any process but its own, has no network, sees no file but the system's and the Python paths', and
+runs as ``nobody`` when the trainer is root. Those tests skip, naming why, on a host that refuses."""
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -12,7 +19,7 @@ from envs.registry import episode_spec
 from envs.sandbox import Limits, SandboxPool
 
 REACH = """
-import json, os, time
+import json, os, socket, time
 class Reach:
     def __init__(self, config):
         pass
@@ -41,14 +48,76 @@ class Reach:
         return json.dumps(dict(os.environ))
     def where(self):
         return os.getcwd() + "|" + os.environ.get("HOME", "")
+    def processes(self):
+        return json.dumps(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+    def kill_everyone(self):
+        os.kill(-1, 9)
+        return "sent"
+    def hunt(self, secret):
+        for p in os.listdir("/proc"):
+            for name in ("environ", "cmdline"):
+                try:
+                    with open(f"/proc/{p}/{name}", "rb") as fh:
+                        if secret.encode() in fh.read():
+                            return "found in " + p
+                except OSError:
+                    pass
+        return "not found"
+    def connect(self, port):
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", int(port)))
+            return "connected"
+        except OSError as exc:
+            return "refused: " + str(exc)
+    def exists(self, path):
+        return json.dumps(os.path.exists(path))
+    def read(self, path):
+        try:
+            with open(path) as fh:
+                return "read: " + fh.read(10)
+        except OSError as exc:
+            return "refused: " + type(exc).__name__
+    def write(self, path):
+        try:
+            with open(path, "w") as fh:
+                fh.write("x")
+            return "wrote"
+        except OSError as exc:
+            return "refused: " + type(exc).__name__
+    def fork_bomb(self):
+        n = 0
+        try:
+            while n < 2000:
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                n += 1
+        except OSError:
+            pass
+        return str(n)
 """
+TOOLS = (
+    "kill_parent",
+    "parent_pid",
+    "scribble",
+    "spawn_daemon",
+    "env",
+    "where",
+    "processes",
+    "kill_everyone",
+    "hunt",
+    "connect",
+    "exists",
+    "read",
+    "write",
+    "fork_bomb",
+)
 
 
 def reach_spec():
-    tools = [
-        {"type": "function", "function": {"name": n}}
-        for n in ("kill_parent", "parent_pid", "scribble", "spawn_daemon", "env", "where")
-    ]
+    tools = [{"type": "function", "function": {"name": n}} for n in TOOLS]
     env = {
         "env_id": "reach",
         "class_name": "Reach",
@@ -68,8 +137,12 @@ def reach_spec():
     return episode_spec(env, task)
 
 
-def call(pool, name):
-    return pool.run_episode(reach_spec(), [{"name": name, "arguments": {}}])
+def call(pool, name, **arguments):
+    return pool.run_episode(reach_spec(), [{"name": name, "arguments": arguments}])
+
+
+def output(pool, name, **arguments):
+    return call(pool, name, **arguments)["tool_calls"][0]["output"]
 
 
 @pytest.fixture
@@ -85,7 +158,9 @@ def test_environment_code_never_sees_the_trainer_as_its_parent(pool):
 
 def test_killing_its_parent_costs_one_rollout_not_the_trainer(pool):
     res = call(pool, "kill_parent")
-    assert res["reward"] == 0.0 and res["error_class"] in ("env_crash", "timeout")
+    # unconfined, the parent is the supervisor and the rollout fails; confined, the parent lies
+    # outside the worker's PID namespace (pid 0: the signal goes to its own group) and it goes on
+    assert res["reward"] == 1.0 or res["error_class"] in ("env_crash", "timeout")
     assert call(pool, "parent_pid")["reward"] == 1.0  # the trainer (this process) and the pool go on
 
 
@@ -97,14 +172,25 @@ def test_writing_to_inherited_descriptors_never_blocks_the_trainer(pool):
     assert call(pool, "parent_pid")["reward"] == 1.0
 
 
+def namespace_pids(pid: int) -> list[int]:
+    """A process's pid in each PID namespace it is in, outermost first (/proc/PID/status NSpid)."""
+    with open(f"/proc/{pid}/status") as fh:
+        line = next(x for x in fh if x.startswith("NSpid:"))
+    return [int(x) for x in line.split()[1:]]
+
+
 def test_no_descendant_survives_the_episode(pool):
     assert call(pool, "spawn_daemon")["reward"] == 1.0  # forks, setsid()s, forks again, sleeps
     time.sleep(0.5)
     w = pool._idle.queue[0]
-    below = descendants(w.proc.pid)
-    # below the supervisor only its worker remains: the daemon was re-parented to it and killed
-    assert below == [w.worker_pid], below
-    assert set(descendants(os.getpid())) == {w.proc.pid, w.worker_pid}
+    below = descendants(w.proc.pid, zombies=False)
+    # below the supervisor only its worker remains (and, confined, the worker's one child: the
+    # PID 1 of its namespace): the daemon was killed at the episode's end
+    own = [p for p in below if p != w.worker_pid]
+    assert w.worker_pid in below and len(own) <= 1, below
+    if own:
+        assert namespace_pids(own[0])[-1] == 1, namespace_pids(own[0])
+    assert set(descendants(os.getpid(), zombies=False)) == {w.proc.pid, *below}
 
 
 def test_workers_see_no_secrets_and_work_outside_the_lake(pool, tmp_path, monkeypatch):
@@ -117,3 +203,93 @@ def test_workers_see_no_secrets_and_work_outside_the_lake(pool, tmp_path, monkey
     assert "sk-secret-value" not in json.dumps(env) and "aws-secret-value" not in json.dumps(env)
     assert "ENVSCHED_LAKE" not in env and "ENVSCHED_LLM_API_KEY" not in env
     assert cwd == home and "envsched-sandbox-" in cwd and str(tmp_path) not in cwd
+
+
+# ---------------------------------------------------------------------------- confinement
+@pytest.fixture
+def confined(pool):
+    report = pool.confinement()
+    if not report["pid_namespace"]:
+        pytest.skip(f"this host refuses Linux namespaces: {report['notes']}")
+    return report
+
+
+def test_the_confinement_report_names_every_layer(pool):
+    report = pool.confinement()
+    assert set(report) == {"pid_namespace", "network", "filesystem", "uid", "notes"}
+    assert report["network"] in ("none", "host") and report["filesystem"] in ("private root", "host")
+    assert report["pid_namespace"] or report["notes"]  # a missing layer always says why
+
+
+def test_confined_code_sees_and_signals_no_other_process(pool, confined):
+    assert json.loads(output(pool, "processes")) == [1]  # its own PID namespace, a fresh /proc
+    call(pool, "kill_everyone")  # kill(-1, SIGKILL): every process it may signal
+    assert call(pool, "parent_pid")["reward"] == 1.0  # the trainer (this process) and the pool go on
+
+
+def test_confined_code_cannot_read_the_trainers_environment(tmp_path):
+    # a trainer started with a secret in its environment (what /proc/PID/environ shows)
+    script = (
+        "import json\n"
+        "from tests.test_sandbox_reach import reach_spec\n"
+        "from envs.sandbox import Limits, SandboxPool\n"
+        "with SandboxPool(workers=1, limits=Limits(episode_seconds=10.0)) as p:\n"
+        "    report = p.confinement()\n"
+        "    res = p.run_episode(reach_spec(), [{'name': 'hunt', 'arguments': {'secret': 'sk-hunted-42'}}])\n"
+        "    print(json.dumps([report, res['tool_calls'][0]['output']]))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, ENVSCHED_LLM_API_KEY="sk-hunted-42")
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report, found = json.loads(out.stdout.strip().splitlines()[-1])
+    if not report["pid_namespace"]:
+        pytest.skip(f"this host refuses Linux namespaces: {report['notes']}")
+    assert found == "not found"
+
+
+def test_confined_code_has_no_network(pool, confined):
+    if confined["network"] != "none":
+        pytest.skip("the pool was given the network")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    threading.Thread(target=server.accept, daemon=True).start()
+    try:
+        assert output(pool, "connect", port=server.getsockname()[1]).startswith("refused")
+    finally:
+        server.close()
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=5.0, network=True)) as open_pool:
+        assert open_pool.confinement()["network"] == "host"
+
+
+def test_confined_code_sees_only_system_and_python_files(pool, confined, tmp_path):
+    if confined["filesystem"] != "private root":
+        pytest.skip(f"the host refused a private root: {confined['notes']}")
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    (lake / "rollouts.parquet").write_text("rewards")
+    os.chmod(tmp_path, 0o755)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert output(pool, "exists", path=str(lake / "rollouts.parquet")) == "false"
+    assert output(pool, "exists", path=os.path.join(repo, ".git")) == "false"  # only its packages
+    assert output(pool, "exists", path=os.path.join(repo, "envs", "sandbox.py")) == "true"
+    assert output(pool, "write", path=os.path.join(repo, "envs", "planted.py")) != "wrote"
+    assert output(pool, "write", path="/etc/planted") != "wrote"
+    assert output(pool, "write", path="scratch.txt") == "wrote"  # its own working folder
+    assert not os.path.exists(os.path.join(repo, "envs", "planted.py"))
+
+
+def test_confined_code_runs_as_nobody_when_the_trainer_is_root(pool, confined):
+    if os.geteuid() != 0 or confined["uid"] == 0:
+        pytest.skip(f"trainer uid {os.geteuid()}, worker uid {confined['uid']}: {confined['notes']}")
+    assert confined["uid"] == 65534
+    assert output(pool, "read", path="/etc/shadow").startswith("refused")
+    forked = int(output(pool, "fork_bomb"))  # stopped by the process limit, cleaned at the end
+    assert forked < 2000
+    time.sleep(0.5)
+    w = pool._idle.queue[0]
+    assert len(descendants(w.proc.pid, zombies=False)) <= 2
+    assert call(pool, "parent_pid")["reward"] == 1.0

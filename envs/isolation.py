@@ -45,7 +45,7 @@ import time
 from contextlib import contextmanager
 
 MAX_FRAME = 256 * 1024 * 1024
-ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONHASHSEED", "TZ")
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "PYTHONHASHSEED", "TZ", "ENVSCHED_SANDBOX_CONFINE")
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 
 
@@ -304,7 +304,7 @@ def supervise(limits_json: str) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def worker_setup(memory_mb: int, cpu_seconds: int) -> tuple[int, int]:
+def worker_setup(memory_mb: int, cpu_seconds: int, file_mb: int = 256) -> tuple[int, int]:
     """In the worker, before any untrusted code: die with the supervisor, resource limits, and the
     protocol moved off stdout (what environment code prints goes to stderr, i.e. nowhere).
     Returns (read fd, write fd) of the protocol."""
@@ -315,6 +315,7 @@ def worker_setup(memory_mb: int, cpu_seconds: int) -> tuple[int, int]:
         mem = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
     except (ValueError, OSError):
         pass
     proto_out = os.dup(1)
@@ -442,10 +443,11 @@ def _python_paths() -> tuple[list[str], list[str]]:
     return needed_out, [p for p in spelled(optional) if p not in needed_out]
 
 
-def _build_root(new: str, home: str, paths: list[str]) -> None:
+def _build_root(new: str, home: str, paths: list[str], disk_mb: int, owner: int | None) -> None:
     """A root for the worker on a tmpfs at ``new``: system directories and ``paths`` bound
-    read-only, ``home`` writable, a private /tmp, four devices and a fresh /proc (of the worker's
-    own PID namespace)."""
+    read-only; ``home`` and /tmp writable, each a tmpfs of ``disk_mb`` (in memory: nothing it
+    writes reaches the host's disk, and it cannot fill it), ``home`` owned by ``owner``; four
+    devices and a fresh /proc (of the worker's own PID namespace)."""
     _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
     bound: list[str] = []
 
@@ -463,7 +465,7 @@ def _build_root(new: str, home: str, paths: list[str]) -> None:
             _bind(p, inside(p))
             bound.append(p)
     os.makedirs(inside("/tmp"), mode=0o755)
-    _mount("tmpfs", inside("/tmp"), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+    _mount("tmpfs", inside("/tmp"), "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={disk_mb}m")
     for p in paths:
         if under_bound(p) or os.path.islink(p) and under_bound(os.path.realpath(p)):
             continue
@@ -475,7 +477,8 @@ def _build_root(new: str, home: str, paths: list[str]) -> None:
         _bind(p, inside(p))
         bound.append(p)
     os.makedirs(inside(home), mode=0o755, exist_ok=True)
-    _bind(home, inside(home), writable=True)
+    ids = "" if owner is None else f",uid={owner},gid={owner}"
+    _mount("tmpfs", inside(home), "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0700,size={disk_mb}m{ids}")
     os.makedirs(inside("/dev"), mode=0o755)
     for d in DEVICES:
         if os.path.exists(f"/dev/{d}"):
@@ -524,7 +527,7 @@ def _readable_by_others(path: str) -> bool:
     return True
 
 
-def confine(home: str, *, network: bool = False) -> dict:
+def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     """Enter the worker's confinement before any untrusted code runs; returns what holds.
 
     * PID, mount, IPC and UTS namespaces (and a user namespace when not root): the worker is
@@ -589,7 +592,8 @@ def confine(home: str, *, network: bool = False) -> dict:
         new = os.path.join(home, ".root")
         os.makedirs(new, exist_ok=True)
         # after the drop to nobody an unreadable optional path could not be imported anyway
-        _build_root(new, home, needed + [p for p in optional if not drop or _readable_by_others(p)])
+        paths = needed + [p for p in optional if not drop or _readable_by_others(p)]
+        _build_root(new, home, paths, disk_mb, NOBODY if drop else None)
         _pivot(new)
         report["filesystem"] = "private root"
     except OSError as exc:
@@ -603,7 +607,6 @@ def confine(home: str, *, network: bool = False) -> dict:
     if drop:
         import resource  # Unix only, like the rest of the worker's limits
 
-        os.chown(home, NOBODY, NOBODY)
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
         os.setgroups([])
         os.setgid(NOBODY)
@@ -612,5 +615,5 @@ def confine(home: str, *, network: bool = False) -> dict:
         why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
         report["notes"].append(f"stays root: {why}")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    report["uid"] = os.geteuid()
+    report["uid"] = os.geteuid() if root else uid  # as the host sees it (a user namespace maps it to 0)
     return report

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -54,6 +55,8 @@ class Limits:
     call_seconds: float = 5.0  # per tool call (worker-enforced)
     episodes_per_worker: int = 500  # recycle a worker after this many episodes
     network: bool = False  # let environment code reach the network (off: a namespace without any)
+    disk_mb: int = 64  # confined: size of the worker's home and of its /tmp (each, in memory)
+    file_mb: int = 256  # the largest file environment code may write (RLIMIT_FSIZE)
 
 
 def _failure(kind: str, message: str) -> dict:
@@ -63,8 +66,8 @@ def _failure(kind: str, message: str) -> dict:
 def _worker_main(limits: Limits) -> None:
     """Worker loop (``python -m envs.sandbox work LIMITS``, started by the supervisor): JSON frames
     on its protocol fds; untrusted environment and verifier code runs here and only here."""
-    confinement = confine(os.getcwd(), network=limits.network)
-    rfd, wfd = worker_setup(limits.memory_mb, limits.cpu_seconds)
+    confinement = confine(os.getcwd(), network=limits.network, disk_mb=limits.disk_mb)
+    rfd, wfd = worker_setup(limits.memory_mb, limits.cpu_seconds, limits.file_mb)
     conn = _FrameConn(rfd, wfd)
 
     rt = None
@@ -267,6 +270,9 @@ class SandboxPool:
         self.stats = {"episodes": 0, "timeouts": 0, "crashes": 0, "respawns": 0}
         for _ in range(self.size):
             self._idle.put(self._spawn())
+        if not SandboxPool._confinement_told:
+            SandboxPool._confinement_told = True
+            self._tell_missing_confinement()
 
     def _spawn(self) -> _Worker:
         w = _Worker(self.limits)
@@ -290,6 +296,22 @@ class SandboxPool:
 
     def _checkin(self, w: _Worker) -> None:
         self._idle.put(w)
+
+    _confinement_told = False  # a missing layer is told once per process, not once per pool
+
+    def _tell_missing_confinement(self) -> None:
+        try:
+            report = self.confinement()
+        except RuntimeError:
+            return  # a worker that cannot answer fails the episodes it is given, and says so there
+        if report["notes"]:
+            warnings.warn(
+                "environment code runs less confined on this host: "
+                + "; ".join(report["notes"])
+                + " (envsched env sandbox shows every layer)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def confinement(self) -> dict:
         """What confines environment code in this pool's workers (``isolation.confine``'s report:

@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -199,3 +200,20 @@ def test_train_flags_left_out_keep_the_resumed_runs_settings(tmp_path):
     assert more.scheduler_config == {**started.scheduler_config, "rho": 0.25}
     other = asked("--policy", "simulated", current=started)  # another policy: not the old one's config
     assert other.policy == "simulated" and other.policy_config == {}
+
+
+def test_env_sandbox_reports_every_layer_and_why_one_is_missing():
+    out = envsched("env", "sandbox")
+    assert out.returncode == 0, out.stderr
+    layers = [line.split()[0] for line in out.stdout.splitlines() if not line.startswith("note:")]
+    assert layers == ["processes", "network", "files", "user"]
+    off = subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", "env", "sandbox"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ENVSCHED_SANDBOX_CONFINE": "0"},
+    )
+    assert off.returncode == 0, off.stderr
+    assert "processes  shared with the host" in off.stdout and "ENVSCHED_SANDBOX_CONFINE=0" in off.stdout
+    assert "less confined" in off.stderr  # told once, as a warning

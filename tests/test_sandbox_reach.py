@@ -86,6 +86,17 @@ class Reach:
             return "wrote"
         except OSError as exc:
             return "refused: " + type(exc).__name__
+    def fill(self, path):
+        written = 0
+        try:
+            with open(path, "wb") as fh:
+                while written < 4096:
+                    fh.write(b"x" * (1 << 20))
+                    fh.flush()
+                    written += 1
+        except OSError:
+            pass
+        return str(written)
     def fork_bomb(self):
         n = 0
         try:
@@ -112,6 +123,7 @@ TOOLS = (
     "exists",
     "read",
     "write",
+    "fill",
     "fork_bomb",
 )
 
@@ -280,6 +292,17 @@ def test_confined_code_sees_only_system_and_python_files(pool, confined, tmp_pat
     assert output(pool, "write", path="/etc/planted") != "wrote"
     assert output(pool, "write", path="scratch.txt") == "wrote"  # its own working folder
     assert not os.path.exists(os.path.join(repo, "envs", "planted.py"))
+
+
+def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):
+    if confined["filesystem"] != "private root":
+        pytest.skip(f"the host refused a private root: {confined['notes']}")
+    # its home and /tmp are tmpfs of Limits.disk_mb (64 MB): a full disk there, never the host's
+    assert int(output(pool, "fill", path="big.bin")) <= pool.limits.disk_mb
+    assert int(output(pool, "fill", path="/tmp/big.bin")) <= pool.limits.disk_mb
+    w = pool._idle.queue[0]
+    on_host = [f for _, _, files in os.walk(f"/proc/{w.proc.pid}/cwd") for f in files]
+    assert "big.bin" not in on_host
 
 
 def test_confined_code_runs_as_nobody_when_the_trainer_is_root(pool, confined):

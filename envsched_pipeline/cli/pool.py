@@ -1,4 +1,5 @@
-"""``envsched pool list|create|import`` and ``envsched env run``: pools and their environments."""
+"""``envsched pool list|create|import`` and ``envsched env run|sandbox``: pools, their environments
+and what confines environment code."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import sys
 from pathlib import Path
 
 from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
+from envs.isolation import NOBODY
 from envs.registry import POOLS, episode_spec, load_synthetic
-from envs.sandbox import SandboxPool
+from envs.sandbox import Limits, SandboxPool
 from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.run import valid_name
@@ -52,6 +54,13 @@ def add_parser(sub) -> None:
     er.add_argument("--answer", default=None, help="final answer text (reasoning_gym)")
     er.add_argument("--verbose", action="store_true", help="print each action's observation and each check")
     er.set_defaults(func=cmd_env_run)
+    es = esub.add_parser(
+        "sandbox",
+        help="what confines environment code on this machine (namespaces, private root, user)",
+        formatter_class=F,
+    )
+    es.add_argument("--network", action="store_true", help="as a pool given the network would run")
+    es.set_defaults(func=cmd_env_sandbox)
 
 
 def cmd_list(args) -> int:
@@ -146,4 +155,22 @@ def cmd_env_run(args) -> int:
             }
         )
     )
+    return 0
+
+
+def cmd_env_sandbox(args) -> int:
+    """One sandbox worker's confinement, a line per layer (exit 0 whatever holds: it is a report)."""
+    with SandboxPool(workers=1, limits=Limits(network=args.network)) as pool:
+        report = pool.confinement()
+    user = {0: "root", NOBODY: "nobody"}.get(report["uid"], f"uid {report['uid']}")
+    rows = [
+        ("processes", "own PID namespace" if report["pid_namespace"] else "shared with the host"),
+        ("network", "none" if report["network"] == "none" else "the host's"),
+        ("files", "private root" if report["filesystem"] == "private root" else "the host's"),
+        ("user", user),
+    ]
+    for layer, state in rows:
+        print(f"{layer:<10} {state}")
+    for note in report["notes"]:
+        print(f"note: {note}")
     return 0

@@ -136,10 +136,10 @@ def scrubbed_env(home: str) -> dict[str, str]:
     return env
 
 
-def descendants(root: int, *, zombies: bool = True) -> list[int]:
-    """Pids of every process below ``root`` (from /proc); ``zombies=False`` leaves out processes
-    that have exited and only wait to be reaped."""
-    children: dict[int, list[int]] = {}
+def process_tree(*, zombies: bool = True) -> dict[int, int]:
+    """Every process's parent, from one pass over /proc (pid -> parent pid); ``zombies=False``
+    leaves out processes that have exited and only wait to be reaped."""
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -152,7 +152,15 @@ def descendants(root: int, *, zombies: bool = True) -> list[int]:
             continue
         if not zombies and fields[0] == "Z":
             continue  # a zombie has no children: they were re-parented when it exited
-        children.setdefault(ppid, []).append(int(entry))
+        parents[int(entry)] = ppid
+    return parents
+
+
+def descendants(root: int, *, zombies: bool = True, tree: dict[int, int] | None = None) -> list[int]:
+    """Pids of every process below ``root`` (in ``tree``, or a fresh look at /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in (process_tree(zombies=zombies) if tree is None else tree).items():
+        children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -208,19 +216,23 @@ class _WorkerProcess:
         )
         self.w, self.r = self.proc.stdin.fileno(), self.proc.stdout.fileno()
 
-    def own_processes(self) -> set[int]:
-        """The worker and, when it confined itself, the PID 1 of its namespace (the keeper's only
-        child in another PID namespace); every other process below the supervisor is a stray."""
+    def own_processes(self, tree: dict[int, int]) -> set[int]:
+        """The worker, its dispatcher (when it confined itself: the keeper's only child, PID 1 of
+        another PID namespace; else the worker itself) and the dispatcher's children (its units,
+        and in a namespace the orphans it kills itself), in ``tree`` (one look at /proc: a process
+        forked after it is never taken for a stray); every other process below the supervisor is
+        a stray."""
         own = {self.proc.pid}
         here = os.readlink("/proc/self/ns/pid")
-        for child in descendants(self.proc.pid):
-            try:
-                with open(f"/proc/{child}/stat", "rb") as fh:
-                    ppid = int(fh.read().decode(errors="replace").rsplit(")", 1)[1].split()[1])
-                if ppid == self.proc.pid and os.readlink(f"/proc/{child}/ns/pid") != here:
-                    own.add(child)
-            except (OSError, ValueError, IndexError):
-                continue  # gone while we looked
+        for pid in descendants(self.proc.pid, tree=tree):
+            if tree[pid] == self.proc.pid:
+                try:
+                    if os.readlink(f"/proc/{pid}/ns/pid") != here:
+                        own.add(pid)
+                except OSError:
+                    continue  # gone while we looked
+        dispatcher = next(iter(own - {self.proc.pid}), self.proc.pid)
+        own.update(pid for pid, ppid in tree.items() if ppid == dispatcher)
         return own
 
     def kill(self) -> None:
@@ -254,8 +266,9 @@ def supervise(limits_json: str) -> None:
         # kill and reap until nothing but the worker is left alive below us (bounded).
         give_up = time.monotonic() + 2.0
         while True:
-            keep = worker.own_processes()
-            strays = [p for p in descendants(os.getpid(), zombies=False) if p not in keep]
+            tree = process_tree(zombies=False)
+            keep = worker.own_processes(tree)
+            strays = [p for p in descendants(os.getpid(), tree=tree) if p not in keep]
             for pid in strays:
                 kill_quietly(pid)
             try:

@@ -5,7 +5,10 @@ scheduler process), each with an address-space limit (RLIMIT_AS), a CPU-time lim
 per-check / per-call timeout inside the worker. The parent enforces a per-episode wall-clock limit:
 a worker that hangs is killed and replaced, one that crashes or runs out of memory is replaced.
 Either way the episode becomes reward 0 with an error class (``timeout``, ``env_crash``) — it costs
-that rollout, never the step or the process.
+that rollout, never the step or the process. Inside a worker each environment's code runs in a
+process of its own, forked for it and kept for its later episodes (``_Dispatcher``): what one
+environment does to the interpreter never reaches another environment's rollouts or rewards. On
+Linux the worker is also confined (``envs.isolation.confine``: namespaces, a private root).
 
     with SandboxPool(workers=2) as pool:
         results = pool.map_episodes([(spec, actions), ...])          # batch mode (one round trip)
@@ -15,9 +18,12 @@ that rollout, never the step or the process.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import os
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -26,6 +32,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -33,17 +40,20 @@ from dataclasses import asdict, dataclass
 from envs.isolation import (
     ProtocolError,
     confine,
+    die_with_parent,
     dumps,
     kill_quietly,
     loads,
+    process_tree,
     read_frame,
+    reap_orphans,
     reaping,
     scrubbed_env,
     supervise,
     worker_setup,
     write_frame,
 )
-from envs.runtime import make_runtime, run_actions
+from envs.runtime import RUNTIMES, make_runtime, run_actions
 
 
 @dataclass
@@ -57,6 +67,7 @@ class Limits:
     network: bool = False  # let environment code reach the network (off: a namespace without any)
     disk_mb: int = 64  # confined: size of the worker's home and of its /tmp (each, in memory)
     file_mb: int = 256  # the largest file environment code may write (RLIMIT_FSIZE)
+    env_processes: int = 64  # per worker: environments whose process is kept for their next episodes
 
 
 def _failure(kind: str, message: str) -> dict:
@@ -65,62 +76,285 @@ def _failure(kind: str, message: str) -> dict:
 
 def _worker_main(limits: Limits) -> None:
     """Worker loop (``python -m envs.sandbox work LIMITS``, started by the supervisor): JSON frames
-    on its protocol fds; untrusted environment and verifier code runs here and only here."""
+    on its protocol fds. The worker itself never runs environment code: each unit of work (one
+    batch episode, one interactive episode, one environment's share of a vector batch) runs in a
+    child it forks for that unit and kills after it, so what one environment's code does to the
+    interpreter (patched builtins or modules, global state, leaked threads) never reaches another
+    environment's rollouts or rewards."""
     confinement = confine(os.getcwd(), network=limits.network, disk_mb=limits.disk_mb)
     rfd, wfd = worker_setup(limits.memory_mb, limits.cpu_seconds, limits.file_mb)
     conn = _FrameConn(rfd, wfd)
-
-    rt = None
-    many: dict[int, object] = {}  # vector mode: episode id -> runtime
+    units = _Dispatcher(limits, (rfd, wfd), confinement["pid_namespace"])
     while True:
         try:
             with reaping(confinement["pid_namespace"]):
                 msg = conn.recv()
         except (EOFError, KeyboardInterrupt):
             return
-        op = msg[0]
+        if msg[0] == "quit":
+            return
+        if msg[0] == "confinement":
+            conn.send(("ok", confinement))
+            continue
         try:
-            if op == "quit":
-                return
-            if op == "confinement":
-                conn.send(("ok", confinement))
-                continue
-            if op.startswith("v"):
-                conn.send(("ok", _vector_op(op, msg, many, limits)))
-                continue
-            if op == "episode":
-                spec, actions, answer = msg[1], msg[2], msg[3]
-                spec = dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
-                out = run_actions(spec, actions, answer)
-                out.setdefault("error_class", "none" if not out.get("error") else "task")
-                conn.send(("ok", out))
-            elif op == "open":
-                rt = make_runtime(
-                    dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
-                )
-                conn.send(("ok", rt.reset()))
-            elif op == "step":
-                conn.send(("ok", rt.step(msg[1])))
-            elif op == "end_turn":
-                conn.send(("ok", rt.end_turn(msg[1])))
-            elif op == "finish":
-                out = rt.finish(msg[1])
-                out.setdefault("error_class", "none" if not out.get("error") else "task")
-                rt = None
-                conn.send(("ok", out))
-            else:
-                conn.send(("error", "infra", f"unknown op {op!r}"))
-        except MemoryError:
-            rt = None
-            conn.send(("error", "env_crash", "MemoryError: the environment exceeded its memory limit"))
-        except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
-            rt = None
-            kind = "verifier_error" if op == "finish" else "env_crash"
-            tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            reply = units.handle(msg)
+        except _UnitDied:
+            os._exit(1)  # as if the worker had run it: the supervisor reports a crash
+        conn.send(reply)
+        units.housekeeping(lambda: bool(select.select([rfd], [], [], 0)[0]))
+
+
+class _UnitDied(Exception):
+    """A unit's process died (or broke its pipe) while a request was pending."""
+
+
+class _UnitState:
+    """What one unit's process holds between requests: an interactive runtime, or vector episodes."""
+
+    def __init__(self):
+        self.rt = None
+        self.many: dict[int, object] = {}  # vector mode: episode id -> runtime
+
+
+def _handle(msg, state: _UnitState, limits: Limits) -> tuple:
+    """One request, inside a unit's process: environment and verifier code run here and only here."""
+    op = msg[0]
+    try:
+        if op.startswith("v"):
+            return ("ok", _vector_op(op, msg, state.many, limits))
+        if op == "episode":
+            spec, actions, answer = msg[1], msg[2], msg[3]
+            spec = dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
+            out = run_actions(spec, actions, answer)
+            out.setdefault("error_class", "none" if not out.get("error") else "task")
+            return ("ok", out)
+        if op == "open":
+            state.rt = make_runtime(
+                dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
+            )
+            return ("ok", state.rt.reset())
+        if op == "step":
+            return ("ok", state.rt.step(msg[1]))
+        if op == "end_turn":
+            return ("ok", state.rt.end_turn(msg[1]))
+        if op == "finish":
+            out = state.rt.finish(msg[1])
+            out.setdefault("error_class", "none" if not out.get("error") else "task")
+            state.rt = None
+            return ("ok", out)
+        return ("error", "infra", f"unknown op {op!r}")
+    except MemoryError:
+        state.rt = None
+        return ("error", "env_crash", "MemoryError: the environment exceeded its memory limit")
+    except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
+        state.rt = None
+        kind = "verifier_error" if op == "finish" else "env_crash"
+        return ("error", kind, traceback.format_exception_only(type(exc), exc)[-1].strip())
+
+
+class _Unit:
+    """A forked process that serves one unit of work over its own pipe pair; the worker's protocol
+    descriptors are closed in it, so environment code cannot write to the supervisor."""
+
+    def __init__(self, limits: Limits, close_fds: tuple[int, ...]):
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 0
             try:
-                conn.send(("error", kind, tb))
-            except Exception:
-                return
+                die_with_parent()
+                for fd in (to_w, from_r, *close_fds):
+                    os.close(fd)
+                conn, state = _FrameConn(to_r, from_w), _UnitState()
+                while True:
+                    try:
+                        msg = conn.recv()
+                    except EOFError:
+                        break
+                    conn.send(_handle(msg, state, limits))
+            except BaseException:  # noqa: BLE001 - a unit that cannot answer dies; the worker reports it
+                code = 1
+            os._exit(code)
+        os.close(to_r)
+        os.close(from_w)
+        self.conn = _FrameConn(from_r, to_w)
+
+    def send(self, msg) -> None:
+        try:
+            self.conn.send(msg)
+        except OSError as exc:
+            raise _UnitDied(str(exc)) from exc
+
+    def recv(self):
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise _UnitDied(str(exc)) from exc
+
+    def recv_ok(self) -> list:
+        """A vector reply's per-episode outcomes (a unit whose whole request failed has died)."""
+        reply = self.recv()
+        if reply[0] != "ok":
+            raise _UnitDied(str(reply))
+        return reply[1]
+
+    def ask(self, msg):
+        self.send(msg)
+        return self.recv()
+
+    def close(self) -> None:
+        for fd in (self.conn.r, self.conn.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        kill_quietly(self.pid)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass  # reaped already (the idle SIGCHLD handler)
+
+
+SPARE_UNITS = 4  # processes forked ahead, while the worker waits, for environments not seen yet
+
+
+def _env_key(kind: str | None, env: dict) -> str:
+    """One unit per environment: its identity is its kind, id, class and code, and its tools (two
+    pools may share an id with different code)."""
+    h = hashlib.sha256()
+    for part in (kind, env.get("env_id"), env.get("class_name"), env.get("code"), env.get("tools")):
+        h.update((part if isinstance(part, str) else json.dumps(part, default=str)).encode() + b"\0")
+    return h.hexdigest()
+
+
+class _Dispatcher:
+    """The worker's side of the units: each environment's code runs in a unit of its own, kept
+    for that environment's later episodes (up to ``Limits.env_processes`` units, the least recently
+    used without an open episode ended first). Killing and forking happen off the request's path
+    where they can: after the reply is sent, until the next request arrives."""
+
+    def __init__(self, limits: Limits, protocol_fds: tuple[int, int], pid_one: bool):
+        self.limits, self.protocol_fds, self.pid_one = limits, protocol_fds, pid_one
+        self.units: OrderedDict[str, _Unit] = OrderedDict()  # environment key -> its unit (LRU)
+        self.session: str | None = None  # the interactive episode's environment key
+        self.where: dict[int, str] = {}  # vector mode: open episode id -> environment key
+        self.spares: list[_Unit] = []  # forked, never given any work
+        self.ended: list[_Unit] = []  # evicted; killed in the next housekeeping
+        self.preloaded: set[str] = set()  # pool kinds whose runtime this process has imported
+
+    def _all(self) -> list[_Unit]:
+        return [*self.units.values(), *self.spares, *self.ended]
+
+    def _fork(self) -> _Unit:
+        # the new unit closes the worker's protocol and every other unit's pipes
+        others = [fd for u in self._all() for fd in (u.conn.r, u.conn.w)]
+        return _Unit(self.limits, (*self.protocol_fds, *others))
+
+    def _preload(self, kind: str | None) -> None:
+        """Import a pool kind's runtime and the packages it names (``PRELOAD``: installed code,
+        never an environment's) here, once, so every environment's process starts with them."""
+        kind = kind or "envscaler"
+        if kind in self.preloaded:
+            return
+        self.preloaded.add(kind)
+        if kind in RUNTIMES:
+            return  # imported with this module (the EnvScaler runtime) or before
+        try:
+            module = importlib.import_module(f"envs.pools.{kind}")
+            for name in getattr(module, "PRELOAD", ()):
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the environment's process meets it again and reports it
+            return
+        self.ended.extend(self.spares)  # forked before the import: without it
+        self.spares.clear()
+
+    def _unit(self, key: str) -> _Unit:
+        if key not in self.units:
+            self.units[key] = self.spares.pop() if self.spares else self._fork()
+        self.units.move_to_end(key)
+        return self.units[key]
+
+    def handle(self, msg) -> tuple:
+        op = msg[0]
+        if op in ("episode", "open"):
+            self._preload(msg[1].get("kind"))
+            key = _env_key(msg[1].get("kind"), msg[1].get("env"))
+            if op == "open":
+                self.session = key
+            return self._unit(key).ask(msg)
+        if op in ("step", "end_turn", "finish"):
+            if self.session not in self.units:
+                kind = "verifier_error" if op == "finish" else "env_crash"
+                return ("error", kind, "no episode is open on this worker")
+            try:
+                return self._unit(self.session).ask(msg)
+            finally:
+                if op == "finish":
+                    self.session = None
+        if op == "vopen":
+            return self._vopen(msg)
+        if op in ("vstep", "vfinish"):
+            return self._vector(op, msg[1])
+        return ("error", "infra", f"unknown op {op!r}")
+
+    def _vopen(self, msg) -> tuple:
+        envs, items = msg[1], msg[2]
+        parts: dict[str, list] = {}
+        for item in items:
+            parts.setdefault(item[1], []).append(item)
+        for part in parts.values():
+            self._preload(part[0][3].get("kind"))
+        keys = {name: _env_key(items_[0][3].get("kind"), envs[name]) for name, items_ in parts.items()}
+        for name, part in parts.items():
+            self._unit(keys[name]).send(("vopen", {name: envs[name]}, part))
+        results = {}
+        for name in parts:
+            for res in self.units[keys[name]].recv_ok():
+                results[res[0]] = res
+                if res[1] == "ok":
+                    self.where[res[0]] = keys[name]
+                else:
+                    self.where.pop(res[0], None)
+        return ("ok", [results[item[0]] for item in items])
+
+    def _vector(self, op: str, pairs: list) -> tuple:
+        parts: dict[str, list] = {}
+        for eid, arg in pairs:
+            if self.where.get(eid) in self.units:
+                parts.setdefault(self.where[eid], []).append((eid, arg))
+        for key, part in parts.items():
+            self._unit(key).send((op, part))
+        results = {}
+        for key in parts:
+            for res in self.units[key].recv_ok():
+                results[res[0]] = res
+                if op == "vfinish" or res[1] != "ok":
+                    self.where.pop(res[0], None)
+        missing = ("error", "infra", "episode is not open on this worker")
+        return ("ok", [results.get(eid) or (eid, *missing) for eid, _ in pairs])
+
+    def housekeeping(self, request_waiting: Callable[[], bool]) -> None:
+        """After a reply: end the least recently used units beyond the limit that hold no open
+        episode, kill them (and, as its namespace's PID 1, every orphan environment code left
+        behind), then fork spares until there are enough or a request arrives."""
+        busy = {*self.where.values(), self.session}
+        for key in list(self.units):
+            if len(self.units) <= self.limits.env_processes:
+                break
+            if key not in busy:
+                self.ended.append(self.units.pop(key))
+        for unit in self.ended:
+            unit.close()
+        self.ended.clear()
+        if self.pid_one:
+            live = {u.pid for u in self._all()}
+            for pid, parent in process_tree().items():
+                if parent == os.getpid() and pid not in live:
+                    kill_quietly(pid)
+            reap_orphans()
+        while len(self.spares) < SPARE_UNITS and not request_waiting():
+            self.spares.append(self._fork())
 
 
 def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:

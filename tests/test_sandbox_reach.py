@@ -16,7 +16,7 @@ import pytest
 
 from envs.isolation import descendants
 from envs.registry import episode_spec
-from envs.sandbox import Limits, SandboxPool
+from envs.sandbox import SPARE_UNITS, Limits, SandboxPool
 
 REACH = """
 import json, os, socket, time
@@ -36,14 +36,18 @@ class Reach:
                 pass
         return "scribbled"
     def spawn_daemon(self):
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.setsid()
-            if os.fork() == 0:
+            daemon = os.fork()
+            if daemon == 0:
                 time.sleep(120)
+                os._exit(0)
+            os.write(w, str(daemon).encode())
             os._exit(0)
         os.waitpid(pid, 0)
-        return "spawned"
+        return os.read(r, 32).decode()
     def env(self):
         return json.dumps(dict(os.environ))
     def where(self):
@@ -192,16 +196,13 @@ def namespace_pids(pid: int) -> list[int]:
 
 
 def test_no_descendant_survives_the_episode(pool):
-    assert call(pool, "spawn_daemon")["reward"] == 1.0  # forks, setsid()s, forks again, sleeps
+    res = call(pool, "spawn_daemon")  # forks, setsid()s, forks a daemon, returns the daemon's pid
+    assert res["reward"] == 1.0
+    daemon = int(res["tool_calls"][0]["output"])  # as environment code sees it (its namespace's)
     time.sleep(0.5)
     w = pool._idle.queue[0]
     below = descendants(w.proc.pid, zombies=False)
-    # below the supervisor only its worker remains (and, confined, the worker's one child: the
-    # PID 1 of its namespace): the daemon was killed at the episode's end
-    own = [p for p in below if p != w.worker_pid]
-    assert w.worker_pid in below and len(own) <= 1, below
-    if own:
-        assert namespace_pids(own[0])[-1] == 1, namespace_pids(own[0])
+    assert below and all(namespace_pids(p)[-1] != daemon for p in below if os.path.exists(f"/proc/{p}"))
     assert set(descendants(os.getpid(), zombies=False)) == {w.proc.pid, *below}
 
 
@@ -234,7 +235,9 @@ def test_the_confinement_report_names_every_layer(pool):
 
 
 def test_confined_code_sees_and_signals_no_other_process(pool, confined):
-    assert json.loads(output(pool, "processes")) == [1]  # its own PID namespace, a fresh /proc
+    # a fresh /proc of its own PID namespace: the worker (pid 1) and the unit running this code
+    seen = json.loads(output(pool, "processes"))
+    assert seen[0] == 1 and len(seen) <= 2, seen
     call(pool, "kill_everyone")  # kill(-1, SIGKILL): every process it may signal
     assert call(pool, "parent_pid")["reward"] == 1.0  # the trainer (this process) and the pool go on
 
@@ -244,7 +247,7 @@ def test_confined_code_cannot_read_the_trainers_environment(tmp_path):
     script = (
         "import json\n"
         "from tests.test_sandbox_reach import reach_spec\n"
-        "from envs.sandbox import Limits, SandboxPool\n"
+        "from envs.sandbox import SPARE_UNITS, Limits, SandboxPool\n"
         "with SandboxPool(workers=1, limits=Limits(episode_seconds=10.0)) as p:\n"
         "    report = p.confinement()\n"
         "    res = p.run_episode(reach_spec(), [{'name': 'hunt', 'arguments': {'secret': 'sk-hunted-42'}}])\n"
@@ -314,5 +317,66 @@ def test_confined_code_runs_as_nobody_when_the_trainer_is_root(pool, confined):
     assert forked < 2000
     time.sleep(0.5)
     w = pool._idle.queue[0]
-    assert len(descendants(w.proc.pid, zombies=False)) <= 2
+    # the worker, its namespace's PID 1, this environment's process and the spares: no bomb left
+    assert len(descendants(w.proc.pid, zombies=False)) <= 3 + SPARE_UNITS
     assert call(pool, "parent_pid")["reward"] == 1.0
+
+
+# ---------------------------------------------------------------------------- one environment, one process
+POISON = """
+import builtins, math
+class Poison:
+    def __init__(self, config):
+        builtins.any = lambda xs: True          # every later any() says yes
+        math.isclose = lambda *a, **k: True
+    def noop(self):
+        return "ok"
+"""
+HONEST = """
+class Honest:
+    def __init__(self, config):
+        self.state = config
+    def noop(self):
+        return "ok"
+"""
+
+
+def rows(name: str, code: str) -> tuple[dict, dict]:
+    env = {
+        "env_id": name,
+        "class_name": name.title(),
+        "code": code,
+        "tools": json.dumps([{"type": "function", "function": {"name": "noop"}}]),
+        "kind": "envscaler",
+    }
+    check = "def check_func(final_state):\n    return any([False])"  # honest: False
+    task = {
+        "task_id": f"{name}-1",
+        "env_id": name,
+        "instruction": "x",
+        "init_state": "{}",
+        "checks": json.dumps([{"check_item": "any", "check_func": check}]),
+    }
+    return env, task
+
+
+def test_one_environments_code_never_changes_anothers_rewards():
+    """Code that patches the interpreter (builtins, a module) reaches only its own rollouts: each
+    batch episode, interactive episode and environment of a vector batch runs in its own process."""
+    (poison_env, poison_task), (honest_env, honest_task) = rows("poison", POISON), rows("honest", HONEST)
+    poison, honest = episode_spec(poison_env, poison_task), episode_spec(honest_env, honest_task)
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=10.0)) as p:
+        assert p.run_episode(poison, [])["reward"] == 1.0  # its own check believes the patch
+        assert p.run_episode(honest, [])["reward"] == 0.0
+        with p.session(poison) as s:
+            s.reset()
+            assert s.finish()["reward"] == 1.0
+        with p.session(honest) as s:
+            s.reset()
+            assert s.finish()["reward"] == 0.0
+        envs = {"poison": poison_env, "honest": honest_env}
+        with p.batch(envs, [("poison", poison_task), ("honest", honest_task), ("poison", poison_task)]) as b:
+            assert all(first is not None for first in b.reset())
+            res = b.finish({0: None, 1: None, 2: None})
+        assert [res[j]["reward"] for j in range(3)] == [1.0, 0.0, 1.0]
+        assert p.run_episode(honest, [])["reward"] == 0.0

@@ -170,6 +170,14 @@ def load(name: str = "bfcl", categories: tuple[str, ...] = CATEGORIES) -> PoolDa
     return PoolData(name=name, environments=env_rows, tasks=tasks)
 
 
+# imported by a sandbox worker before it forks a process per environment (envs/sandbox.py)
+PRELOAD = (
+    "bfcl_eval.constants.executable_backend_config",
+    "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker",
+    "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils",
+)
+
+
 @register("bfcl")
 class BFCLRuntime(Runtime):
     def __init__(self, spec: dict):

@@ -70,6 +70,9 @@ def load(
     return PoolData(name=name, environments=envs, tasks=tasks)
 
 
+# imported by a sandbox worker before it forks a process per environment (envs/sandbox.py), so
+# that each environment's process does not import the package again
+PRELOAD = ("reasoning_gym",)
 _CACHE: dict[tuple, object] = {}
 
 

@@ -131,6 +131,10 @@ def _fresh_env(domain: str):
     return env
 
 
+# imported by a sandbox worker before it forks a process per environment (envs/sandbox.py)
+PRELOAD = ("tau2.data_model.tasks",)
+
+
 @register("tau2")
 class Tau2Runtime(Runtime):
     def __init__(self, spec: dict):

@@ -169,6 +169,35 @@ def descendants(root: int, *, zombies: bool = True, tree: dict[int, int] | None 
     return out
 
 
+def children_of(pid: int) -> set[int]:
+    """The children of ``pid`` (of every thread of it): from /proc/PID/task/*/children, a few
+    reads, where the kernel keeps that file; else from one pass over /proc."""
+    try:
+        out: set[int] = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.update(int(x) for x in fh.read().split())
+        return out
+    except (OSError, ValueError):
+        return {p for p, parent in process_tree().items() if parent == pid}
+
+
+def end_children(keep: set[int] | frozenset = frozenset(), rounds: int = 50) -> None:
+    """Kill every child of this process but ``keep``, and the children their deaths hand to it
+    (the PID 1 of a namespace inherits its orphans), until none is left (bounded)."""
+    for _ in range(rounds):
+        extra = children_of(os.getpid()) - set(keep)
+        if not extra:
+            return
+        for pid in extra:
+            kill_quietly(pid)
+        for pid in extra:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def reap_orphans(*_signal) -> None:
     """Collect every child that has exited, without blocking (also a SIGCHLD handler)."""
     try:
@@ -216,25 +245,6 @@ class _WorkerProcess:
         )
         self.w, self.r = self.proc.stdin.fileno(), self.proc.stdout.fileno()
 
-    def own_processes(self, tree: dict[int, int]) -> set[int]:
-        """The worker, its dispatcher (when it confined itself: the keeper's only child, PID 1 of
-        another PID namespace; else the worker itself) and the dispatcher's children (its units,
-        and in a namespace the orphans it kills itself), in ``tree`` (one look at /proc: a process
-        forked after it is never taken for a stray); every other process below the supervisor is
-        a stray."""
-        own = {self.proc.pid}
-        here = os.readlink("/proc/self/ns/pid")
-        for pid in descendants(self.proc.pid, tree=tree):
-            if tree[pid] == self.proc.pid:
-                try:
-                    if os.readlink(f"/proc/{pid}/ns/pid") != here:
-                        own.add(pid)
-                except OSError:
-                    continue  # gone while we looked
-        dispatcher = next(iter(own - {self.proc.pid}), self.proc.pid)
-        own.update(pid for pid, ppid in tree.items() if ppid == dispatcher)
-        return own
-
     def kill(self) -> None:
         kill_quietly(self.proc.pid, group=True)
         kill_quietly(self.proc.pid)
@@ -262,23 +272,10 @@ def supervise(limits_json: str) -> None:
     worker = _WorkerProcess(limits_json, home)
 
     def reap_strays() -> None:
-        # A daemon may still be forking while we look, and a killed process lingers until reaped:
-        # kill and reap until nothing but the worker is left alive below us (bounded).
-        give_up = time.monotonic() + 2.0
-        while True:
-            tree = process_tree(zombies=False)
-            keep = worker.own_processes(tree)
-            strays = [p for p in descendants(os.getpid(), tree=tree) if p not in keep]
-            for pid in strays:
-                kill_quietly(pid)
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
-            except ChildProcessError:
-                pass
-            if not strays or time.monotonic() > give_up:
-                return
-            time.sleep(0.01)
+        # Environment code runs in the worker's per-environment processes, which kill their own
+        # children when an episode ends; what escaped them (a daemon that forked twice) was handed
+        # to us, the child subreaper (confined workers keep theirs in their namespace's PID 1).
+        end_children(keep={worker.proc.pid})
 
     try:
         while True:

@@ -42,11 +42,10 @@ from envs.isolation import (
     confine,
     die_with_parent,
     dumps,
+    end_children,
     kill_quietly,
     loads,
-    process_tree,
     read_frame,
-    reap_orphans,
     reaping,
     scrubbed_env,
     supervise,
@@ -101,7 +100,7 @@ def _worker_main(limits: Limits) -> None:
         except _UnitDied:
             os._exit(1)  # as if the worker had run it: the supervisor reports a crash
         conn.send(reply)
-        units.housekeeping(lambda: bool(select.select([rfd], [], [], 0)[0]))
+        units.housekeeping(lambda: bool(select.select([rfd], [], [], 0)[0]), msg[0] in END_OPS)
 
 
 class _UnitDied(Exception):
@@ -172,7 +171,10 @@ class _Unit:
                         msg = conn.recv()
                     except EOFError:
                         break
-                    conn.send(_handle(msg, state, limits))
+                    reply = _handle(msg, state, limits)
+                    if msg[0] in END_OPS:
+                        end_children()  # what its code forked dies with the episode
+                    conn.send(reply)
             except BaseException:  # noqa: BLE001 - a unit that cannot answer dies; the worker reports it
                 code = 1
             os._exit(code)
@@ -334,10 +336,11 @@ class _Dispatcher:
         missing = ("error", "infra", "episode is not open on this worker")
         return ("ok", [results.get(eid) or (eid, *missing) for eid, _ in pairs])
 
-    def housekeeping(self, request_waiting: Callable[[], bool]) -> None:
+    def housekeeping(self, request_waiting: Callable[[], bool], episode_ended: bool) -> None:
         """After a reply: end the least recently used units beyond the limit that hold no open
-        episode, kill them (and, as its namespace's PID 1, every orphan environment code left
-        behind), then fork spares until there are enough or a request arrives."""
+        episode, kill them (and, after an episode's end and as its namespace's PID 1, every
+        orphan environment code left behind), then fork spares until there are enough or a
+        request arrives."""
         busy = {*self.where.values(), self.session}
         for key in list(self.units):
             if len(self.units) <= self.limits.env_processes:
@@ -347,12 +350,8 @@ class _Dispatcher:
         for unit in self.ended:
             unit.close()
         self.ended.clear()
-        if self.pid_one:
-            live = {u.pid for u in self._all()}
-            for pid, parent in process_tree().items():
-                if parent == os.getpid() and pid not in live:
-                    kill_quietly(pid)
-            reap_orphans()
+        if self.pid_one and episode_ended:
+            end_children(keep={u.pid for u in self._all()})  # orphans its code left to PID 1
         while len(self.spares) < SPARE_UNITS and not request_waiting():
             self.spares.append(self._fork())
 
@@ -429,7 +428,9 @@ class _FrameConn:
             raise EOFError(str(exc)) from exc
 
 
-END_OPS = ("episode", "finish", "vfinish")  # after these the supervisor kills stray descendants
+# after these, what environment code forked is killed: by its environment's process, by the worker
+# (a namespace's PID 1 inherits the orphans) and, for an unconfined worker, by the supervisor
+END_OPS = ("episode", "finish", "vfinish")
 
 
 class _Worker:

@@ -206,6 +206,20 @@ def test_no_descendant_survives_the_episode(pool):
     assert set(descendants(os.getpid(), zombies=False)) == {w.proc.pid, *below}
 
 
+def test_no_descendant_survives_the_episode_unconfined_either(monkeypatch):
+    """Without namespaces the daemon is handed to the supervisor (a child subreaper), which ends it."""
+    monkeypatch.setenv("ENVSCHED_SANDBOX_CONFINE", "0")
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=5.0, call_seconds=2.0)) as p:
+        assert not p.confinement()["pid_namespace"]
+        res = call(p, "spawn_daemon")
+        daemon = int(res["tool_calls"][0]["output"])  # a host pid here
+        time.sleep(0.5)
+        assert not os.path.exists(f"/proc/{daemon}")
+        w = p._idle.queue[0]
+        assert daemon not in descendants(w.proc.pid, zombies=False)
+        assert daemon not in descendants(os.getpid(), zombies=False)
+
+
 def test_workers_see_no_secrets_and_work_outside_the_lake(pool, tmp_path, monkeypatch):
     monkeypatch.setenv("ENVSCHED_LLM_API_KEY", "sk-secret-value")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret-value")
@@ -360,9 +374,11 @@ def rows(name: str, code: str) -> tuple[dict, dict]:
     return env, task
 
 
-def test_one_environments_code_never_changes_anothers_rewards():
+@pytest.mark.parametrize("confine", ["1", "0"])
+def test_one_environments_code_never_changes_anothers_rewards(confine, monkeypatch):
     """Code that patches the interpreter (builtins, a module) reaches only its own rollouts: each
     batch episode, interactive episode and environment of a vector batch runs in its own process."""
+    monkeypatch.setenv("ENVSCHED_SANDBOX_CONFINE", confine)  # namespaces or not: the same
     (poison_env, poison_task), (honest_env, honest_task) = rows("poison", POISON), rows("honest", HONEST)
     poison, honest = episode_spec(poison_env, poison_task), episode_spec(honest_env, honest_task)
     with SandboxPool(workers=1, limits=Limits(episode_seconds=10.0)) as p:

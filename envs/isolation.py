@@ -9,9 +9,10 @@ between the trainer and each worker, a scrubbed environment and a private workin
 * **Supervisor**: relays each request to its worker and the reply back within the request's
   deadline; on a timeout or a crash it kills the worker's process group and starts a fresh worker.
   It is the worker's parent, so ``os.getppid()`` in environment code is the supervisor (confined:
-  0, a process outside its namespace), never the trainer; it is a child subreaper, so a process
-  the environment forks (even one that calls ``setsid``) stays below it (confined: re-parented to
-  the worker, the PID 1 of its namespace) and is killed when the episode ends.
+  0, a process outside its namespace), never the trainer. What environment code forks dies at
+  its episode's end: its environment's process kills its children, and a daemon that escaped them
+  (even after ``setsid``) is an orphan of the worker (confined: the PID 1 of its namespace) or of
+  the supervisor, a child subreaper, which kills it.
 * **Worker**: its own session (``setsid``), an allow-listed environment (no API keys, no lake
   path), ``HOME``/``TMPDIR``/cwd in a private temporary folder outside the lake, address-space
   and CPU limits, and ``PR_SET_PDEATHSIG`` so it dies with its supervisor.

@@ -356,7 +356,7 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _
     16384,
     1 << 18,
 )
-_MNT_DETACH, _PR_SET_NO_NEW_PRIVS = 2, 38
+_MNT_DETACH, _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 2, 38, 4
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 NOBODY = 65534
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
@@ -626,5 +626,8 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
         why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
         report["notes"].append(f"stays root: {why}")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    # not dumpable: no process of the same user (another environment's process) may ptrace this
+    # one or its forks, nor read their memory (a drop to nobody does it too; a user namespace not)
+    _prctl(_PR_SET_DUMPABLE, 0)
     report["uid"] = os.geteuid() if root else uid  # as the host sees it (a user namespace maps it to 0)
     return report

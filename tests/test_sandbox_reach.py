@@ -90,6 +90,22 @@ class Reach:
             return "wrote"
         except OSError as exc:
             return "refused: " + type(exc).__name__
+    def pry(self):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        opened = []
+        for p in (int(x) for x in os.listdir("/proc") if x.isdigit()):
+            if p == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{p}/mem", "rb"):
+                    opened.append(p)
+            except OSError:
+                pass
+            if libc.ptrace(16, p, 0, 0) == 0:  # PTRACE_ATTACH
+                opened.append(p)
+                libc.ptrace(17, p, 0, 0)  # PTRACE_DETACH
+        return json.dumps(opened)
     def fill(self, path):
         written = 0
         try:
@@ -128,6 +144,7 @@ TOOLS = (
     "read",
     "write",
     "fill",
+    "pry",
     "fork_bomb",
 )
 
@@ -309,6 +326,16 @@ def test_confined_code_sees_only_system_and_python_files(pool, confined, tmp_pat
     assert output(pool, "write", path="/etc/planted") != "wrote"
     assert output(pool, "write", path="scratch.txt") == "wrote"  # its own working folder
     assert not os.path.exists(os.path.join(repo, "envs", "planted.py"))
+
+
+def test_confined_code_cannot_read_or_trace_the_worker_or_other_environments(pool, confined):
+    envs = {"reach": json.loads(json.dumps(reach_spec()["env"])), "honest": rows("honest", HONEST)[0]}
+    episodes = [("honest", rows("honest", HONEST)[1]), ("reach", reach_spec()["task"])]
+    with pool.batch(envs, episodes) as b:  # another environment's process is alive meanwhile
+        b.reset()
+        pried = json.loads(b.step({1: {"name": "pry", "arguments": {}}})[1])
+        b.finish({0: None, 1: None})
+    assert pried == []  # /proc/PID/mem and ptrace refused for the worker and every other process
 
 
 def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):

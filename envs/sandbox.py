@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from envs.isolation import (
+    MAX_FRAME,
     ProtocolError,
     confine,
     die_with_parent,
@@ -190,7 +191,7 @@ class _Unit:
 
     def recv(self):
         try:
-            return self.conn.recv()
+            return self.conn.recv(max_bytes=UNIT_REPLY_BYTES)
         except (EOFError, OSError) as exc:
             raise _UnitDied(str(exc)) from exc
 
@@ -219,6 +220,9 @@ class _Unit:
 
 
 SPARE_UNITS = 4  # processes forked ahead, while the worker waits, for environments not seen yet
+# the largest reply an environment's process may send (tool outputs are cut at 4,000 characters
+# by the runtime; code that patches that away is stopped here, before the trainer reads it)
+UNIT_REPLY_BYTES = 32 << 20
 
 
 def _env_key(kind: str | None, env: dict) -> str:
@@ -421,9 +425,9 @@ class _FrameConn:
     def send(self, obj) -> None:
         write_frame(self.w, dumps(obj))
 
-    def recv(self):
+    def recv(self, max_bytes: int = MAX_FRAME):
         try:
-            return loads(read_frame(self.r))
+            return loads(read_frame(self.r, max_bytes=max_bytes))
         except ProtocolError as exc:
             raise EOFError(str(exc)) from exc
 

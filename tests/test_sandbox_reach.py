@@ -106,6 +106,10 @@ class Reach:
                 opened.append(p)
                 libc.ptrace(17, p, 0, 0)  # PTRACE_DETACH
         return json.dumps(opened)
+    def flood(self):
+        import envs.runtime
+        envs.runtime.to_text = lambda value, limit=0: "x" * (64 << 20)  # past the runtime's cut
+        return "anything"
     def fill(self, path):
         written = 0
         try:
@@ -144,6 +148,7 @@ TOOLS = (
     "read",
     "write",
     "fill",
+    "flood",
     "pry",
     "fork_bomb",
 )
@@ -235,6 +240,14 @@ def test_no_descendant_survives_the_episode_unconfined_either(monkeypatch):
         w = p._idle.queue[0]
         assert daemon not in descendants(w.proc.pid, zombies=False)
         assert daemon not in descendants(os.getpid(), zombies=False)
+
+
+def test_a_flood_of_output_costs_one_rollout_not_the_trainers_memory(pool):
+    t0 = time.monotonic()
+    res = call(pool, "flood")  # patches the runtime's 4,000-character cut, answers 64 MB
+    assert res["reward"] == 0.0 and res["error_class"] == "env_crash"
+    assert time.monotonic() - t0 < 10
+    assert call(pool, "parent_pid")["reward"] == 1.0
 
 
 def test_workers_see_no_secrets_and_work_outside_the_lake(pool, tmp_path, monkeypatch):

@@ -20,11 +20,13 @@ between the trainer and each worker, a scrubbed environment and a private workin
   PID, mount, IPC, UTS and network namespaces and a private root: it is PID 1 of a namespace with
   a fresh /proc (no other process to see, signal or read), has no network interface, sees only the
   system folders and the Python paths (read-only) besides its home, and drops to ``nobody`` when
-  the trainer is root. A layer the host refuses (a container without namespaces, another OS) is
-  left out and named in the worker's report (``SandboxPool.confinement()``).
+  the trainer is root; a seccomp filter (also where namespaces are refused) refuses the syscalls
+  environments never need. A layer the host refuses (a container without namespaces, another OS)
+  is left out and named in the worker's report (``SandboxPool.confinement()``).
 
 What remains possible even confined: reading the system folders and the Python installation
-(world-readable files a user can read anyway), and using its CPU and memory up to the limits.
+(world-readable files a user can read anyway), using its CPU and memory up to the limits, and the
+syscalls the seccomp denylist leaves.
 Without namespaces (see the report) it can also open network connections, read files readable by
 the user and signal the user's other processes. Do not import pools from sources you would not run
 code from.
@@ -538,6 +540,79 @@ def _readable_by_others(path: str) -> bool:
     return True
 
 
+# Syscalls environment code never needs and that widen what it can reach of the kernel (x86_64
+# numbers, from asm/unistd_64.h): tracing and reading other processes, modules, kexec, BPF, perf,
+# keyrings, namespaces and mounts, swap, reboot, accounting, userfaultfd, file handles, port I/O,
+# io_uring. clone3 answers ENOSYS (its flags sit behind a pointer; C libraries fall back to clone,
+# whose namespace flags are refused).
+_SECCOMP_DENY_X86_64 = (
+    101, 310, 311, 246, 320, 175, 313, 176, 321, 298, 250, 248, 249, 272, 308, 165, 166, 155, 161,
+    167, 168, 169, 163, 323, 304, 303, 172, 173, 430, 431, 432, 429, 428, 442, 425, 426, 427,
+)  # fmt: skip
+_CLONE, _CLONE3, _AUDIT_ARCH_X86_64 = 56, 435, 0xC000003E
+_NAMESPACE_FLAGS = _NEWNS | _NEWUTS | _NEWIPC | _NEWUSER | _NEWPID | _NEWNET | 0x02000000  # + cgroup
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+
+
+def _seccomp_program() -> list[tuple[int, int, int, int]]:
+    """A classic-BPF seccomp filter (code, jt, jf, k): the denied syscalls answer EPERM, clone3
+    ENOSYS, clone with a namespace flag EPERM, any other ABI (i386, x32) ENOSYS; the rest runs."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno = 0x7FFF0000, 0x00050000
+    body: list = [(ld, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, errno | 38)]
+    body += [(ld, 0, 0, 0), (jge, "eperm", 0, 0x40000000)]
+    body += [(jeq, "eperm", 0, nr) for nr in _SECCOMP_DENY_X86_64]
+    body += [(jeq, "enosys", 0, _CLONE3), (jeq, "clone", 0, _CLONE), (ret, 0, 0, allow)]
+    labels = {"clone": len(body)}
+    body += [(ld, 0, 0, 16), (jset, "eperm", 0, _NAMESPACE_FLAGS), (ret, 0, 0, allow)]
+    labels["eperm"] = len(body)
+    body.append((ret, 0, 0, errno | 1))
+    labels["enosys"] = len(body)
+    body.append((ret, 0, 0, errno | 38))
+    return [(c, labels[t] - i - 1 if isinstance(t, str) else t, f, k) for i, (c, t, f, k) in enumerate(body)]
+
+
+def _install_seccomp() -> None:
+    """Install the filter on this process (inherited by every process it forks; needs
+    ``no_new_privs``). Raises OSError where the kernel refuses or the machine is not x86_64."""
+    import platform  # only the filter needs the machine's syscall numbers
+
+    if platform.machine() != "x86_64":
+        raise OSError(0, f"no syscall table here for {platform.machine()}")
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Instruction))]
+
+    program = _seccomp_program()
+    instructions = (Instruction * len(program))(*[Instruction(*ins) for ins in program])
+    prog = Program(len(program), instructions)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong)
+    _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
+
+
+def _harden(report: dict) -> dict:
+    """What holds with or without namespaces: no new privileges, not dumpable (no process of the
+    same user may ptrace this one or its forks, nor read their memory; a drop to nobody does it
+    too, a user namespace not), and the seccomp filter."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_DUMPABLE, 0)
+    try:
+        _install_seccomp()
+        report["seccomp"] = True
+    except OSError as exc:
+        report["notes"].append(f"seccomp filter refused ({exc.strerror or exc}); all syscalls allowed")
+    return report
+
+
 def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     """Enter the worker's confinement before any untrusted code runs; returns what holds.
 
@@ -559,13 +634,14 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
         "network": "host",
         "filesystem": "host",
         "uid": os.geteuid(),
+        "seccomp": False,
         "notes": [],
     }
     if os.environ.get("ENVSCHED_SANDBOX_CONFINE", "1") == "0":
         report["notes"].append("confinement turned off (ENVSCHED_SANDBOX_CONFINE=0)")
         return report
     if not sys.platform.startswith("linux"):
-        report["notes"].append(f"no Linux namespaces on {sys.platform}")
+        report["notes"].append(f"no Linux namespaces or seccomp on {sys.platform}")
         return report
     die_with_parent()  # the keeper below dies with the supervisor, and the worker with the keeper
     root = os.geteuid() == 0
@@ -574,8 +650,8 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     try:
         _check(_libc().unshare(flags), "unshare")
     except OSError as exc:
-        report["notes"].append(f"namespaces refused ({exc.strerror or exc}); running unconfined")
-        return report
+        report["notes"].append(f"namespaces refused ({exc.strerror or exc}); running without them")
+        return _harden(report)
     if not root:
         with open("/proc/self/setgroups", "w") as fh:
             fh.write("deny")
@@ -625,9 +701,5 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     elif root:
         why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
         report["notes"].append(f"stays root: {why}")
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    # not dumpable: no process of the same user (another environment's process) may ptrace this
-    # one or its forks, nor read their memory (a drop to nobody does it too; a user namespace not)
-    _prctl(_PR_SET_DUMPABLE, 0)
     report["uid"] = os.geteuid() if root else uid  # as the host sees it (a user namespace maps it to 0)
-    return report
+    return _harden(report)

@@ -206,7 +206,7 @@ def test_env_sandbox_reports_every_layer_and_why_one_is_missing():
     out = envsched("env", "sandbox")
     assert out.returncode == 0, out.stderr
     layers = [line.split()[0] for line in out.stdout.splitlines() if not line.startswith("note:")]
-    assert layers == ["processes", "network", "files", "user"]
+    assert layers == ["processes", "network", "files", "user", "syscalls"]
     off = subprocess.run(
         [sys.executable, "-m", "envsched_pipeline.cli", "env", "sandbox"],
         capture_output=True,

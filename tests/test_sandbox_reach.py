@@ -110,6 +110,25 @@ class Reach:
         import envs.runtime
         envs.runtime.to_text = lambda value, limit=0: "x" * (64 << 20)  # past the runtime's cut
         return "anything"
+    def syscalls(self):
+        import ctypes, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        out = {}
+        for name, call in (
+            ("unshare", lambda: libc.unshare(0x10000000)),                   # a user namespace
+            ("mount", lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+            ("bpf", lambda: libc.syscall(321, 0, 0, 0)),
+            ("keyctl", lambda: libc.syscall(250, 0, 0, 0, 0, 0)),
+            ("clone_newuser", lambda: libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)),
+        ):
+            ctypes.set_errno(0)
+            out[name] = [call(), ctypes.get_errno()]
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        out["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        out["subprocess"] = subprocess.run(["true"]).returncode
+        return json.dumps(out)
     def fill(self, path):
         written = 0
         try:
@@ -148,6 +167,7 @@ TOOLS = (
     "read",
     "write",
     "fill",
+    "syscalls",
     "flood",
     "pry",
     "fork_bomb",
@@ -273,7 +293,7 @@ def confined(pool):
 
 def test_the_confinement_report_names_every_layer(pool):
     report = pool.confinement()
-    assert set(report) == {"pid_namespace", "network", "filesystem", "uid", "notes"}
+    assert set(report) == {"pid_namespace", "network", "filesystem", "uid", "seccomp", "notes"}
     assert report["network"] in ("none", "host") and report["filesystem"] in ("private root", "host")
     assert report["pid_namespace"] or report["notes"]  # a missing layer always says why
 
@@ -349,6 +369,16 @@ def test_confined_code_cannot_read_or_trace_the_worker_or_other_environments(poo
         pried = json.loads(b.step({1: {"name": "pry", "arguments": {}}})[1])
         b.finish({0: None, 1: None})
     assert pried == []  # /proc/PID/mem and ptrace refused for the worker and every other process
+
+
+def test_the_kernel_refuses_environment_code_what_it_never_needs(pool):
+    report = pool.confinement()
+    if not report["seccomp"]:
+        pytest.skip(f"no seccomp filter on this host: {report['notes']}")
+    out = json.loads(output(pool, "syscalls"))
+    for name in ("unshare", "mount", "bpf", "keyctl", "clone_newuser"):
+        assert out[name] == [-1, 1], (name, out[name])  # EPERM
+    assert out["fork"] == 7 and out["subprocess"] == 0  # what environments do use still works
 
 
 def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):

@@ -168,6 +168,7 @@ def cmd_env_sandbox(args) -> int:
         ("network", "none" if report["network"] == "none" else "the host's"),
         ("files", "private root" if report["filesystem"] == "private root" else "the host's"),
         ("user", user),
+        ("syscalls", "filtered (seccomp)" if report.get("seccomp") else "all allowed"),
     ]
     for layer, state in rows:
         print(f"{layer:<10} {state}")

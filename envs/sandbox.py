@@ -76,9 +76,9 @@ def _failure(kind: str, message: str) -> dict:
 
 def _worker_main(limits: Limits) -> None:
     """Worker loop (``python -m envs.sandbox work LIMITS``, started by the supervisor): JSON frames
-    on its protocol fds. The worker itself never runs environment code: each unit of work (one
-    batch episode, one interactive episode, one environment's share of a vector batch) runs in a
-    child it forks for that unit and kills after it, so what one environment's code does to the
+    on its protocol fds. The worker itself never runs environment code: each environment's
+    episodes (batch, interactive, its share of a vector batch) run in a process forked for that
+    environment (a unit, see ``_Dispatcher``), so what one environment's code does to the
     interpreter (patched builtins or modules, global state, leaked threads) never reaches another
     environment's rollouts or rewards."""
     confinement = confine(os.getcwd(), network=limits.network, disk_mb=limits.disk_mb)
@@ -105,7 +105,8 @@ def _worker_main(limits: Limits) -> None:
 
 
 class _UnitDied(Exception):
-    """A unit's process died (or broke its pipe) while a request was pending."""
+    """An environment's process died, broke its pipe or answered beyond the protocol while a
+    request was pending."""
 
 
 class _UnitState:
@@ -153,8 +154,9 @@ def _handle(msg, state: _UnitState, limits: Limits) -> tuple:
 
 
 class _Unit:
-    """A forked process that serves one unit of work over its own pipe pair; the worker's protocol
-    descriptors are closed in it, so environment code cannot write to the supervisor."""
+    """A forked process that runs one environment's code, request by request, over its own pipe
+    pair; the worker's protocol and every other unit's pipes are closed in it, so environment code
+    can write neither to the supervisor nor to another environment's process."""
 
     def __init__(self, limits: Limits, close_fds: tuple[int, ...]):
         to_r, to_w = os.pipe()

@@ -19,8 +19,8 @@ between the trainer and each worker, a scrubbed environment and a private workin
 * **Confinement** (:func:`confine`, Linux): before any untrusted code the worker enters its own
   PID, mount, IPC, UTS and network namespaces and a private root: it is PID 1 of a namespace with
   a fresh /proc (no other process to see, signal or read), has no network interface, sees only the
-  system folders and the Python paths (read-only) besides its home, and drops to ``nobody`` when
-  the trainer is root; a seccomp filter (also where namespaces are refused) refuses the syscalls
+  system folders and the Python paths (read-only) besides its home, and drops to a user of its
+  own when the trainer is root; a seccomp filter (also where namespaces are refused) refuses the syscalls
   environments never need. A layer the host refuses (a container without namespaces, another OS)
   is left out and named in the worker's report (``SandboxPool.confinement()``).
 
@@ -135,6 +135,8 @@ def scrubbed_env(home: str) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         ENVSCHED_SANDBOX="1",
+        LOGNAME="envsched-sandbox",  # its user may have no passwd entry (getpass reads these first)
+        USER="envsched-sandbox",
     )
     return env
 
@@ -360,10 +362,12 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _
 )
 _MNT_DETACH, _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 2, 38, 4
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
-NOBODY = 65534
+# as root, each worker drops to a user of its own: SANDBOX_UID_BASE + the pid of the worker (unique
+# while it lives), so its process limit, signals and files are its alone, never another worker's
+SANDBOX_UID_BASE = 1_000_000
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 DEVICES = ("null", "zero", "random", "urandom")
-PROCESS_LIMIT = 512  # processes of the unprivileged user, all workers together (fork bombs)
+PROCESS_LIMIT = 512  # processes of a worker's own user (fork bombs stop there, in that worker)
 
 
 def _libc():
@@ -601,7 +605,7 @@ def _install_seccomp() -> None:
 
 def _harden(report: dict) -> dict:
     """What holds with or without namespaces: no new privileges, not dumpable (no process of the
-    same user may ptrace this one or its forks, nor read their memory; a drop to nobody does it
+    same user may ptrace this one or its forks, nor read their memory; a drop of user does it
     too, a user namespace not), and the seccomp filter."""
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     _prctl(_PR_SET_DUMPABLE, 0)
@@ -622,8 +626,9 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     * a network namespace with no interfaces up, unless ``network`` (no connections out, none in);
     * a private root (pivot_root): the system directories and the Python installation and import
       paths read-only, ``home`` and a private /tmp writable; nothing else of the host's files;
-    * when the trainer runs as root: the worker drops to ``nobody`` (no access to root's files, no
-      capabilities, a process limit), with ``no_new_privs`` so no setuid binary can raise it again.
+    * when the trainer runs as root: the worker drops to a user of its own (``SANDBOX_UID_BASE`` +
+      its pid: no access to root's files, no capabilities, a process limit that is this worker's
+      alone), with ``no_new_privs`` so no setuid binary can raise it again.
 
     The process that calls it forks: the parent stays behind as the child's keeper (it only waits,
     then leaves with the child's exit code); the child returns and serves. Without Linux namespaces
@@ -659,6 +664,7 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
             fh.write(f"0 {uid} 1")
         with open("/proc/self/gid_map", "w") as fh:
             fh.write(f"0 {gid} 1")
+    own = SANDBOX_UID_BASE + os.getpid()  # the worker's user, as root (its pid, as the host knows it)
     child = os.fork()
     if child:  # the keeper: our code only, never the environment's
         while True:
@@ -678,9 +684,9 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         new = os.path.join(home, ".root")
         os.makedirs(new, exist_ok=True)
-        # after the drop to nobody an unreadable optional path could not be imported anyway
+        # after the drop an unreadable optional path could not be imported anyway
         paths = needed + [p for p in optional if not drop or _readable_by_others(p)]
-        _build_root(new, home, paths, disk_mb, NOBODY if drop else None)
+        _build_root(new, home, paths, disk_mb, own if drop else None)
         _pivot(new)
         report["filesystem"] = "private root"
     except OSError as exc:
@@ -696,8 +702,8 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
 
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
         os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+        os.setgid(own)
+        os.setuid(own)
     elif root:
         why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
         report["notes"].append(f"stays root: {why}")

@@ -161,7 +161,12 @@ class _Unit:
     def __init__(self, limits: Limits, close_fds: tuple[int, ...]):
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            for fd in (to_r, to_w, from_r, from_w):
+                os.close(fd)
+            raise
         if self.pid == 0:
             code = 0
             try:
@@ -254,10 +259,19 @@ class _Dispatcher:
     def _all(self) -> list[_Unit]:
         return [*self.units.values(), *self.spares, *self.ended]
 
-    def _fork(self) -> _Unit:
-        # the new unit closes the worker's protocol and every other unit's pipes
+    def _fork(self, patience: float = 2.0) -> _Unit:
+        """A new unit (it closes the worker's protocol and every other unit's pipes). A fork the
+        process limit refuses (another environment's fork bomb, ended with its episode) is tried
+        again for ``patience`` seconds, then counts as the worker's failure."""
         others = [fd for u in self._all() for fd in (u.conn.r, u.conn.w)]
-        return _Unit(self.limits, (*self.protocol_fds, *others))
+        give_up = time.monotonic() + patience
+        while True:
+            try:
+                return _Unit(self.limits, (*self.protocol_fds, *others))
+            except OSError as exc:
+                if time.monotonic() > give_up:
+                    raise _UnitDied(f"cannot start an environment's process: {exc}") from exc
+                time.sleep(0.05)
 
     def _preload(self, kind: str | None) -> None:
         """Import a pool kind's runtime and the packages it names (``PRELOAD``: installed code,
@@ -359,7 +373,10 @@ class _Dispatcher:
         if self.pid_one and episode_ended:
             end_children(keep={u.pid for u in self._all()})  # orphans its code left to PID 1
         while len(self.spares) < SPARE_UNITS and not request_waiting():
-            self.spares.append(self._fork())
+            try:
+                self.spares.append(self._fork(patience=0.0))
+            except _UnitDied:
+                break  # the process limit is reached for now: no spares until it is not
 
 
 def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:

@@ -2,7 +2,7 @@
 read the trainer's secrets, or write into the lake's folder (issue: a loop you can trust, class 7).
 Where the host allows Linux namespaces (``envs.isolation.confine``): it cannot see, signal or read
 any process but its own, has no network, sees no file but the system's and the Python paths', and
-runs as ``nobody`` when the trainer is root. Those tests skip, naming why, on a host that refuses."""
+runs as a user of its own when the trainer is root. Those tests skip, naming why, on a host that refuses."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from envs.isolation import descendants
+from envs.isolation import SANDBOX_UID_BASE, descendants
 from envs.registry import episode_spec
 from envs.sandbox import SPARE_UNITS, Limits, SandboxPool
 
@@ -311,7 +311,7 @@ def test_confined_code_cannot_read_the_trainers_environment(tmp_path):
     script = (
         "import json\n"
         "from tests.test_sandbox_reach import reach_spec\n"
-        "from envs.sandbox import SPARE_UNITS, Limits, SandboxPool\n"
+        "from envs.sandbox import Limits, SandboxPool\n"
         "with SandboxPool(workers=1, limits=Limits(episode_seconds=10.0)) as p:\n"
         "    report = p.confinement()\n"
         "    res = p.run_episode(reach_spec(), [{'name': 'hunt', 'arguments': {'secret': 'sk-hunted-42'}}])\n"
@@ -392,13 +392,31 @@ def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):
     assert "big.bin" not in on_host
 
 
-def test_confined_code_runs_as_nobody_when_the_trainer_is_root(pool, confined):
+def test_as_root_each_worker_runs_as_a_user_of_its_own(confined):
+    # its own pool: forking to the process limit takes seconds on a loaded machine
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=60.0, call_seconds=30.0)) as pool:
+        _own_user_and_fork_bomb(pool, pool.confinement())
+
+
+def _own_user_and_fork_bomb(pool, confined):
     if os.geteuid() != 0 or confined["uid"] == 0:
         pytest.skip(f"trainer uid {os.geteuid()}, worker uid {confined['uid']}: {confined['notes']}")
-    assert confined["uid"] == 65534
+    assert confined["uid"] >= SANDBOX_UID_BASE
     assert output(pool, "read", path="/etc/shadow").startswith("refused")
-    forked = int(output(pool, "fork_bomb"))  # stopped by the process limit, cleaned at the end
-    assert forked < 2000
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=60.0)) as other:
+        assert other.confinement()["uid"] not in (confined["uid"], 0)
+        with pool.session(reach_spec()) as bomb:
+            bomb.reset()
+            # the bomb's processes live until its episode ends; they stop at this worker's limit
+            assert int(bomb.step({"name": "fork_bomb", "arguments": {}})) < 2000
+            # meanwhile the other worker, a user of its own, starts processes for new environments
+            env, task = rows("honest", HONEST)
+            jobs = [
+                (episode_spec(dict(env, env_id=f"honest{i}"), dict(task, env_id=f"honest{i}")), [])
+                for i in range(2 * SPARE_UNITS)
+            ]
+            assert all(r["error_class"] == "none" for r in other.map_episodes(jobs))
+            bomb.finish()
     time.sleep(0.5)
     w = pool._idle.queue[0]
     # the worker, its namespace's PID 1, this environment's process and the spares: no bomb left

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
-from envs.isolation import NOBODY
+from envs.isolation import SANDBOX_UID_BASE
 from envs.registry import POOLS, episode_spec, load_synthetic
 from envs.sandbox import Limits, SandboxPool
 from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
@@ -162,7 +162,8 @@ def cmd_env_sandbox(args) -> int:
     """One sandbox worker's confinement, a line per layer (exit 0 whatever holds: it is a report)."""
     with SandboxPool(workers=1, limits=Limits(network=args.network)) as pool:
         report = pool.confinement()
-    user = {0: "root", NOBODY: "nobody"}.get(report["uid"], f"uid {report['uid']}")
+    uid = report["uid"]
+    user = "root" if uid == 0 else f"uid {uid}" + (" (the worker's own)" if uid >= SANDBOX_UID_BASE else "")
     rows = [
         ("processes", "own PID namespace" if report["pid_namespace"] else "shared with the host"),
         ("network", "none" if report["network"] == "none" else "the host's"),

@@ -528,6 +528,16 @@ def _pivot(new: str) -> None:
     _mount(None, "/", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
 
 
+def _uid_mapped(uid: int) -> bool:
+    """Whether this process's user namespace has ``uid`` (a rootless container maps only a few)."""
+    try:
+        with open("/proc/self/uid_map") as fh:
+            ranges = [tuple(int(x) for x in line.split()) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return True  # no user namespaces here: every uid exists
+    return any(inside <= uid < inside + count for inside, _outside, count in ranges)
+
+
 def _readable_by_others(path: str) -> bool:
     """Whether an unprivileged user can read ``path`` (a folder: and what lies directly in it).
     Its parents in the private root are our own 0755 folders, so only its own modes count."""
@@ -679,7 +689,7 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     report["network"] = "host" if network else "none"
     needed, optional = _python_paths()
     unreadable = next((p for p in needed if not _readable_by_others(p)), None) if root else None
-    drop = root and unreadable is None
+    drop = root and unreadable is None and _uid_mapped(own)
     try:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         new = os.path.join(home, ".root")
@@ -705,7 +715,13 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
         os.setgid(own)
         os.setuid(own)
     elif root:
-        why = f"{unreadable} is not readable by other users" if unreadable else "no private root"
+        why = (
+            f"{unreadable} is not readable by other users"
+            if unreadable
+            else f"this user namespace maps no uid {own}"
+            if not _uid_mapped(own)
+            else "no private root"
+        )
         report["notes"].append(f"stays root: {why}")
     report["uid"] = os.geteuid() if root else uid  # as the host sees it (a user namespace maps it to 0)
     return _harden(report)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from envsched_pipeline.cli import build_parser, main
 from envsched_pipeline.cli.train import requested_run
 from envsched_pipeline.run import RunSpec
@@ -217,3 +219,28 @@ def test_env_sandbox_reports_every_layer_and_why_one_is_missing():
     assert off.returncode == 0, off.stderr
     assert "processes  shared with the host" in off.stdout and "ENVSCHED_SANDBOX_CONFINE=0" in off.stdout
     assert "less confined" in off.stderr  # told once, as a warning
+
+
+def test_env_sandbox_as_the_root_of_a_user_namespace_that_maps_one_uid():
+    """A rootless container's root: the worker keeps its namespaces, private root and filter, and
+    stays that root (its own user is not mapped there), saying so."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespaces here: {probe.stderr.decode()[-200:]}")
+    cmd = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        sys.executable,
+        "-m",
+        "envsched_pipeline.cli",
+        "env",
+        "sandbox",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(None, 1) for line in out.stdout.splitlines() if not line.startswith("note:"))
+    if lines["processes"].strip() != "own PID namespace":
+        pytest.skip(f"this host refuses namespaces inside a user namespace: {out.stdout}")
+    assert lines["files"].strip() == "private root" and lines["user"].strip() == "root"
+    assert "maps no uid" in out.stdout

@@ -2762,7 +2762,7 @@ def _draws_against_rival(
         }
         top = max(means, key=means.get)
         where = "seen tasks" if kind == "seen" else "unseen environments"
-        best.append(f"on {where} {top} ({', '.join(f'{k} {v:.4f}' for k, v in means.items())})")
+        best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in means.items())})")
     return [
         f"`{rival}` (the closest row of the records on both kinds) ran a second draw too, at seeds "
         f"{', '.join(map(str, both))}: the form against it, final held-out.",

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -224,6 +225,8 @@ def test_env_sandbox_reports_every_layer_and_why_one_is_missing():
 def test_env_sandbox_as_the_root_of_a_user_namespace_that_maps_one_uid():
     """A rootless container's root: the worker keeps its namespaces, private root and filter, and
     stays that root (its own user is not mapped there), saying so."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here (util-linux)")
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"no user namespaces here: {probe.stderr.decode()[-200:]}")

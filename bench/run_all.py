@@ -2728,9 +2728,8 @@ def _draws_against_rival(
         key = f"heldout_{kind}_final"
         return np.array([(first, second)[i][lr][s][key] - rivals[i][s][key] for s in both])
 
-    def mean_over(d: dict, n: str | None, kind: str) -> float:
-        key = f"heldout_{kind}_final"
-        return float(np.mean([(d[s] if n is None else d[n][s])[key] for s in both]))
+    def mean_over(by_seed: dict, kind: str) -> float:  # over the seeds the rival ran twice
+        return float(np.mean([by_seed[s][f"heldout_{kind}_final"] for s in both]))
 
     rows = [
         f"| seed | form − {rival} unseen: draw 0 | draw 1 | form − {rival} seen: draw 0 | draw 1 |",
@@ -2756,9 +2755,9 @@ def _draws_against_rival(
     best = []
     for kind in ("seen", "unseen"):
         means = {
-            "random": mean_over(second["random"], None, kind),
-            rival: mean_over(r1, None, kind),
-            "the form": mean_over(second[lr], None, kind),
+            "random": mean_over(second["random"], kind),
+            rival: mean_over(r1, kind),
+            "the form": mean_over(second[lr], kind),
         }
         top = max(means, key=means.get)
         where = "seen tasks" if kind == "seen" else "unseen environments"

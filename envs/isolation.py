@@ -40,6 +40,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -150,8 +151,8 @@ def process_tree(*, zombies: bool = True) -> dict[int, int]:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-            fields = stat.rsplit(")", 1)[1].split()
+                record = fh.read().decode(errors="replace")
+            fields = record.rsplit(")", 1)[1].split()
             ppid = int(fields[1])
         except (OSError, ValueError, IndexError):
             continue
@@ -161,10 +162,10 @@ def process_tree(*, zombies: bool = True) -> dict[int, int]:
     return parents
 
 
-def descendants(root: int, *, zombies: bool = True, tree: dict[int, int] | None = None) -> list[int]:
-    """Pids of every process below ``root`` (in ``tree``, or a fresh look at /proc)."""
+def descendants(root: int, *, zombies: bool = True) -> list[int]:
+    """Pids of every process below ``root`` (one look at /proc)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in (process_tree(zombies=zombies) if tree is None else tree).items():
+    for pid, ppid in process_tree(zombies=zombies).items():
         children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
@@ -521,7 +522,7 @@ def _pivot(new: str) -> None:
         raise OSError(0, f"pivot_root: no syscall number known for {platform.machine()}")
     os.chdir(new)
     os.mkdir(".old-root", 0o700)
-    _check(ctypes.CDLL(None, use_errno=True).syscall(number, b".", b".old-root"), "pivot_root")
+    _check(_libc().syscall(number, b".", b".old-root"), "pivot_root")
     os.chdir("/")
     _check(_libc().umount2(b"/.old-root", _MNT_DETACH), "umount old root")
     os.rmdir("/.old-root")
@@ -542,12 +543,13 @@ def _readable_by_others(path: str) -> bool:
     """Whether an unprivileged user can read ``path`` (a folder: and what lies directly in it).
     Its parents in the private root are our own 0755 folders, so only its own modes count."""
     try:
-        if os.stat(path).st_mode & 0o004 == 0 or os.path.isdir(path) and os.stat(path).st_mode & 0o001 == 0:
+        mode = os.stat(path).st_mode
+        if mode & 0o004 == 0 or stat.S_ISDIR(mode) and mode & 0o001 == 0:
             return False
-        if os.path.isdir(path):
+        if stat.S_ISDIR(mode):
             for entry in os.scandir(path):
                 mode = entry.stat(follow_symlinks=True).st_mode
-                if mode & 0o004 == 0 or entry.is_dir() and mode & 0o001 == 0:
+                if mode & 0o004 == 0 or stat.S_ISDIR(mode) and mode & 0o001 == 0:
                     return False
     except OSError:
         return False
@@ -677,19 +679,15 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
     own = SANDBOX_UID_BASE + os.getpid()  # the worker's user, as root (its pid, as the host knows it)
     child = os.fork()
     if child:  # the keeper: our code only, never the environment's
-        while True:
-            try:
-                _, status = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
+        _, status = os.waitpid(child, 0)  # retried by Python when a signal interrupts it
         os._exit(max(0, os.waitstatus_to_exitcode(status)))
     die_with_parent()
     report["pid_namespace"] = os.getpid() == 1
     report["network"] = "host" if network else "none"
     needed, optional = _python_paths()
     unreadable = next((p for p in needed if not _readable_by_others(p)), None) if root else None
-    drop = root and unreadable is None and _uid_mapped(own)
+    mapped = _uid_mapped(own)
+    drop = root and unreadable is None and mapped
     try:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         new = os.path.join(home, ".root")
@@ -719,7 +717,7 @@ def confine(home: str, *, network: bool = False, disk_mb: int = 64) -> dict:
             f"{unreadable} is not readable by other users"
             if unreadable
             else f"this user namespace maps no uid {own}"
-            if not _uid_mapped(own)
+            if not mapped
             else "no private root"
         )
         report["notes"].append(f"stays root: {why}")

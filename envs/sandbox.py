@@ -124,23 +124,16 @@ def _handle(msg, state: _UnitState, limits: Limits) -> tuple:
         if op.startswith("v"):
             return ("ok", _vector_op(op, msg, state.many, limits))
         if op == "episode":
-            spec, actions, answer = msg[1], msg[2], msg[3]
-            spec = dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
-            out = run_actions(spec, actions, answer)
-            out.setdefault("error_class", "none" if not out.get("error") else "task")
-            return ("ok", out)
+            return ("ok", _classified(run_actions(_timed(msg[1], limits), msg[2], msg[3])))
         if op == "open":
-            state.rt = make_runtime(
-                dict(msg[1], check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
-            )
+            state.rt = make_runtime(_timed(msg[1], limits))
             return ("ok", state.rt.reset())
         if op == "step":
             return ("ok", state.rt.step(msg[1]))
         if op == "end_turn":
             return ("ok", state.rt.end_turn(msg[1]))
         if op == "finish":
-            out = state.rt.finish(msg[1])
-            out.setdefault("error_class", "none" if not out.get("error") else "task")
+            out = _classified(state.rt.finish(msg[1]))
             state.rt = None
             return ("ok", out)
         return ("error", "infra", f"unknown op {op!r}")
@@ -150,7 +143,7 @@ def _handle(msg, state: _UnitState, limits: Limits) -> tuple:
     except BaseException as exc:  # noqa: BLE001 - untrusted code may raise anything
         state.rt = None
         kind = "verifier_error" if op == "finish" else "env_crash"
-        return ("error", kind, traceback.format_exception_only(type(exc), exc)[-1].strip())
+        return ("error", kind, _short(exc))
 
 
 class _Unit:
@@ -320,22 +313,29 @@ class _Dispatcher:
             return self._vector(op, msg[1])
         return ("error", "infra", f"unknown op {op!r}")
 
+    def _ask_each(self, requests: list[tuple[str, tuple]]) -> list[tuple[str, list]]:
+        """Send each environment's unit (by key) its share of a vector request, then collect the
+        per-episode outcomes in the same order (sent to all first, so the units work at once)."""
+        for key, request in requests:
+            self._unit(key).send(request)
+        return [(key, self.units[key].recv_ok()) for key, _ in requests]
+
     def _vopen(self, msg) -> tuple:
         envs, items = msg[1], msg[2]
         parts: dict[str, list] = {}
         for item in items:
             parts.setdefault(item[1], []).append(item)
-        for part in parts.values():
-            self._preload(part[0][3].get("kind"))
-        keys = {name: _env_key(items_[0][3].get("kind"), envs[name]) for name, items_ in parts.items()}
+        requests = []
         for name, part in parts.items():
-            self._unit(keys[name]).send(("vopen", {name: envs[name]}, part))
+            kind = part[0][3].get("kind")
+            self._preload(kind)
+            requests.append((_env_key(kind, envs[name]), ("vopen", {name: envs[name]}, part)))
         results = {}
-        for name in parts:
-            for res in self.units[keys[name]].recv_ok():
+        for key, outcomes in self._ask_each(requests):
+            for res in outcomes:
                 results[res[0]] = res
                 if res[1] == "ok":
-                    self.where[res[0]] = keys[name]
+                    self.where[res[0]] = key
                 else:
                     self.where.pop(res[0], None)
         return ("ok", [results[item[0]] for item in items])
@@ -345,11 +345,9 @@ class _Dispatcher:
         for eid, arg in pairs:
             if self.where.get(eid) in self.units:
                 parts.setdefault(self.where[eid], []).append((eid, arg))
-        for key, part in parts.items():
-            self._unit(key).send((op, part))
         results = {}
-        for key in parts:
-            for res in self.units[key].recv_ok():
+        for _key, outcomes in self._ask_each([(key, (op, part)) for key, part in parts.items()]):
+            for res in outcomes:
                 results[res[0]] = res
                 if op == "vfinish" or res[1] != "ok":
                     self.where.pop(res[0], None)
@@ -390,15 +388,7 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
         first_of: dict[str, int] = {}  # tool schemas travel once per environment and message
         for eid, env_key, task, extra in items:
             try:
-                rt = make_runtime(
-                    {
-                        **extra,
-                        "env": envs[env_key],
-                        "task": task,
-                        "check_timeout": limits.check_seconds,
-                        "call_timeout": limits.call_seconds,
-                    }
-                )
+                rt = make_runtime(_timed({**extra, "env": envs[env_key], "task": task}, limits))
                 first = rt.reset()
                 many[eid] = rt
                 if env_key in first_of and isinstance(first, dict):
@@ -419,8 +409,7 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
             if op == "vstep":
                 out.append((eid, "ok", rt.step(arg)))
             elif op == "vfinish":
-                res = rt.finish(arg)
-                res.setdefault("error_class", "none" if not res.get("error") else "task")
+                res = _classified(rt.finish(arg))
                 many.pop(eid, None)
                 out.append((eid, "ok", res))
             else:
@@ -433,6 +422,17 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
 
 def _short(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+def _timed(spec: dict, limits: Limits) -> dict:
+    """An episode's spec with the per-check and per-call time limits the runtime enforces."""
+    return dict(spec, check_timeout=limits.check_seconds, call_timeout=limits.call_seconds)
+
+
+def _classified(out: dict) -> dict:
+    """A verified episode's result with its error class (``none`` or, if it says why not, ``task``)."""
+    out.setdefault("error_class", "none" if not out.get("error") else "task")
+    return out
 
 
 class _FrameConn:

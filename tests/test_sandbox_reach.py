@@ -392,36 +392,33 @@ def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):
     assert "big.bin" not in on_host
 
 
-def test_as_root_each_worker_runs_as_a_user_of_its_own(confined):
+def test_as_root_each_worker_runs_as_a_user_of_its_own(confined):  # skips where unconfined
     # its own pool: forking to the process limit takes seconds on a loaded machine
     with SandboxPool(workers=1, limits=Limits(episode_seconds=60.0, call_seconds=30.0)) as pool:
-        _own_user_and_fork_bomb(pool, pool.confinement())
-
-
-def _own_user_and_fork_bomb(pool, confined):
-    if os.geteuid() != 0 or confined["uid"] == 0:
-        pytest.skip(f"trainer uid {os.geteuid()}, worker uid {confined['uid']}: {confined['notes']}")
-    assert confined["uid"] >= SANDBOX_UID_BASE
-    assert output(pool, "read", path="/etc/shadow").startswith("refused")
-    with SandboxPool(workers=1, limits=Limits(episode_seconds=60.0)) as other:
-        assert other.confinement()["uid"] not in (confined["uid"], 0)
-        with pool.session(reach_spec()) as bomb:
-            bomb.reset()
-            # the bomb's processes live until its episode ends; they stop at this worker's limit
-            assert int(bomb.step({"name": "fork_bomb", "arguments": {}})) < 2000
-            # meanwhile the other worker, a user of its own, starts processes for new environments
-            env, task = rows("honest", HONEST)
-            jobs = [
-                (episode_spec(dict(env, env_id=f"honest{i}"), dict(task, env_id=f"honest{i}")), [])
-                for i in range(2 * SPARE_UNITS)
-            ]
-            assert all(r["error_class"] == "none" for r in other.map_episodes(jobs))
-            bomb.finish()
-    time.sleep(0.5)
-    w = pool._idle.queue[0]
-    # the worker, its namespace's PID 1, this environment's process and the spares: no bomb left
-    assert len(descendants(w.proc.pid, zombies=False)) <= 3 + SPARE_UNITS
-    assert call(pool, "parent_pid")["reward"] == 1.0
+        report = pool.confinement()
+        if os.geteuid() != 0 or report["uid"] == 0:
+            pytest.skip(f"trainer uid {os.geteuid()}, worker uid {report['uid']}: {report['notes']}")
+        assert report["uid"] >= SANDBOX_UID_BASE
+        assert output(pool, "read", path="/etc/shadow").startswith("refused")
+        with SandboxPool(workers=1, limits=Limits(episode_seconds=60.0)) as other:
+            assert other.confinement()["uid"] not in (report["uid"], 0)
+            with pool.session(reach_spec()) as bomb:
+                bomb.reset()
+                # the bomb's processes live until its episode ends; they stop at this worker's limit
+                assert int(bomb.step({"name": "fork_bomb", "arguments": {}})) < 2000
+                # meanwhile the other worker, a user of its own, starts processes for new environments
+                env, task = rows("honest", HONEST)
+                jobs = [
+                    (episode_spec(dict(env, env_id=f"honest{i}"), dict(task, env_id=f"honest{i}")), [])
+                    for i in range(2 * SPARE_UNITS)
+                ]
+                assert all(r["error_class"] == "none" for r in other.map_episodes(jobs))
+                bomb.finish()
+        time.sleep(0.5)
+        w = pool._idle.queue[0]
+        # the worker, its namespace's PID 1, this environment's process and the spares: no bomb left
+        assert len(descendants(w.proc.pid, zombies=False)) <= 3 + SPARE_UNITS
+        assert call(pool, "parent_pid")["reward"] == 1.0
 
 
 # ---------------------------------------------------------------------------- one environment, one process

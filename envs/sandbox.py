@@ -25,6 +25,7 @@ import os
 import queue
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,10 +97,7 @@ def _worker_main(limits: Limits) -> None:
         if msg[0] == "confinement":
             conn.send(("ok", confinement))
             continue
-        try:
-            reply = units.handle(msg)
-        except _UnitDied:
-            os._exit(1)  # as if the worker had run it: the supervisor reports a crash
+        reply = units.handle(msg)
         conn.send(reply)
         units.housekeeping(lambda: bool(select.select([rfd], [], [], 0)[0]), msg[0] in END_OPS)
 
@@ -182,6 +180,7 @@ class _Unit:
         os.close(to_r)
         os.close(from_w)
         self.conn = _FrameConn(from_r, to_w)
+        self.ended: str | None = None  # how its process ended, once seen
 
     def send(self, msg) -> None:
         try:
@@ -206,18 +205,53 @@ class _Unit:
         self.send(msg)
         return self.recv()
 
+    def exited(self) -> str | None:
+        """How this unit's process ended, or None while it runs (one waitpid, never blocking)."""
+        if self.ended is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already (the idle SIGCHLD handler of a PID 1)
+                self.ended = "it exited"
+            else:
+                if pid:
+                    self.ended = _exit_text(status)
+        return self.ended
+
+    def death(self) -> str:
+        """Why a unit that broke off a request is gone: its exit, or (alive, it broke the protocol)
+        that it stopped answering; waits a moment for an exit to be seen."""
+        give_up = time.monotonic() + 0.2
+        while self.exited() is None and time.monotonic() < give_up:
+            time.sleep(0.01)
+        return f"{DIED} ({self.exited() or 'it broke the protocol'})"
+
     def close(self) -> None:
         for fd in (self.conn.r, self.conn.w):
             try:
                 os.close(fd)
             except OSError:
                 pass
+        if self.exited() is not None:
+            return
         kill_quietly(self.pid)
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass  # reaped already (the idle SIGCHLD handler)
 
+
+def _exit_text(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return f"killed by {name}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
+
+
+# how a reply says that the environment's process died under a request (a vector episode that was in
+# it is replayed alone on the same worker, so only the episode that kills its process fails)
+DIED = "the environment's process died"
+LOST = "unit_lost"  # a vector episode's error class: its environment's process died under it
 
 SPARE_UNITS = 4  # processes forked ahead, while the worker waits, for environments not seen yet
 # the largest reply an environment's process may send (tool outputs are cut at 4,000 characters
@@ -238,13 +272,16 @@ class _Dispatcher:
     """The worker's side of the units: each environment's code runs in a unit of its own, kept
     for that environment's later episodes (up to ``Limits.env_processes`` units, the least recently
     used without an open episode ended first). Killing and forking happen off the request's path
-    where they can: after the reply is sent, until the next request arrives."""
+    where they can: after the reply is sent, until the next request arrives. A unit that dies costs
+    the episodes it held, never the worker or another environment's unit: a request to it is
+    answered with an error, and a unit found dead before a new episode is replaced first."""
 
     def __init__(self, limits: Limits, protocol_fds: tuple[int, int], pid_one: bool):
         self.limits, self.protocol_fds, self.pid_one = limits, protocol_fds, pid_one
         self.units: OrderedDict[str, _Unit] = OrderedDict()  # environment key -> its unit (LRU)
         self.session: str | None = None  # the interactive episode's environment key
         self.where: dict[int, str] = {}  # vector mode: open episode id -> environment key
+        self.lost: dict[int, str] = {}  # vector mode: open episode id -> how its unit died
         self.spares: list[_Unit] = []  # forked, never given any work
         self.ended: list[_Unit] = []  # evicted; killed in the next housekeeping
         self.preloaded: set[str] = set()  # pool kinds whose runtime this process has imported
@@ -255,7 +292,7 @@ class _Dispatcher:
     def _fork(self, patience: float = 2.0) -> _Unit:
         """A new unit (it closes the worker's protocol and every other unit's pipes). A fork the
         process limit refuses (another environment's fork bomb, ended with its episode) is tried
-        again for ``patience`` seconds, then counts as the worker's failure."""
+        again for ``patience`` seconds, then fails the request that needed it."""
         others = [fd for u in self._all() for fd in (u.conn.r, u.conn.w)]
         give_up = time.monotonic() + patience
         while True:
@@ -284,54 +321,103 @@ class _Dispatcher:
         self.ended.extend(self.spares)  # forked before the import: without it
         self.spares.clear()
 
-    def _unit(self, key: str) -> _Unit:
+    def _unit(self, key: str, fresh: bool = False) -> _Unit:
+        """The environment's unit; for a new episode (``fresh``) one that has died since its last
+        request (its own code's thread, the kernel's OOM killer) is replaced first."""
+        if fresh and key in self.units and self.units[key].exited() is not None:
+            self._lose(key, f"{DIED} ({self.units[key].exited()})")
         if key not in self.units:
             self.units[key] = self.spares.pop() if self.spares else self._fork()
         self.units.move_to_end(key)
         return self.units[key]
 
+    def _lose(self, key: str, why: str | None = None) -> str:
+        """Drop an environment's unit that died or broke off a request; the episodes it held are
+        lost (told on their next request). Returns why."""
+        unit = self.units.pop(key, None)
+        if unit is not None:
+            why = why or unit.death()
+            self.ended.append(unit)
+        why = why or DIED
+        for eid in [eid for eid, k in self.where.items() if k == key]:
+            del self.where[eid]
+            self.lost[eid] = why
+        if self.session == key:
+            self.session = None
+        return why
+
     def handle(self, msg) -> tuple:
         op = msg[0]
-        if op in ("episode", "open"):
-            self._preload(msg[1].get("kind"))
-            key = _env_key(msg[1].get("kind"), msg[1].get("env"))
-            if op == "open":
-                self.session = key
-            return self._unit(key).ask(msg)
-        if op in ("step", "end_turn", "finish"):
-            if self.session not in self.units:
-                kind = "verifier_error" if op == "finish" else "env_crash"
-                return ("error", kind, "no episode is open on this worker")
-            try:
-                return self._unit(self.session).ask(msg)
-            finally:
-                if op == "finish":
+        try:
+            if op in ("episode", "open"):
+                self._preload(msg[1].get("kind"))
+                key = _env_key(msg[1].get("kind"), msg[1].get("env"))
+                if op == "open":
                     self.session = None
-        if op == "vopen":
-            return self._vopen(msg)
-        if op in ("vstep", "vfinish"):
-            return self._vector(op, msg[1])
+                reply = self._ask(key, msg, fresh=True)
+                if op == "open" and reply[0] == "ok":
+                    self.session = key
+                return reply
+            if op in ("step", "end_turn", "finish"):
+                if self.session not in self.units:
+                    kind = "verifier_error" if op == "finish" else "env_crash"
+                    return ("error", kind, "no episode is open on this worker")
+                try:
+                    return self._ask(self.session, msg)
+                finally:
+                    if op == "finish":
+                        self.session = None
+            if op == "vopen":
+                return self._vopen(msg)
+            if op in ("vstep", "vfinish"):
+                return self._vector(op, msg[1])
+        except _UnitDied as exc:  # no process could be started for it
+            return ("error", "env_crash", str(exc))
         return ("error", "infra", f"unknown op {op!r}")
 
-    def _ask_each(self, requests: list[tuple[str, tuple]]) -> list[tuple[str, list]]:
+    def _ask(self, key: str, msg, fresh: bool = False) -> tuple:
+        unit = self._unit(key, fresh)
+        try:
+            return unit.ask(msg)
+        except _UnitDied:
+            return ("error", "env_crash", self._lose(key))
+
+    def _ask_each(self, requests: list[tuple[str, tuple]]) -> list[list]:
         """Send each environment's unit (by key) its share of a vector request, then collect the
-        per-episode outcomes in the same order (sent to all first, so the units work at once)."""
+        per-episode outcomes in the same order (sent to all first, so the units work at once). The
+        episodes of a unit that dies under its share come back as ``LOST``."""
+        fresh = requests[0][1][0] == "vopen" if requests else False
+        lost: dict[str, str] = {}
         for key, request in requests:
-            self._unit(key).send(request)
-        return [(key, self.units[key].recv_ok()) for key, _ in requests]
+            try:
+                self._unit(key, fresh).send(request)
+            except _UnitDied as exc:
+                lost[key] = self._lose(key, None if key in self.units else str(exc))
+        out = []
+        for key, request in requests:
+            if key not in lost:
+                try:
+                    out.append(self.units[key].recv_ok())
+                    continue
+                except _UnitDied:
+                    lost[key] = self._lose(key)
+            out.append([(item[0], "error", LOST, lost[key]) for item in request[-1]])
+        return out
 
     def _vopen(self, msg) -> tuple:
         envs, items = msg[1], msg[2]
         parts: dict[str, list] = {}
         for item in items:
             parts.setdefault(item[1], []).append(item)
+            self.lost.pop(item[0], None)  # an episode id is used again by a later batch
+            self.where.pop(item[0], None)
         requests = []
         for name, part in parts.items():
             kind = part[0][3].get("kind")
             self._preload(kind)
             requests.append((_env_key(kind, envs[name]), ("vopen", {name: envs[name]}, part)))
         results = {}
-        for key, outcomes in self._ask_each(requests):
+        for (key, _request), outcomes in zip(requests, self._ask_each(requests), strict=True):
             for res in outcomes:
                 results[res[0]] = res
                 if res[1] == "ok":
@@ -342,15 +428,18 @@ class _Dispatcher:
 
     def _vector(self, op: str, pairs: list) -> tuple:
         parts: dict[str, list] = {}
-        for eid, arg in pairs:
-            if self.where.get(eid) in self.units:
-                parts.setdefault(self.where[eid], []).append((eid, arg))
         results = {}
-        for _key, outcomes in self._ask_each([(key, (op, part)) for key, part in parts.items()]):
+        for eid, arg in pairs:
+            if eid in self.lost:
+                results[eid] = (eid, "error", LOST, self.lost.pop(eid))
+            elif self.where.get(eid) in self.units:
+                parts.setdefault(self.where[eid], []).append((eid, arg))
+        for outcomes in self._ask_each([(key, (op, part)) for key, part in parts.items()]):
             for res in outcomes:
                 results[res[0]] = res
                 if op == "vfinish" or res[1] != "ok":
                     self.where.pop(res[0], None)
+                    self.lost.pop(res[0], None)
         missing = ("error", "infra", "episode is not open on this worker")
         return ("ok", [results.get(eid) or (eid, *missing) for eid, _ in pairs])
 
@@ -609,9 +698,17 @@ class SandboxPool:
         if status == "ok":
             out = payload[0]
         else:
-            out = _failure(payload[0], payload[1])
+            out = self._failed(payload[0], payload[1])
         out["seconds"] = time.perf_counter() - t0
         return out
+
+    def _failed(self, kind: str, message: str) -> dict:
+        """An episode's error reply as its result; one whose environment's process died under it
+        counts as a crash, as a dead worker does."""
+        if kind == LOST or str(message).startswith(DIED):
+            self.stats["crashes"] += 1
+            kind = "env_crash"
+        return _failure(kind, message)
 
     def map_episodes(
         self, jobs: Iterable[tuple], progress: Callable[[int, int], None] | None = None
@@ -687,7 +784,7 @@ class Session:
             self.failed = _failure("env_crash", f"environment worker died ({type(exc).__name__})")
             return None
         if status != "ok":
-            self.failed = _failure(payload[0], payload[1])
+            self.failed = self.pool._failed(payload[0], payload[1])
             return None
         return payload[0]
 
@@ -775,7 +872,9 @@ class VectorBatch:
                 results.update(self._isolate(w, op, js, items))
                 return
             for eid, *res in out:
-                results[eid] = tuple(res)
+                # an environment's process died under its episodes: replay each alone in a new one
+                lost = res[1] == LOST if res[0] == "error" else False
+                results[eid] = self._solo(w, eid, op, items[eid]) if lost else tuple(res)
 
         with ThreadPoolExecutor(max_workers=max(1, len(by_worker))) as ex:
             list(ex.map(one, list(by_worker)))
@@ -829,7 +928,7 @@ class VectorBatch:
         return last
 
     def _fail(self, j: int, res: tuple) -> None:
-        self.failed[j] = _failure(res[1], res[2])
+        self.failed[j] = self.pool._failed(res[1], res[2])
 
     def reset(self) -> list[dict | None]:
         got = self._run("vopen", {j: None for j in range(len(self.episodes))})

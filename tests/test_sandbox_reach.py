@@ -140,6 +140,14 @@ class Reach:
         except OSError:
             pass
         return str(written)
+    def crash(self, code):
+        os._exit(int(code))
+    def kill_self(self):
+        os.kill(os.getpid(), 9)
+    def die_later(self):
+        import threading
+        threading.Thread(target=lambda: (time.sleep(0.3), os._exit(0)), daemon=True).start()
+        return "armed"
     def fork_bomb(self):
         n = 0
         try:
@@ -171,6 +179,9 @@ TOOLS = (
     "flood",
     "pry",
     "fork_bomb",
+    "crash",
+    "kill_self",
+    "die_later",
 )
 
 
@@ -481,3 +492,49 @@ def test_one_environments_code_never_changes_anothers_rewards(confine, monkeypat
             res = b.finish({0: None, 1: None, 2: None})
         assert [res[j]["reward"] for j in range(3)] == [1.0, 0.0, 1.0]
         assert p.run_episode(honest, [])["reward"] == 0.0
+
+
+def test_an_environments_process_dying_between_episodes_costs_no_rollout(pool):
+    """Code that outlives its episode (a thread) and ends its environment's process: the next
+    episode of that environment gets a new process, with no failure and no worker replaced."""
+    assert output(pool, "die_later") == "armed"
+    time.sleep(1.0)  # the environment's process has exited by now
+    res = call(pool, "parent_pid")
+    assert res["error_class"] == "none" and res["reward"] == 1.0
+    assert pool.stats["crashes"] == 0 and pool.stats["respawns"] == 0
+
+
+def test_an_environments_process_dying_under_a_vector_step_costs_that_rollout_only(pool):
+    """One episode ends its environment's process while three others of that environment are open
+    in it: those three are replayed in a new process and finish as if nothing had happened; the
+    worker (and every other environment's process) stays."""
+    spec = reach_spec()
+    envs = {"reach": json.loads(json.dumps(spec["env"]))}
+    with pool.batch(envs, [("reach", spec["task"])] * 4) as b:
+        assert all(first is not None for first in b.reset())
+        out = b.step(
+            {
+                0: {"name": "parent_pid", "arguments": {}},
+                1: {"name": "crash", "arguments": {"code": 3}},
+                2: {"name": "where", "arguments": {}},
+                3: {"name": "parent_pid", "arguments": {}},
+            }
+        )
+        res = b.finish({j: None for j in range(4)})
+    assert out[0].isdigit() and out[3].isdigit() and "|" in out[2]
+    assert [res[j]["reward"] for j in range(4)] == [1.0, 0.0, 1.0, 1.0]
+    assert res[1]["error_class"] == "env_crash" and "exit code 3" in res[1]["error"], res[1]
+    assert pool.stats["crashes"] == 1 and pool.stats["respawns"] == 0
+
+
+def test_an_interactive_episode_whose_process_dies_says_how(pool):
+    with pool.session(reach_spec()) as s:
+        s.reset()
+        s.step({"name": "kill_self", "arguments": {}})
+        res = s.finish()
+    assert res["error_class"] == "env_crash" and "killed by SIGKILL" in res["error"], res
+    with pool.session(reach_spec()) as s:  # the same environment, a new process, the same worker
+        s.reset()
+        assert s.step({"name": "parent_pid", "arguments": {}}).isdigit()
+        assert s.finish()["reward"] == 1.0
+    assert pool.stats["crashes"] == 1 and pool.stats["respawns"] == 0

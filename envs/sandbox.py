@@ -369,7 +369,7 @@ class _Dispatcher:
                         self.session = None
             if op == "vopen":
                 return self._vopen(msg)
-            if op in ("vstep", "vfinish"):
+            if op in ("vstep", "vfinish", "vdrop"):
                 return self._vector(op, msg[1])
         except _UnitDied as exc:  # no process could be started for it
             return ("error", "env_crash", str(exc))
@@ -437,7 +437,7 @@ class _Dispatcher:
         for outcomes in self._ask_each([(key, (op, part)) for key, part in parts.items()]):
             for res in outcomes:
                 results[res[0]] = res
-                if op == "vfinish" or res[1] != "ok":
+                if op != "vstep" or res[1] != "ok":
                     self.where.pop(res[0], None)
                     self.lost.pop(res[0], None)
         missing = ("error", "infra", "episode is not open on this worker")
@@ -468,8 +468,9 @@ class _Dispatcher:
 
 def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
     """Many episodes on one worker, one message per operation: ``vopen`` (envs, [(eid, env_key,
-    task, extra)]), ``vstep`` [(eid, call)], ``vfinish`` [(eid, answer)]. Each episode's outcome is
-    ("ok", value) or ("error", error_class, message): one episode's failure never affects another."""
+    task, extra)]), ``vstep`` [(eid, call)], ``vfinish`` [(eid, answer)], ``vdrop`` [(eid, None)]
+    (an episode given up: ended unverified). Each episode's outcome is ("ok", value) or ("error",
+    error_class, message): one episode's failure never affects another."""
 
     out = []
     if op == "vopen":
@@ -490,7 +491,10 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
                 out.append((eid, "error", "env_crash", _short(exc)))
         return out
     for eid, arg in msg[1]:
-        rt = many.get(eid)
+        rt = many.pop(eid, None) if op == "vdrop" else many.get(eid)
+        if op == "vdrop":
+            out.append((eid, "ok", rt is not None))
+            continue
         if rt is None:
             out.append((eid, "error", "infra", "episode is not open on this worker"))
             continue
@@ -542,7 +546,7 @@ class _FrameConn:
 
 # after these, what environment code forked is killed: by its environment's process, by the worker
 # (a namespace's PID 1 inherits the orphans) and, for an unconfined worker, by the supervisor
-END_OPS = ("episode", "finish", "vfinish")
+END_OPS = ("episode", "finish", "vfinish", "vdrop")
 
 
 class _Worker:
@@ -977,6 +981,13 @@ class VectorBatch:
         return out
 
     def close(self) -> None:
+        """Give the workers back; episodes never finished (an exception in the caller, an agent
+        loop cut short) are ended first, unverified, with whatever their code forked, so that they
+        hold no memory or process in the pool's workers."""
+        for w in range(len(self.workers)):
+            js = [j for j in range(len(self.episodes)) if self.owner[j] == w and j not in self.closed]
+            if js and self._send(w, "vdrop", [(j, None) for j in js]) is None:
+                self.workers[w] = self.pool._replace(self.workers[w])
         for w in self.workers:
             w.episodes += 1
             self.pool._checkin(w)

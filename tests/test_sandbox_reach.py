@@ -538,3 +538,26 @@ def test_an_interactive_episode_whose_process_dies_says_how(pool):
         assert s.step({"name": "parent_pid", "arguments": {}}).isdigit()
         assert s.finish()["reward"] == 1.0
     assert pool.stats["crashes"] == 1 and pool.stats["respawns"] == 0
+
+
+@pytest.mark.parametrize("confine", ["1", "0"])
+def test_a_batch_given_up_unfinished_leaves_nothing_running(confine, monkeypatch):
+    """A vector batch closed before its episodes finish (the caller raised, an agent loop was cut
+    short) ends them: what their code forked dies then, not at some later episode's end."""
+    monkeypatch.setenv("ENVSCHED_SANDBOX_CONFINE", confine)
+    spec = reach_spec()
+    envs = {"reach": json.loads(json.dumps(spec["env"]))}
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=5.0, call_seconds=2.0)) as p:
+        w = p._idle.queue[0]
+        with p.batch(envs, [("reach", spec["task"])] * 2) as b:
+            b.reset()
+            b.step({0: {"name": "spawn_daemon", "arguments": {}}})
+            time.sleep(0.3)
+            while_open = set(descendants(w.proc.pid, zombies=False))
+        time.sleep(0.5)
+        after = set(descendants(w.proc.pid, zombies=False))
+        assert len(while_open - after) == 1, (while_open, after)  # the daemon, and nothing else
+        with p.batch(envs, [("reach", spec["task"])] * 2) as b:  # the same episode ids, a new batch
+            assert all(first is not None for first in b.reset())
+            assert [r["reward"] for r in b.finish({0: None, 1: None}).values()] == [1.0, 1.0]
+        assert p.stats["respawns"] == 0

@@ -107,6 +107,10 @@ class _UnitDied(Exception):
     request was pending."""
 
 
+class _UnitLate(_UnitDied):
+    """An environment's process did not answer a vector request within its share's deadline."""
+
+
 class _UnitState:
     """What one unit's process holds between requests: an interactive runtime, or vector episodes."""
 
@@ -182,21 +186,25 @@ class _Unit:
         self.conn = _FrameConn(from_r, to_w)
         self.ended: str | None = None  # how its process ended, once seen
 
-    def send(self, msg) -> None:
+    def send(self, msg, deadline: float | None = None) -> None:
         try:
-            self.conn.send(msg)
+            self.conn.send(msg, deadline)
+        except TimeoutError as exc:  # it does not read its requests
+            raise _UnitLate(str(exc)) from exc
         except OSError as exc:
             raise _UnitDied(str(exc)) from exc
 
-    def recv(self):
+    def recv(self, deadline: float | None = None):
         try:
-            return self.conn.recv(max_bytes=UNIT_REPLY_BYTES)
+            return self.conn.recv(max_bytes=UNIT_REPLY_BYTES, deadline=deadline)
+        except TimeoutError as exc:
+            raise _UnitLate(str(exc)) from exc
         except (EOFError, OSError) as exc:
             raise _UnitDied(str(exc)) from exc
 
-    def recv_ok(self) -> list:
+    def recv_ok(self, deadline: float | None = None) -> list:
         """A vector reply's per-episode outcomes (a unit whose whole request failed has died)."""
-        reply = self.recv()
+        reply = self.recv(deadline)
         if reply[0] != "ok":
             raise _UnitDied(str(reply))
         return reply[1]
@@ -223,7 +231,7 @@ class _Unit:
         give_up = time.monotonic() + 0.2
         while self.exited() is None and time.monotonic() < give_up:
             time.sleep(0.01)
-        return f"{DIED} ({self.exited() or 'it broke the protocol'})"
+        return f"{ENV_PROCESS} died ({self.exited() or 'it broke the protocol'})"
 
     def close(self) -> None:
         for fd in (self.conn.r, self.conn.w):
@@ -248,10 +256,11 @@ def _exit_text(status: int) -> str:
     return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
-# how a reply says that the environment's process died under a request (a vector episode that was in
-# it is replayed alone on the same worker, so only the episode that kills its process fails)
-DIED = "the environment's process died"
-LOST = "unit_lost"  # a vector episode's error class: its environment's process died under it
+# how a reply says that the environment's process died or was ended under a request ...
+ENV_PROCESS = "the environment's process"
+# ... and how a vector episode's outcome marks it (its 4th field): such an episode may have been
+# innocent (the process held other episodes), so the trainer's side replays it alone, in a new one
+LOST = "lost"
 
 SPARE_UNITS = 4  # processes forked ahead, while the worker waits, for environments not seen yet
 # the largest reply an environment's process may send (tool outputs are cut at 4,000 characters
@@ -325,26 +334,26 @@ class _Dispatcher:
         """The environment's unit; for a new episode (``fresh``) one that has died since its last
         request (its own code's thread, the kernel's OOM killer) is replaced first."""
         if fresh and key in self.units and self.units[key].exited() is not None:
-            self._lose(key, f"{DIED} ({self.units[key].exited()})")
+            self._lose(key, "env_crash", f"{ENV_PROCESS} died ({self.units[key].exited()})")
         if key not in self.units:
             self.units[key] = self.spares.pop() if self.spares else self._fork()
         self.units.move_to_end(key)
         return self.units[key]
 
-    def _lose(self, key: str, why: str | None = None) -> str:
-        """Drop an environment's unit that died or broke off a request; the episodes it held are
-        lost (told on their next request). Returns why."""
+    def _lose(self, key: str, kind: str = "env_crash", why: str | None = None) -> tuple[str, str]:
+        """Drop an environment's unit that died, broke off a request or is ended for being late;
+        the episodes it held are lost (told on their next request). Returns (error class, why)."""
         unit = self.units.pop(key, None)
         if unit is not None:
             why = why or unit.death()
             self.ended.append(unit)
-        why = why or DIED
+        lost = (kind, why or f"{ENV_PROCESS} died")
         for eid in [eid for eid, k in self.where.items() if k == key]:
             del self.where[eid]
-            self.lost[eid] = why
+            self.lost[eid] = lost
         if self.session == key:
             self.session = None
-        return why
+        return lost
 
     def handle(self, msg) -> tuple:
         op = msg[0]
@@ -380,29 +389,47 @@ class _Dispatcher:
         try:
             return unit.ask(msg)
         except _UnitDied:
-            return ("error", "env_crash", self._lose(key))
+            return ("error", *self._lose(key))
 
     def _ask_each(self, requests: list[tuple[str, tuple]]) -> list[list]:
         """Send each environment's unit (by key) its share of a vector request, then collect the
-        per-episode outcomes in the same order (sent to all first, so the units work at once). The
-        episodes of a unit that dies under its share come back as ``LOST``."""
+        per-episode outcomes in the same order (sent to all first, so the units work at once). A
+        unit that dies under its share, or does not answer it within the share's deadline (code
+        that ignores its per-call alarm: the unit is ended), costs this worker nothing more: its
+        episodes come back marked ``LOST``."""
         fresh = requests[0][1][0] == "vopen" if requests else False
-        lost: dict[str, str] = {}
+        lost: dict[str, tuple[str, str]] = {}
+        deadline: dict[str, float] = {}
+
+        def lose(key: str, exc: _UnitDied, seconds: float) -> None:
+            if isinstance(exc, _UnitLate):
+                lost[key] = self._lose(key, "timeout", f"{ENV_PROCESS} did not answer within {seconds:g}s")
+            else:
+                lost[key] = self._lose(key, why=None if key in self.units else str(exc))
+
         for key, request in requests:
+            seconds = self._share_seconds(len(request[-1]))
+            deadline[key] = time.monotonic() + seconds
             try:
-                self._unit(key, fresh).send(request)
+                self._unit(key, fresh).send(request, deadline[key])
             except _UnitDied as exc:
-                lost[key] = self._lose(key, None if key in self.units else str(exc))
+                lose(key, exc, seconds)
         out = []
         for key, request in requests:
             if key not in lost:
                 try:
-                    out.append(self.units[key].recv_ok())
+                    out.append(self.units[key].recv_ok(deadline[key]))
                     continue
-                except _UnitDied:
-                    lost[key] = self._lose(key)
-            out.append([(item[0], "error", LOST, lost[key]) for item in request[-1]])
+                except _UnitDied as exc:
+                    lose(key, exc, self._share_seconds(len(request[-1])))
+            out.append([(item[0], "error", *lost[key], LOST) for item in request[-1]])
         return out
+
+    def _share_seconds(self, episodes: int) -> float:
+        """How long one environment's share of a vector request may take: the trainer's bound for
+        the whole request (``VectorBatch``) applied to the share, a second under it, so that a late
+        environment is ended here before the supervisor ends the worker."""
+        return vector_seconds(self.limits, episodes) - 1.0
 
     def _vopen(self, msg) -> tuple:
         envs, items = msg[1], msg[2]
@@ -431,7 +458,7 @@ class _Dispatcher:
         results = {}
         for eid, arg in pairs:
             if eid in self.lost:
-                results[eid] = (eid, "error", LOST, self.lost.pop(eid))
+                results[eid] = (eid, "error", *self.lost.pop(eid), LOST)
             elif self.where.get(eid) in self.units:
                 parts.setdefault(self.where[eid], []).append((eid, arg))
         for outcomes in self._ask_each([(key, (op, part)) for key, part in parts.items()]):
@@ -513,6 +540,12 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
     return out
 
 
+def vector_seconds(limits: Limits, episodes: int) -> float:
+    """The wall-clock bound on one vector operation over ``episodes`` episodes: each may use a
+    tool call's and a check's limit, and never less than one episode's."""
+    return max(limits.episode_seconds, episodes * (limits.call_seconds + limits.check_seconds) + 5.0)
+
+
 def _short(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
@@ -534,12 +567,12 @@ class _FrameConn:
     def __init__(self, read_fd: int, write_fd: int):
         self.r, self.w = read_fd, write_fd
 
-    def send(self, obj) -> None:
-        write_frame(self.w, dumps(obj))
+    def send(self, obj, deadline: float | None = None) -> None:
+        write_frame(self.w, dumps(obj), deadline)
 
-    def recv(self, max_bytes: int = MAX_FRAME):
+    def recv(self, max_bytes: int = MAX_FRAME, deadline: float | None = None):
         try:
-            return loads(read_frame(self.r, max_bytes=max_bytes))
+            return loads(read_frame(self.r, deadline, max_bytes=max_bytes))
         except ProtocolError as exc:
             raise EOFError(str(exc)) from exc
 
@@ -709,9 +742,8 @@ class SandboxPool:
     def _failed(self, kind: str, message: str) -> dict:
         """An episode's error reply as its result; one whose environment's process died under it
         counts as a crash, as a dead worker does."""
-        if kind == LOST or str(message).startswith(DIED):
-            self.stats["crashes"] += 1
-            kind = "env_crash"
+        if str(message).startswith(ENV_PROCESS):
+            self.stats["timeouts" if kind == "timeout" else "crashes"] += 1
         return _failure(kind, message)
 
     def map_episodes(
@@ -842,10 +874,17 @@ class VectorBatch:
         self.closed: set[int] = set()
         self.workers = [pool._checkout() for _ in range(min(pool.size, max(1, len(episodes))))]
         self.owner = [j % len(self.workers) for j in range(len(episodes))]
+        # a worker's generation counts its replacements; an episode is open on its worker only if
+        # it was opened in that worker's current generation (else it is replayed at its next call)
+        self.generation = [0] * len(self.workers)
+        self.opened_in = [0] * len(episodes)
+
+    def _replace(self, w: int) -> None:
+        self.workers[w] = self.pool._replace(self.workers[w])
+        self.generation[w] += 1
 
     def _deadline(self, n: int) -> float:
-        lim = self.pool.limits
-        return max(lim.episode_seconds, n * (lim.call_seconds + lim.check_seconds) + 5.0)
+        return vector_seconds(self.pool.limits, n)
 
     def _open_items(self, js: list[int]) -> list[tuple]:
         return [(j, self.episodes[j][0], self.episodes[j][1], {"kind": self.kind}) for j in js]
@@ -867,7 +906,14 @@ class VectorBatch:
 
         def one(w: int) -> None:
             js = by_worker[w]
+            for j in [j for j in js if op != "vopen" and self.opened_in[j] != self.generation[w]]:
+                results[j] = self._solo(w, j, op, items[j])  # its worker was replaced since it opened
+                js.remove(j)
+            if not js:
+                return
             if op == "vopen":
+                for j in js:
+                    self.opened_in[j] = self.generation[w]
                 envs = {self.episodes[j][0]: self.envs[self.episodes[j][0]] for j in js}
                 out = self._send(w, op, self._open_items(js), envs)
             else:
@@ -877,7 +923,7 @@ class VectorBatch:
                 return
             for eid, *res in out:
                 # an environment's process died under its episodes: replay each alone in a new one
-                lost = res[1] == LOST if res[0] == "error" else False
+                lost = res[0] == "error" and len(res) == 4 and res[3] == LOST
                 results[eid] = self._solo(w, eid, op, items[eid]) if lost else tuple(res)
 
         with ThreadPoolExecutor(max_workers=max(1, len(by_worker))) as ex:
@@ -885,44 +931,34 @@ class VectorBatch:
         return results
 
     def _isolate(self, w: int, op: str, js: list[int], items: dict[int, object]) -> dict[int, tuple]:
-        """Replace worker ``w`` and replay its open episodes one at a time: only an episode that
-        fails on its own is failed; the others get their result as if nothing had happened."""
-        self.workers[w] = self.pool._replace(self.workers[w])
-        out: dict[int, tuple] = {}
-        alive = [
-            j
-            for j in range(len(self.episodes))
-            if self.owner[j] == w and j not in self.failed and j not in self.closed
-        ]
-        for j in alive:
-            res = self._solo(w, j, op if j in items else None, items.get(j))
-            if j in items:
-                out[j] = res
-            elif res[0] != "ok":
-                self._fail(j, res)
-        return out
+        """Replace worker ``w`` and replay the operation's episodes one at a time: only an episode
+        that fails on its own is failed; the others get their result as if nothing had happened
+        (the worker's other open episodes are replayed at their next operation)."""
+        self._replace(w)
+        return {j: self._solo(w, j, op, items[j]) for j in js}
 
-    def _solo(self, w: int, j: int, op: str | None, arg) -> tuple:
+    def _solo(self, w: int, j: int, op: str, arg) -> tuple:
         """Re-open episode ``j`` on worker ``w``, replay its calls, then run ``op``; the last outcome."""
-        lim = self.pool.limits
+        seconds = self._deadline(1)
         ops = [("vopen", None)] + [("vstep", c) for c in self.history[j]]
-        if op is not None and op != "vopen":
+        if op != "vopen":
             ops.append((op, arg))
         last: tuple = ("error", "infra", "nothing ran")
         for o, a in ops:
             if o == "vopen":
                 msg = (o, {self.episodes[j][0]: self.envs[self.episodes[j][0]]}, self._open_items([j]))
+                self.opened_in[j] = self.generation[w]
             else:
                 msg = (o, [(j, a)])
             try:
-                status, *got = self.workers[w].call(msg, lim.episode_seconds)
+                status, *got = self.workers[w].call(msg, seconds)
             except TimeoutError:
                 self.pool.stats["timeouts"] += 1
-                self.workers[w] = self.pool._replace(self.workers[w])
-                return ("error", "timeout", f"episode exceeded {lim.episode_seconds:g}s")
+                self._replace(w)
+                return ("error", "timeout", f"episode exceeded {seconds:g}s")
             except (EOFError, OSError, BrokenPipeError) as exc:
                 self.pool.stats["crashes"] += 1
-                self.workers[w] = self.pool._replace(self.workers[w])
+                self._replace(w)
                 return ("error", "env_crash", f"environment worker died ({type(exc).__name__})")
             if status != "ok":
                 return ("error", "infra", str(got))
@@ -985,9 +1021,13 @@ class VectorBatch:
         loop cut short) are ended first, unverified, with whatever their code forked, so that they
         hold no memory or process in the pool's workers."""
         for w in range(len(self.workers)):
-            js = [j for j in range(len(self.episodes)) if self.owner[j] == w and j not in self.closed]
+            js = [
+                j
+                for j in range(len(self.episodes))
+                if self.owner[j] == w and j not in self.closed and self.opened_in[j] == self.generation[w]
+            ]
             if js and self._send(w, "vdrop", [(j, None) for j in js]) is None:
-                self.workers[w] = self.pool._replace(self.workers[w])
+                self._replace(w)
         for w in self.workers:
             w.episodes += 1
             self.pool._checkin(w)

@@ -144,6 +144,10 @@ class Reach:
         os._exit(int(code))
     def kill_self(self):
         os.kill(os.getpid(), 9)
+    def sleep_forever(self):
+        import signal
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)  # past its per-call limit
+        time.sleep(3600)
     def die_later(self):
         import threading
         threading.Thread(target=lambda: (time.sleep(0.3), os._exit(0)), daemon=True).start()
@@ -182,6 +186,7 @@ TOOLS = (
     "crash",
     "kill_self",
     "die_later",
+    "sleep_forever",
 )
 
 
@@ -525,6 +530,46 @@ def test_an_environments_process_dying_under_a_vector_step_costs_that_rollout_on
     assert [res[j]["reward"] for j in range(4)] == [1.0, 0.0, 1.0, 1.0]
     assert res[1]["error_class"] == "env_crash" and "exit code 3" in res[1]["error"], res[1]
     assert pool.stats["crashes"] == 1 and pool.stats["respawns"] == 0
+
+
+def test_an_environment_that_hangs_a_vector_step_costs_that_rollout_only():
+    """Code that ignores its per-call alarm and sleeps: its environment's process is ended at
+    its share's deadline (not the whole request's), the others open in it are replayed, and the
+    worker stays."""
+    spec = reach_spec()
+    envs = {"reach": json.loads(json.dumps(spec["env"]))}
+    limits = Limits(episode_seconds=2.0, call_seconds=0.5, check_seconds=0.5)
+    with SandboxPool(workers=1, limits=limits) as p:
+        with p.batch(envs, [("reach", spec["task"])] * 4) as b:
+            b.reset()
+            t0 = time.monotonic()
+            calls = {j: {"name": "parent_pid", "arguments": {}} for j in range(4)}
+            out = b.step({**calls, 1: {"name": "sleep_forever", "arguments": {}}})
+            took = time.monotonic() - t0
+            res = b.finish({j: None for j in range(4)})
+        assert all(out[j].isdigit() for j in (0, 2, 3)) and out[1].startswith("Error")
+        assert [res[j]["reward"] for j in range(4)] == [1.0, 0.0, 1.0, 1.0], res
+        assert res[1]["error_class"] == "timeout" and "did not answer within" in res[1]["error"], res[1]
+        assert p.stats["timeouts"] == 1 and p.stats["respawns"] == 0
+        assert took < 2 * 9.0  # the share's deadline, then the hanging episode alone once more
+
+
+def test_a_vector_episode_that_kills_its_worker_costs_that_rollout_only(monkeypatch):
+    """Unconfined, an environment's process can kill the worker (its parent): the worker is
+    replaced and the batch's episodes are replayed on the new one as they are needed, each once."""
+    monkeypatch.setenv("ENVSCHED_SANDBOX_CONFINE", "0")
+    spec = reach_spec()
+    envs = {"reach": json.loads(json.dumps(spec["env"]))}
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=5.0, call_seconds=2.0)) as p:
+        with p.batch(envs, [("reach", spec["task"])] * 4) as b:
+            b.reset()
+            calls = {j: {"name": "where", "arguments": {}} for j in range(4)}
+            out = b.step({**calls, 1: {"name": "kill_parent", "arguments": {}}})
+            again = b.step({0: {"name": "parent_pid", "arguments": {}}})
+            res = b.finish({j: None for j in range(4)})
+        assert all("|" in out[j] for j in (0, 2, 3)) and out[1].startswith("Error") and again[0].isdigit()
+        assert [res[j]["reward"] for j in range(4)] == [1.0, 0.0, 1.0, 1.0], res
+        assert res[1]["error_class"] == "env_crash" and p.stats["respawns"] == 2  # at its step and its replay
 
 
 def test_an_interactive_episode_whose_process_dies_says_how(pool):

@@ -2668,7 +2668,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
             else "still the larger one."
         )
     )
-    rival_lines = _draws_against_rival("greso", lr, first, second, seeds, runs, base_runs, steps)
+    rival_lines = _draws_against_rivals(("greso", "mopps"), lr, first, second, seeds, runs, base_runs, steps)
     write_section(
         "neural_draws",
         "\n".join(
@@ -2707,73 +2707,94 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     )
 
 
-def _draws_against_rival(
-    rival: str, lr: str, first: dict, second: dict, seeds: list[int], runs: str, base_runs: str, steps: int
+def _draws_against_rivals(
+    rivals: tuple[str, ...],
+    lr: str,
+    first: dict,
+    second: dict,
+    seeds: list[int],
+    runs: str,
+    base_runs: str,
+    steps: int,
 ) -> list[str]:
-    """The form against ``rival`` (the closest row of the records) in both draws, at the seeds where
-    the rival ran twice too, and the sixth target among the three schedulers that did; without
-    such seeds, a line saying the sixth target is not judged."""
-    r0 = _by_draw((rival,), base_runs, steps, 0).get(rival, {})
-    r1 = _by_draw((rival,), runs, steps, 1, evals=(50, steps)).get(rival, {})
-    both = [s for s in seeds if s in r0 and s in r1]
-    if len(both) < 3:
+    """The form against each of ``rivals`` (the closest rows of the records) in both draws, at the
+    seeds where that rival ran twice too, and the sixth target among the schedulers with a second
+    draw; without such seeds, a line saying the sixth target is not judged."""
+    got = {}
+    for rival in rivals:
+        r0 = _by_draw((rival,), base_runs, steps, 0).get(rival, {})
+        r1 = _by_draw((rival,), runs, steps, 1, evals=(50, steps)).get(rival, {})
+        both = [s for s in seeds if s in r0 and s in r1]
+        if len(both) >= 3:
+            got[rival] = ((r0, r1), both)
+    if not got:
         return [
             "The sixth target, the best mean held-out of all eight schedulers, needs every scheduler's "
             "second draw (not run: it needs all eight schedulers run again).",
             "",
         ]
-    rivals = (r0, r1)
-
-    def gap(i: int, kind: str) -> np.ndarray:  # the form minus the rival, draw i, seeds ``both``
-        key = f"heldout_{kind}_final"
-        return np.array([(first, second)[i][lr][s][key] - rivals[i][s][key] for s in both])
-
-    def mean_over(by_seed: dict, kind: str) -> float:  # over the seeds the rival ran twice
-        return float(np.mean([by_seed[s][f"heldout_{kind}_final"] for s in both]))
-
-    rows = [
-        f"| seed | form − {rival} unseen: draw 0 | draw 1 | form − {rival} seen: draw 0 | draw 1 |",
-        "|---|---|---|---|---|",
-    ]
-    g = {(i, k): gap(i, k) for i in (0, 1) for k in ("unseen", "seen")}
-    for j, s in enumerate(both):
-        rows.append(
-            f"| {s} | {g[0, 'unseen'][j]:+.4f} | {g[1, 'unseen'][j]:+.4f} | {g[0, 'seen'][j]:+.4f} | "
-            f"{g[1, 'seen'][j]:+.4f} |"
-        )
 
     def wins(x: np.ndarray) -> str:
         return f"{x.mean():+.4f} ({(x > 0).sum()}/{len(x)})"
 
-    rows.append(
-        f"| mean (wins) | {wins(g[0, 'unseen'])} | {wins(g[1, 'unseen'])} | {wins(g[0, 'seen'])} | "
-        f"{wins(g[1, 'seen'])} |"
-    )
-    n = len(both)
-    pooled = {k: (g[0, k] + g[1, k]) / 2 for k in ("unseen", "seen")}  # a seed's mean over its draws
-    se = {k: float(pooled[k].std(ddof=1) / math.sqrt(n)) for k in pooled}
+    lines = []
+    for rival, (draws, both) in got.items():
+        g = {  # the form minus the rival, draw i, at the seeds ``both``
+            (i, k): np.array(
+                [
+                    (first, second)[i][lr][s][f"heldout_{k}_final"] - draws[i][s][f"heldout_{k}_final"]
+                    for s in both
+                ]
+            )
+            for i in (0, 1)
+            for k in ("unseen", "seen")
+        }
+        rows = [
+            f"| seed | form − {rival} unseen: draw 0 | draw 1 | form − {rival} seen: draw 0 | draw 1 |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {s} | {g[0, 'unseen'][j]:+.4f} | {g[1, 'unseen'][j]:+.4f} | {g[0, 'seen'][j]:+.4f} | "
+                f"{g[1, 'seen'][j]:+.4f} |"
+                for j, s in enumerate(both)
+            ),
+            f"| mean (wins) | {wins(g[0, 'unseen'])} | {wins(g[1, 'unseen'])} | {wins(g[0, 'seen'])} | "
+            f"{wins(g[1, 'seen'])} |",
+        ]
+        n = len(both)
+        pooled = {k: (g[0, k] + g[1, k]) / 2 for k in ("unseen", "seen")}  # a seed's mean over its draws
+        se = {k: float(pooled[k].std(ddof=1) / math.sqrt(n)) for k in pooled}
+        verdict = {
+            k: "resolved" if abs(pooled[k].mean()) > 2 * se[k] else "inside two standard errors"
+            for k in pooled
+        }
+
+        lines += [
+            f"`{rival}` ran a second draw too, at seeds {', '.join(map(str, both))}: the form against it, "
+            "final held-out.",
+            "",
+            *rows,
+            "",
+            f"Averaged over a seed's two draws, the form minus {rival}: {pooled['unseen'].mean():+.4f} ± "
+            f"{se['unseen']:.4f} unseen, {pooled['seen'].mean():+.4f} ± {se['seen']:.4f} seen (± standard error "
+            f"over the {n} seeds; {verdict['unseen']} on unseen, {verdict['seen']} on seen).",
+            "",
+        ]
+    common = [s for s in seeds if all(s in both for _draws, both in got.values())]
     best = []
     for kind in ("seen", "unseen"):
+        key = f"heldout_{kind}_final"
         means = {
-            "random": mean_over(second["random"], kind),
-            rival: mean_over(r1, kind),
-            "the form": mean_over(second[lr], kind),
+            "random": float(np.mean([second["random"][s][key] for s in common])),
+            **{r: float(np.mean([d[1][s][key] for s in common])) for r, (d, _both) in got.items()},
+            "the form": float(np.mean([second[lr][s][key] for s in common])),
         }
         top = max(means, key=means.get)
         where = "seen tasks" if kind == "seen" else "unseen environments"
         best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in means.items())})")
-    return [
-        f"`{rival}` (the closest row of the records on both kinds) ran a second draw too, at seeds "
-        f"{', '.join(map(str, both))}: the form against it, final held-out.",
-        "",
-        *rows,
-        "",
-        f"Averaged over a seed's two draws, the form minus {rival}: {pooled['unseen'].mean():+.4f} ± {se['unseen']:.4f} "
-        f"unseen, {pooled['seen'].mean():+.4f} ± {se['seen']:.4f} seen (± standard error over the {n} seeds; "
-        f"{'resolved' if abs(pooled['unseen'].mean()) > 2 * se['unseen'] else 'inside two standard errors'} on unseen, "
-        f"{'resolved' if abs(pooled['seen'].mean()) > 2 * se['seen'] else 'inside two standard errors'} on seen). "
-        f"The sixth target on draw 1, among the three schedulers that ran it (the other five did not): the "
-        f"highest mean held-out {best[0]}; {best[1]}.",
+    ran = 2 + len(got)
+    return lines + [
+        f"The sixth target on draw 1, among the {ran} schedulers that ran it (the other {8 - ran} did not), "
+        f"over seeds {', '.join(map(str, common))}: the highest mean held-out {best[0]}; {best[1]}.",
         "",
     ]
 

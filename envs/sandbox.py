@@ -209,9 +209,9 @@ class _Unit:
             raise _UnitDied(str(reply))
         return reply[1]
 
-    def ask(self, msg):
-        self.send(msg)
-        return self.recv()
+    def ask(self, msg, deadline: float | None = None):
+        self.send(msg, deadline)
+        return self.recv(deadline)
 
     def exited(self) -> str | None:
         """How this unit's process ended, or None while it runs (one waitpid, never blocking)."""
@@ -289,6 +289,7 @@ class _Dispatcher:
         self.limits, self.protocol_fds, self.pid_one = limits, protocol_fds, pid_one
         self.units: OrderedDict[str, _Unit] = OrderedDict()  # environment key -> its unit (LRU)
         self.session: str | None = None  # the interactive episode's environment key
+        self.session_ends = 0.0  # ... and when its time is up (monotonic clock)
         self.where: dict[int, str] = {}  # vector mode: open episode id -> environment key
         self.lost: dict[int, str] = {}  # vector mode: open episode id -> how its unit died
         self.spares: list[_Unit] = []  # forked, never given any work
@@ -361,9 +362,11 @@ class _Dispatcher:
             if op in ("episode", "open"):
                 self._preload(msg[1].get("kind"))
                 key = _env_key(msg[1].get("kind"), msg[1].get("env"))
+                # one episode's time, a second under the trainer's bound (see ``_share_seconds``)
+                ends = time.monotonic() + self.limits.episode_seconds - 1.0
                 if op == "open":
-                    self.session = None
-                reply = self._ask(key, msg, fresh=True)
+                    self.session, self.session_ends = None, ends
+                reply = self._ask(key, msg, ends, fresh=True)
                 if op == "open" and reply[0] == "ok":
                     self.session = key
                 return reply
@@ -372,7 +375,7 @@ class _Dispatcher:
                     kind = "verifier_error" if op == "finish" else "env_crash"
                     return ("error", kind, "no episode is open on this worker")
                 try:
-                    return self._ask(self.session, msg)
+                    return self._ask(self.session, msg, self.session_ends)
                 finally:
                     if op == "finish":
                         self.session = None
@@ -384,10 +387,18 @@ class _Dispatcher:
             return ("error", "env_crash", str(exc))
         return ("error", "infra", f"unknown op {op!r}")
 
-    def _ask(self, key: str, msg, fresh: bool = False) -> tuple:
+    def _ask(self, key: str, msg, deadline: float, fresh: bool = False) -> tuple:
+        """One request to an environment's unit, answered by the deadline; a unit that dies under
+        it, or is late (it is ended), costs this episode only."""
         unit = self._unit(key, fresh)
         try:
-            return unit.ask(msg)
+            return unit.ask(msg, deadline)
+        except _UnitLate:
+            seconds = self.limits.episode_seconds
+            return (
+                "error",
+                *self._lose(key, "timeout", f"{ENV_PROCESS} did not end its episode within {seconds:g}s"),
+            )
         except _UnitDied:
             return ("error", *self._lose(key))
 

@@ -572,6 +572,21 @@ def test_a_vector_episode_that_kills_its_worker_costs_that_rollout_only(monkeypa
         assert res[1]["error_class"] == "env_crash" and p.stats["respawns"] == 2  # at its step and its replay
 
 
+def test_an_episode_that_hangs_its_environments_process_costs_no_worker():
+    """Batch and interactive episodes alike: code that ignores its per-call alarm is ended with its
+    environment's process when the episode's time is up; the worker (and its other environments'
+    processes) stays."""
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=2.0, call_seconds=0.5)) as p:
+        res = call(p, "sleep_forever")
+        assert res["error_class"] == "timeout" and "did not end its episode within 2s" in res["error"], res
+        with p.session(reach_spec()) as s:
+            s.reset()
+            s.step({"name": "sleep_forever", "arguments": {}})
+            assert s.finish()["error_class"] == "timeout"
+        assert call(p, "parent_pid")["reward"] == 1.0
+        assert p.stats["timeouts"] == 2 and p.stats["respawns"] == 0
+
+
 def test_an_interactive_episode_whose_process_dies_says_how(pool):
     with pool.session(reach_spec()) as s:
         s.reset()

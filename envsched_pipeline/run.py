@@ -284,6 +284,8 @@ class RunSpec:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.trainer not in TRAINERS:
             raise ConfigError(f"unknown trainer {self.trainer!r}; choose one of {', '.join(TRAINERS)}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
         if self.group_size < 2:

@@ -1,5 +1,6 @@
 """The envsched CLI end to end (the in-process Dagster loop on a real instance in a temp DAGSTER_HOME)."""
 
+import argparse
 import csv
 import io
 import json
@@ -12,6 +13,7 @@ import pytest
 
 from envsched_pipeline.cli import build_parser, main
 from envsched_pipeline.cli.train import requested_run
+from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.variants import RECOMMENDED
 
@@ -247,3 +249,33 @@ def test_env_sandbox_as_the_root_of_a_user_namespace_that_maps_one_uid():
         pytest.skip(f"this host refuses namespaces inside a user namespace: {out.stdout}")
     assert lines["files"].strip() == "private root" and lines["user"].strip() == "root"
     assert "maps no uid" in out.stdout
+
+
+def _integer_options(parser, path=()):
+    """(command path, option, its minimum) for every integer option of every command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _integer_options(sub, (*path, name))
+        elif action.type is int:
+            yield path, action.option_strings, None  # unbounded: the test below names it
+        elif getattr(action.type, "__name__", "").startswith("integer >= "):
+            yield path, action.option_strings, int(action.type.__name__.split(">= ")[1])
+
+
+def test_every_integer_option_refuses_what_it_cannot_mean(tmp_path, capsys):
+    """A count below one, a negative seed, step or index, a group of one rollout: refused by the
+    parser, naming the option, before anything runs or is written."""
+    options = list(_integer_options(build_parser()))
+    assert len(options) >= 25 and [o for o in options if o[2] is None] == []
+    for path, flags, minimum in options:
+        with pytest.raises(SystemExit) as exc:
+            main(["--lake", str(tmp_path / "lake"), *path, flags[0], str(minimum - 1)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"argument {'/'.join(flags)}: must be >= {minimum}" in err, (path, err)
+    with pytest.raises(SystemExit):
+        main(["--lake", str(tmp_path / "lake"), "train", "--steps", "2x"])
+    assert "argument --steps: invalid int value: '2x'" in capsys.readouterr().err
+    assert not (tmp_path / "lake").exists()
+    with pytest.raises(ConfigError, match="seed must be >= 0, got -1"):
+        RunSpec(seed=-1).validate()  # a run asked for from Python or the Dagster launchpad

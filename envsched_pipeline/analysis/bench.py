@@ -869,6 +869,13 @@ def run_benchmark(
         raise ValueError(f"unknown learner {learner!r}; choose one of {', '.join(LEARNERS)}")
     if steps < 1 or seeds < 1:
         raise ValueError("steps and seeds must be >= 1")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0 (got {seed})")
+    if batch_size < 1 or group_size < 2:
+        raise ValueError(
+            f"batch_size must be >= 1 and group_size >= 2 (GRPO compares rollouts within a group); "
+            f"got {batch_size} and {group_size}"
+        )
     if probe_every is not None and probe_every < 1:
         raise ValueError(f"probe_every must be >= 1 (got {probe_every})")
     if oracle_candidates < 1:

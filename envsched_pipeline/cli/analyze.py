@@ -12,7 +12,17 @@ from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, pro
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, json_object, lake_of, names
+from envsched_pipeline.cli.common import (
+    COUNT,
+    GROUP,
+    INDEX,
+    HelpFormatter,
+    UsageError,
+    dumps,
+    json_object,
+    lake_of,
+    names,
+)
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
 from envsched_pipeline.core.loop import next_action, status
@@ -47,19 +57,19 @@ def add_parser(sub) -> None:
         "scheduler", help="every scheduler against the same learner, pool and seeds", formatter_class=F
     )
     bs.add_argument("--pool", default="synthetic", choices=["synthetic"], help="pool generator")
-    bs.add_argument("--steps", type=int, default=200, help="training steps per run")
-    bs.add_argument("--seed", type=int, default=0, help="first seed")
-    bs.add_argument("--seeds", type=int, default=1, help="average over seeds seed..seed+N-1")
+    bs.add_argument("--steps", type=COUNT, default=200, help="training steps per run")
+    bs.add_argument("--seed", type=INDEX, default=0, help="first seed")
+    bs.add_argument("--seeds", type=COUNT, default=1, help="average over seeds seed..seed+N-1")
     bs.add_argument(
         "--schedulers",
         default=None,
         help=f"comma-separated scheduler names (default: {ALL}; the neural learner's default leaves out the "
         "oracle, which costs --oracle-candidates/B times a step's rollouts)",
     )
-    bs.add_argument("--envs", type=int, default=51, help="environments in the generated pool")
-    bs.add_argument("--tasks", type=int, default=50, help="tasks per environment")
-    bs.add_argument("--batch-size", type=int, default=64, help="B")
-    bs.add_argument("--group-size", type=int, default=8, help="G")
+    bs.add_argument("--envs", type=COUNT, default=51, help="environments in the generated pool")
+    bs.add_argument("--tasks", type=COUNT, default=50, help="tasks per environment")
+    bs.add_argument("--batch-size", type=COUNT, default=64, help="B")
+    bs.add_argument("--group-size", type=GROUP, default=8, help="G")
     bs.add_argument("--json", default=None, help="write the result document here")
     bs.add_argument("--series", action="store_true", help="include per-step series in the JSON")
     bs.add_argument(
@@ -76,7 +86,7 @@ def add_parser(sub) -> None:
         help='learner settings as a JSON object, e.g. \'{"loss_denominator": "batch"}\' (neural) or '
         "'{\"env_skill_share\": 0.5}' (simulated); part of each recorded run's key",
     )
-    bs.add_argument("--jobs", type=int, default=1, help="(scheduler, seed) runs in parallel processes")
+    bs.add_argument("--jobs", type=COUNT, default=1, help="(scheduler, seed) runs in parallel processes")
     bs.add_argument("--cache", default=None, help="keep finished runs here; a re-run resumes from them")
     bs.add_argument(
         "--recorded-only",
@@ -84,11 +94,11 @@ def add_parser(sub) -> None:
         help="run nothing: summarize the runs in --cache (each scheduler over the seeds it has)",
     )
     bs.add_argument(
-        "--eval-every", type=int, default=None, help="neural: held-out every N steps (default steps/4)"
+        "--eval-every", type=COUNT, default=None, help="neural: held-out every N steps (default steps/4)"
     )
     bs.add_argument(
         "--probe-every",
-        type=int,
+        type=COUNT,
         default=None,
         metavar="N",
         help="every N steps, probe the whole pool with two fresh groups per task (what share of it, of "
@@ -97,7 +107,7 @@ def add_parser(sub) -> None:
     )
     bs.add_argument(
         "--oracle-candidates",
-        type=int,
+        type=COUNT,
         default=ORACLE_CANDIDATES,
         metavar="N",
         help="neural learner: the oracle rolls one fresh group of N random tasks each step and trains "
@@ -105,7 +115,7 @@ def add_parser(sub) -> None:
     )
     bs.add_argument(
         "--unseen-envs",
-        type=int,
+        type=COUNT,
         default=UNSEEN_ENVS,
         metavar="N",
         help="neural learner: environments in the unseen held-out split (the unseen family has 12 "
@@ -114,7 +124,7 @@ def add_parser(sub) -> None:
     )
     bs.add_argument(
         "--draw",
-        type=int,
+        type=INDEX,
         default=0,
         metavar="K",
         help="run each (scheduler, seed) again from the same pool, split and warm start with the K-th other "
@@ -141,7 +151,7 @@ def add_parser(sub) -> None:
         help="comma-separated scheduler names",
     )
     br.add_argument(
-        "--window", type=int, default=4, help="steps within which a task's logged variance is reused"
+        "--window", type=INDEX, default=4, help="steps within which a task's logged variance is reused"
     )
     br.add_argument("--json", default=None, help="write the result document here")
     br.set_defaults(func=cmd_bench_replay)
@@ -206,8 +216,6 @@ def cmd_report(args) -> int:
 def cmd_bench_scheduler(args) -> int:
     default = ALL if args.learner == "simulated" else ALL.removesuffix(",oracle")
     chosen = names(args.schedulers or default)
-    if args.steps < 1 or args.seeds < 1 or args.jobs < 1:
-        raise UsageError("--steps, --seeds and --jobs must be >= 1")
     if not chosen:
         raise UsageError("--schedulers names no scheduler")
     if args.recorded_only and not args.cache:

@@ -18,6 +18,26 @@ class UsageError(EnvschedError):
     """A command-line mistake: printed as one line, exit code 2."""
 
 
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``; argparse names the option in the error
+    (``argument --steps: must be >= 1, got -1``) before anything runs."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+COUNT, INDEX, GROUP = at_least(1), at_least(0), at_least(2)  # counts, seeds/steps/indices, G
+
+
 def lake_of(args: argparse.Namespace) -> Lake:
     return Lake(args.lake)
 

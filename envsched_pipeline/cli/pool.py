@@ -11,7 +11,7 @@ from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.isolation import SANDBOX_UID_BASE
 from envs.registry import POOLS, episode_spec, load_synthetic
 from envs.sandbox import Limits, SandboxPool
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import COUNT, INDEX, HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.run import valid_name
 
@@ -26,9 +26,9 @@ def add_parser(sub) -> None:
     pc = psub.add_parser("create", help="make a synthetic pool under a name", formatter_class=F)
     pc.add_argument("kind", choices=["synthetic"], help="generator")
     pc.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
-    pc.add_argument("--envs", type=int, default=51, help="environments")
-    pc.add_argument("--tasks-per-env", type=int, default=50, help="tasks per environment")
-    pc.add_argument("--seed", type=int, default=0, help="generator seed")
+    pc.add_argument("--envs", type=COUNT, default=51, help="environments")
+    pc.add_argument("--tasks-per-env", type=COUNT, default=50, help="tasks per environment")
+    pc.add_argument("--seed", type=INDEX, default=0, help="generator seed")
     pc.add_argument(
         "--allow-pool-edit", action="store_true", help="replace the pool of a live run (edit-tolerant)"
     )
@@ -77,8 +77,6 @@ def cmd_list(args) -> int:
 def cmd_create(args) -> int:
     lake = lake_of(args)
     valid_name(args.name)
-    if args.envs < 1 or args.tasks_per_env < 1:
-        raise UsageError("--envs and --tasks-per-env must be >= 1")
     data = load_synthetic(args.name, n_envs=args.envs, tasks_per_env=args.tasks_per_env, seed=args.seed)
     print(dumps(import_pool(lake, data, allow_edit=args.allow_pool_edit)))
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from envsched_pipeline.analysis.rollouts_view import render
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, lake_of
+from envsched_pipeline.cli.common import COUNT, INDEX, HelpFormatter, UsageError, at_least, lake_of
 from envsched_pipeline.run import require_run
 
 
@@ -15,11 +15,11 @@ def add_parser(sub) -> None:
         help="print rollouts of a step: actions, outputs, checks, reward",
         formatter_class=HelpFormatter,
     )
-    show.add_argument("--step", type=int, required=True, help="step")
+    show.add_argument("--step", type=INDEX, required=True, help="step")
     show.add_argument("--task", default=None, help="only this task")
-    show.add_argument("--rollout", type=int, default=None, help="only this rollout index")
-    show.add_argument("--limit", type=int, default=3, help="at most this many rollouts")
-    show.add_argument("--width", type=int, default=100, help="line width")
+    show.add_argument("--rollout", type=INDEX, default=None, help="only this rollout index")
+    show.add_argument("--limit", type=COUNT, default=3, help="at most this many rollouts")
+    show.add_argument("--width", type=at_least(40), default=100, help="line width")
     show.set_defaults(func=cmd_show)
 
 

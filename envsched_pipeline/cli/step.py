@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import COUNT, GROUP, INDEX, HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.build import asked_run, open_run
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
         "select", help="write manifest T and print its picks as JSON lines", formatter_class=F
     )
     sel.add_argument("--pool", required=True, help="pool name")
-    sel.add_argument("--step", type=int, required=True, help="step T")
+    sel.add_argument("--step", type=INDEX, required=True, help="step T")
     sel.add_argument(
         "--scheduler",
         default=None,
@@ -32,15 +32,15 @@ def add_parser(sub) -> None:
         f"(`envsched bench variants` lists them; {RECOMMENDED} is the recommended form). First call: "
         "envsched; later calls: the run's own, config included",
     )
-    sel.add_argument("--seed", type=int, default=None, help="run seed (first call: 0)")
-    sel.add_argument("--batch-size", type=int, default=None, help="B (first call: 64)")
-    sel.add_argument("--group-size", type=int, default=None, help="G, >= 2 (first call: 8)")
+    sel.add_argument("--seed", type=INDEX, default=None, help="run seed (first call: 0)")
+    sel.add_argument("--batch-size", type=COUNT, default=None, help="B (first call: 64)")
+    sel.add_argument("--group-size", type=GROUP, default=None, help="G, >= 2 (first call: 8)")
     sel.set_defaults(func=cmd_select)
     ing = ssub.add_parser(
         "ingest", help="validate and write rollouts of step T (.jsonl or .parquet)", formatter_class=F
     )
     ing.add_argument("--pool", required=True, help="pool name")
-    ing.add_argument("--step", type=int, required=True, help="step T")
+    ing.add_argument("--step", type=INDEX, required=True, help="step T")
     ing.add_argument("--rollouts", required=True, help="file with task_id, rollout, reward per row")
     ing.add_argument(
         "--replace",

@@ -8,7 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, dagster_home, json_object, lake_of
+from envsched_pipeline.cli.common import (
+    COUNT,
+    GROUP,
+    INDEX,
+    HelpFormatter,
+    UsageError,
+    dagster_home,
+    json_object,
+    lake_of,
+)
 from envsched_pipeline.core.build import asked_run, open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
@@ -57,19 +66,19 @@ def add_parser(sub) -> None:
         help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai; new run: "
         "simulated",
     )
-    t.add_argument("--steps", type=int, default=20, help="total steps the lake should hold (resumes)")
+    t.add_argument("--steps", type=COUNT, default=20, help="total steps the lake should hold (resumes)")
     t.add_argument(
         "--max-steps",
-        type=int,
+        type=COUNT,
         default=None,
         help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
         "step here and lets the loop sensor in `make ui` drive the rest",
     )
     t.add_argument(
-        "--seed", type=int, default=None, help="seed of the run (selection and rollouts); new run: 0"
+        "--seed", type=INDEX, default=None, help="seed of the run (selection and rollouts); new run: 0"
     )
-    t.add_argument("--batch-size", type=int, default=None, help="B: tasks per step; new run: 64")
-    t.add_argument("--group-size", type=int, default=None, help="G: rollouts per task (>= 2); new run: 8")
+    t.add_argument("--batch-size", type=COUNT, default=None, help="B: tasks per step; new run: 64")
+    t.add_argument("--group-size", type=GROUP, default=None, help="G: rollouts per task (>= 2); new run: 8")
     t.add_argument(
         "--scheduler",
         default=None,
@@ -85,7 +94,9 @@ def add_parser(sub) -> None:
         "docs/algorithm.md names every field)",
     )
     t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
-    t.add_argument("--max-new-tokens", type=int, default=None, help="tokens per assistant turn (LM policies)")
+    t.add_argument(
+        "--max-new-tokens", type=COUNT, default=None, help="tokens per assistant turn (LM policies)"
+    )
     t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
     t.add_argument(
         "--loss-denominator",
@@ -149,7 +160,7 @@ def add_parser(sub) -> None:
     )
     t.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=COUNT,
         default=None,
         help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
     )

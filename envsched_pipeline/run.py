@@ -8,7 +8,6 @@ anything is written, and unknown keys are refused with a message naming the key.
 from __future__ import annotations
 
 import re
-import types
 import typing
 import uuid
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -17,6 +16,7 @@ import numpy as np
 
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.settings import BIG, check_settings
 
 RUN_FILE = "run.json"
 POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external")
@@ -26,28 +26,7 @@ TRAINERS = ("subprocess", "external")
 def check_types(obj, where: str) -> None:
     """Refuse values whose type does not match the dataclass annotation (a string is not a bool,
     a bool is not an int; an int is accepted where a float is asked)."""
-    hints = typing.get_type_hints(type(obj))
-    for f in fields(obj):
-        value, want = getattr(obj, f.name), hints[f.name]
-        allowed = (
-            typing.get_args(want)
-            if isinstance(want, types.UnionType) or typing.get_origin(want) is typing.Union
-            else (want,)
-        )
-        if value is None and type(None) in allowed:
-            continue
-        ok = False
-        for t in allowed:
-            t = typing.get_origin(t) or t
-            if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-                ok = True
-            elif t is int and isinstance(value, int) and not isinstance(value, bool):
-                ok = True
-            elif t in (str, bool, dict, list) and isinstance(value, t):
-                ok = True
-        if not ok:
-            names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
-            raise ConfigError(f"{where}.{f.name}: expected {names}, got {type(value).__name__} {value!r}")
+    check_settings(obj, f"{where}.", error=ConfigError)
 
 
 def floats_as_declared(values: dict, cls) -> dict:
@@ -220,6 +199,10 @@ class PolicyConfig:
         extra = sorted(set(self.set_values()) - set(self.USED_BY.get(policy, ())))
         if extra:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
+        if self.learning_signal is not None and self.learning_signal not in ("std", "normalized"):
+            raise ConfigError(
+                f"policy_config.learning_signal: expected std or normalized, got {self.learning_signal!r}"
+            )
         if self.mode is not None and self.mode not in ("latent", "real"):
             raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
         if self.loss_denominator is not None and self.loss_denominator not in LOSS_DENOMINATORS:
@@ -231,10 +214,7 @@ class PolicyConfig:
             raise ConfigError(f"policy_config.dual_clip {problem}")
         if problem := overrun_penalty_problem(self.overrun_penalty):
             raise ConfigError(f"policy_config.overrun_penalty {problem}")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ConfigError(f"policy_config.checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"policy_config.workers must be >= 1, got {self.workers}")
+        check_settings(self, "policy_config.", POLICY_BOUNDS, error=ConfigError)
         if policy == "hf" and not self.model_path:
             raise ConfigError(
                 "policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
@@ -243,6 +223,22 @@ class PolicyConfig:
             raise ConfigError(
                 "policy openai needs base_url (an OpenAI-compatible server, e.g. http://host:8000/v1)"
             )
+
+
+# every numeric setting of PolicyConfig (its choices and the two PPO knobs are checked above)
+POLICY_BOUNDS = {
+    "workers": (1, True, 256),
+    "skill_lr": (0, True, 10),
+    "familiarity_lr": (0, True, 10),
+    "env_skill_share": (0, True, 1),
+    "memorization": (0, True, 1),
+    "warm_start_steps": (0, True, BIG),
+    "temperature": (0, True, 100),
+    "max_actions": (1, True, 1000),
+    "lr": (0, False, 10),
+    "max_new_tokens": (1, True, BIG),
+    "checkpoint_every": (1, True, BIG),
+}
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ LAYERS = {
         "test_topology_llm",
         "test_shape",
         "test_neural",
+        "test_settings",
     ),
     "steps": (
         "test_loop",

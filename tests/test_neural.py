@@ -415,8 +415,8 @@ def test_a_larger_unseen_split_adds_environments_and_leaves_the_run_as_it_was(tm
                 by_env.setdefault(task.rsplit("-", 1)[0], []).append(m)
             assert {e: np.mean(v) for e, v in by_env.items()} == pytest.approx(ev["unseen_by_env"])
     assert set(small["evals"][0]["unseen_by_env"]) < set(large["evals"][0]["unseen_by_env"])
-    assert main([*base, "--unseen-envs", "0"]) != 0
-    assert "unseen_envs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unseen_envs must be >= 1"):  # the CLI's parser refuses it first
+        run_benchmark(["random"], 1, 0, learner="neural", unseen_envs=0)
 
 
 def test_runs_recorded_before_a_new_field_still_aggregate():
@@ -593,7 +593,8 @@ def test_another_draw_is_another_run_from_the_same_seed_and_leaves_the_records_k
         "envsched-s0-d1.parquet",
         "random-s0-d1.parquet",
     ]
-    assert main([*base, "--draw", "-1"]) == 2
+    with pytest.raises(ValueError, match="draw must be >= 0"):  # the CLI's parser refuses it first
+        run_benchmark(["random"], 1, 0, learner="neural", draw=-1)
 
 
 def test_a_whole_number_for_a_float_setting_finds_the_same_recorded_runs():
@@ -770,7 +771,8 @@ def test_bench_probes_the_pools_headroom_without_changing_the_run(tmp_path):
             )
         # episodes the sandbox ended (time limit, crash) are counted per step: none in a healthy run
         assert b["series"][name]["sandbox_failures"] == [0, 0, 0, 0]
-    assert main([*base, "--probe-every", "0"]) == 2
+    with pytest.raises(ValueError, match="probe_every must be >= 1"):  # the CLI's parser refuses it first
+        run_benchmark(["random"], 1, 0, learner="neural", probe_every=0)
 
 
 def test_the_history_ceiling_ranks_by_what_the_history_says_and_never_by_a_tasks_own_probe():
@@ -936,7 +938,10 @@ def test_the_neural_learners_oracle_looks_at_fresh_groups_and_keys_its_runs_by_h
     assert sorted(p.name for p in cache.glob("oracle-s0-*.json")) == recorded  # read back, not re-run
     again = json.loads((tmp_path / "again.json").read_text())["schedulers"]["oracle"]
     assert again == json.loads((tmp_path / "oracle8.json").read_text())["schedulers"]["oracle"]
-    assert main([*base, "--oracle-candidates", "0"]) == 2
+    with pytest.raises(
+        ValueError, match="oracle_candidates must be >= 1"
+    ):  # the CLI's parser refuses it first
+        run_benchmark(["oracle"], 1, 0, learner="neural", oracle_candidates=0)
 
 
 def test_the_spread_of_a_paired_difference_splits_into_seed_domain_and_environment_shares():

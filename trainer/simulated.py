@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from envsched_pipeline.settings import check_settings
+
 
 @dataclass(frozen=True)
 class SimLearnerConfig:
@@ -43,6 +45,16 @@ class SimLearnerConfig:
     # reaching held-out tasks) instead of the shared pattern skills
     learning_signal: str = "std"  # std: a group teaches in proportion to its reward std | normalized: every
     # informative group teaches the same (GRPO's std-normalised advantages), scaled to a typical std of 0.25
+
+    def __post_init__(self):
+        bounds = {
+            **dict.fromkeys(("skill_lr", "familiarity_lr"), (0, True, 10)),
+            **dict.fromkeys(
+                ("forget", "near_miss", "partial_stick", "env_skill_share", "memorization"), (0, True, 1)
+            ),
+            "saturation": (0, False, 1000),
+        }
+        check_settings(self, "simulated learner setting ", bounds, {"learning_signal": ("std", "normalized")})
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

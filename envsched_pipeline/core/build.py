@@ -42,7 +42,7 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
             batch_size=spec.batch_size, group_size=spec.group_size
         )
     except ValueError as exc:
-        raise ConfigError(f"scheduler_config: {exc}") from exc
+        raise ConfigError(str(exc)) from exc  # it names the field (scheduler_config.<field>)
 
 
 def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = None) -> Scheduler:

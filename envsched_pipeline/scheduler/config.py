@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+from envsched_pipeline.settings import BIG, check_settings
+
 EXPLOIT_SAMPLING = ("greedy", "proportional")
 TARGETS = ("variance", "success", "success-sampled")
 COVERAGE_PICKS = ("fewest", "score", "sampled")
@@ -130,34 +132,7 @@ class SchedulerConfig:
     spread_features: str = "base"
 
     def __post_init__(self):
-        for name, choices in (
-            ("exploit_sampling", EXPLOIT_SAMPLING),
-            ("target", TARGETS),
-            ("coverage_pick", COVERAGE_PICKS),
-            ("env_prior", ENV_PRIORS),
-            ("spread_model", SPREAD_MODELS),
-            ("spread_features", SPREAD_FEATURES),
-        ):
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(f"scheduler config {name}: {value!r} is not one of {', '.join(choices)}")
-        # (field, lower bound, is the lower bound allowed, upper bound)
-        for name, lo, lo_ok, hi in (
-            ("success_floor", 0, True, 100),
-            ("exploit_power", 0, False, 16),
-            ("stale_after", 0, True, 1000),
-            ("spread_floor", 0, True, 1),
-            ("spread_power", 0, False, 16),
-            ("own_floor", 0, True, 100),
-            ("spread_model_rows", 1, True, 10_000_000),
-            ("spread_model_min_rows", 2, True, 10_000_000),
-        ):
-            v = getattr(self, name)
-            number = isinstance(v, (int, float)) and not isinstance(v, bool)
-            if not (number and (lo <= v if lo_ok else lo < v) and v <= hi):
-                raise ValueError(
-                    f"scheduler config {name}: {v!r} must be a number in {'[' if lo_ok else '('}{lo}, {hi}]"
-                )
+        check_settings(self, "scheduler_config.", BOUNDS, CHOICES)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,9 +144,65 @@ class SchedulerConfig:
         known = {f.name for f in fields(self)}
         bad = sorted(set(kw) - known)
         if bad:
-            raise ValueError(f"unknown scheduler config field(s): {', '.join(bad)}")
+            raise ValueError(f"scheduler_config: unknown scheduler config field(s): {', '.join(bad)}")
         return replace(self, **kw)
 
     @classmethod
     def from_dict(cls, d: dict) -> SchedulerConfig:
         return cls().with_overrides(**{k: v for k, v in (d or {}).items()})
+
+
+CHOICES = {
+    "exploit_sampling": EXPLOIT_SAMPLING,
+    "target": TARGETS,
+    "coverage_pick": COVERAGE_PICKS,
+    "env_prior": ENV_PRIORS,
+    "spread_model": SPREAD_MODELS,
+    "spread_features": SPREAD_FEATURES,
+    "retire_on": ("mean", "dispersion"),
+    "return_rule": ("any-neighbour", "neighbour-mean"),
+    "exposure_unit": ("groups", "rollouts"),
+}
+# every numeric field: (lower bound, is the lower bound allowed, upper bound). Thresholds that a
+# value past the rate's range turns off (retire_failed -1: never retire as failed) reach beyond [0, 1]
+BOUNDS = {
+    "batch_size": (1, True, BIG),
+    "group_size": (2, True, BIG),
+    "rho": (0, True, 1),
+    "h_long": (0, False, BIG),
+    "h_short": (0, False, BIG),
+    "lambda_g": (0, True, BIG),
+    "lambda_s": (0, True, BIG),
+    "k_within": (0, True, 1000),
+    "k_cross": (0, True, 1000),
+    "c0": (0, False, BIG),
+    "eta": (0, True, 1),
+    "lambda_sim": (0, True, 100),
+    "cap_env_step": (1, True, BIG),
+    "cap_env_window": (1, True, BIG),
+    "consecutive_cap": (0, True, 1000),
+    "dispersion_bonus": (0, True, 100),
+    "success_floor": (0, True, 100),
+    "spread_floor": (0, True, 1),
+    "spread_power": (0, False, 16),
+    "calib_window": (1, True, BIG),
+    "retire_window": (1, True, 1000),
+    "retire_solved": (-1, True, 2),
+    "retire_failed": (-1, True, 2),
+    "return_prob": (0, True, 1),
+    "hack_retire": (0, True, 2),
+    "cold_mean": (0, True, 1),
+    "cold_var": (0, True, 1),
+    "cold_dispersion": (0, True, 1),
+    "quarantine_rate": (0, True, 2),
+    "quarantine_min_rollouts": (0, True, BIG),
+    "quarantine_steps": (0, True, BIG),
+    "infra_half_life": (0, False, BIG),
+    "cost_floor": (0, True, 1),
+    "rho_min": (0, True, 1),
+    "stale_after": (0, True, 1000),
+    "exploit_power": (0, False, 16),
+    "own_floor": (0, True, 100),
+    "spread_model_rows": (1, True, BIG),
+    "spread_model_min_rows": (2, True, BIG),
+}

@@ -32,6 +32,7 @@ from envsched_pipeline.run import (
     floats_as_declared,
     overrun_penalty_problem,
 )
+from envsched_pipeline.settings import BIG, check_settings
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -48,6 +49,27 @@ from trainer.neural.text import (
 
 MAX_PARAMS = 3
 MAX_WORDS = 6
+
+
+NEURAL_BOUNDS = {  # every numeric setting (dual_clip and overrun_penalty have their own rules)
+    "lr": (0, False, 10),
+    "weight_decay": (0, True, 10),
+    "clip_eps": (0, False, 10),
+    "grad_clip": (0, False, math.inf),  # a huge value turns clipping off
+    "minibatches": (1, True, 1000),
+    "max_actions": (1, True, 1000),
+    "temperature": (0, True, 100),
+    "warm_start_steps": (0, True, BIG),
+    "warm_start_batch": (1, True, BIG),
+    "warm_start_lr": (0, False, 10),
+    "workers": (1, True, 256),
+}
+POLICY_SIZES = {
+    "dim": (1, True, 4096),
+    "layers": (1, True, 64),
+    "heads": (1, True, 64),
+    "vocab": (2, True, BIG),
+}
 
 
 @dataclass(frozen=True)
@@ -90,11 +112,10 @@ class NeuralConfig:
             raise ValueError(f"neural learner setting dual_clip: {problem}")
         if problem := overrun_penalty_problem(self.overrun_penalty):
             raise ValueError(f"neural learner setting overrun_penalty: {problem}")
-        if self.loss_denominator not in LOSS_DENOMINATORS:
-            raise ValueError(
-                f"neural learner setting loss_denominator: {self.loss_denominator!r} is not one of "
-                f"{', '.join(LOSS_DENOMINATORS)}"
-            )
+        check_settings(
+            self, "neural learner setting ", NEURAL_BOUNDS, {"loss_denominator": LOSS_DENOMINATORS}
+        )
+        check_settings(self.policy, "neural learner setting policy.", POLICY_SIZES)
 
     @classmethod
     def from_dict(cls, d: dict) -> NeuralConfig:

@@ -291,7 +291,7 @@ class _Dispatcher:
         self.session: str | None = None  # the interactive episode's environment key
         self.session_ends = 0.0  # ... and when its time is up (monotonic clock)
         self.where: dict[int, str] = {}  # vector mode: open episode id -> environment key
-        self.lost: dict[int, str] = {}  # vector mode: open episode id -> how its unit died
+        self.lost: dict[int, tuple[str, str]] = {}  # vector mode: open episode id -> (error class, why)
         self.spares: list[_Unit] = []  # forked, never given any work
         self.ended: list[_Unit] = []  # evicted; killed in the next housekeeping
         self.preloaded: set[str] = set()  # pool kinds whose runtime this process has imported
@@ -362,8 +362,7 @@ class _Dispatcher:
             if op in ("episode", "open"):
                 self._preload(msg[1].get("kind"))
                 key = _env_key(msg[1].get("kind"), msg[1].get("env"))
-                # one episode's time, a second under the trainer's bound (see ``_share_seconds``)
-                ends = time.monotonic() + self.limits.episode_seconds - 1.0
+                ends = time.monotonic() + _under(self.limits.episode_seconds)
                 if op == "open":
                     self.session, self.session_ends = None, ends
                 reply = self._ask(key, msg, ends, fresh=True)
@@ -440,7 +439,7 @@ class _Dispatcher:
         """How long one environment's share of a vector request may take: the trainer's bound for
         the whole request (``VectorBatch``) applied to the share, a second under it, so that a late
         environment is ended here before the supervisor ends the worker."""
-        return vector_seconds(self.limits, episodes) - 1.0
+        return _under(vector_seconds(self.limits, episodes))
 
     def _vopen(self, msg) -> tuple:
         envs, items = msg[1], msg[2]
@@ -549,6 +548,12 @@ def _vector_op(op: str, msg: tuple, many: dict, limits: Limits) -> list[tuple]:
             many.pop(eid, None)
             out.append((eid, "error", "verifier_error" if op == "vfinish" else "env_crash", _short(exc)))
     return out
+
+
+def _under(seconds: float) -> float:
+    """A wall-clock limit the worker enforces on an environment's process: a second under the
+    trainer's own (never under half of it), so the worker answers before the supervisor ends it."""
+    return max(seconds / 2, seconds - 1.0)
 
 
 def vector_seconds(limits: Limits, episodes: int) -> float:

@@ -21,12 +21,12 @@ import warnings
 
 from envsched_pipeline import __version__
 from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, train
-from envsched_pipeline.cli.common import HelpFormatter
+from envsched_pipeline.cli.common import HelpFormatter, Parser
 from envsched_pipeline.errors import EnvschedError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="envsched",
         description="Environment-aware rollout scheduling for agent RL.",
         formatter_class=HelpFormatter,
@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except EnvschedError as exc:
         print(f"envsched: error: {exc}", file=sys.stderr)

@@ -18,6 +18,14 @@ class UsageError(EnvschedError):
     """A command-line mistake: printed as one line, exit code 2."""
 
 
+class Parser(argparse.ArgumentParser):
+    """A command-line mistake (an unknown flag, a missing argument, a value out of bounds) is one
+    line on stderr and exit code 2, like every other user error, not a usage block."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (`{self.prog} --help` lists the options)")
+
+
 def at_least(minimum: int):
     """An argparse type: an integer of at least ``minimum``; argparse names the option in the error
     (``argument --steps: must be >= 1, got -1``) before anything runs."""

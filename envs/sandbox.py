@@ -256,10 +256,11 @@ def _exit_text(status: int) -> str:
     return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
-# how a reply says that the environment's process died or was ended under a request ...
+# how an error reply says that the environment's process died or was ended under a request ...
 ENV_PROCESS = "the environment's process"
-# ... and how a vector episode's outcome marks it (its 4th field): such an episode may have been
-# innocent (the process held other episodes), so the trainer's side replays it alone, in a new one
+# ... and how it marks it (the field after the message): the pool counts it as a crash or a timeout,
+# and a vector episode so marked may have been innocent (the process held other episodes), so the
+# trainer's side replays it alone, in a new one
 LOST = "lost"
 
 SPARE_UNITS = 4  # processes forked ahead, while the worker waits, for environments not seen yet
@@ -394,12 +395,10 @@ class _Dispatcher:
             return unit.ask(msg, deadline)
         except _UnitLate:
             seconds = self.limits.episode_seconds
-            return (
-                "error",
-                *self._lose(key, "timeout", f"{ENV_PROCESS} did not end its episode within {seconds:g}s"),
-            )
+            why = f"{ENV_PROCESS} did not end its episode within {seconds:g}s"
+            return ("error", *self._lose(key, "timeout", why), LOST)
         except _UnitDied:
-            return ("error", *self._lose(key))
+            return ("error", *self._lose(key), LOST)
 
     def _ask_each(self, requests: list[tuple[str, tuple]]) -> list[list]:
         """Send each environment's unit (by key) its share of a vector request, then collect the
@@ -751,14 +750,14 @@ class SandboxPool:
         if status == "ok":
             out = payload[0]
         else:
-            out = self._failed(payload[0], payload[1])
+            out = self._failed(*payload)
         out["seconds"] = time.perf_counter() - t0
         return out
 
-    def _failed(self, kind: str, message: str) -> dict:
-        """An episode's error reply as its result; one whose environment's process died under it
-        counts as a crash, as a dead worker does."""
-        if str(message).startswith(ENV_PROCESS):
+    def _failed(self, kind: str, message: str, lost: str | None = None) -> dict:
+        """An episode's error reply as its result; one whose environment's process died or was
+        ended under it (marked ``LOST``) counts as a crash or a timeout, as a dead or hung worker does."""
+        if lost == LOST:
             self.stats["timeouts" if kind == "timeout" else "crashes"] += 1
         return _failure(kind, message)
 
@@ -836,7 +835,7 @@ class Session:
             self.failed = _failure("env_crash", f"environment worker died ({type(exc).__name__})")
             return None
         if status != "ok":
-            self.failed = self.pool._failed(payload[0], payload[1])
+            self.failed = self.pool._failed(*payload)
             return None
         return payload[0]
 
@@ -984,7 +983,7 @@ class VectorBatch:
         return last
 
     def _fail(self, j: int, res: tuple) -> None:
-        self.failed[j] = self.pool._failed(res[1], res[2])
+        self.failed[j] = self.pool._failed(*res[1:])
 
     def reset(self) -> list[dict | None]:
         got = self._run("vopen", {j: None for j in range(len(self.episodes))})

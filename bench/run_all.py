@@ -2668,7 +2668,9 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
             else "still the larger one."
         )
     )
-    rival_lines = _draws_against_rivals(("greso", "mopps"), lr, first, second, seeds, runs, base_runs, steps)
+    rival_lines = _draws_against_rivals(
+        ("greso", "mopps", "dps"), lr, first, second, seeds, runs, base_runs, steps
+    )
     write_section(
         "neural_draws",
         "\n".join(

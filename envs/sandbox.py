@@ -876,9 +876,10 @@ class VectorBatch:
         obs = b.step({j: call, ...})              # tool results for the episodes given
         res = b.finish({j: answer, ...})          # verifier results; the episode is closed
 
-    A worker that hangs or dies in an operation is replaced, and its episodes are replayed one by
-    one on a fresh worker (reset + the calls they made so far) so that only the episode that hangs
-    or crashes fails (``timeout`` / ``env_crash``): one episode's failure costs that rollout only.
+    An environment's process that dies or hangs under an operation is ended by the worker, which
+    marks its episodes ``LOST``; a worker that hangs or dies is replaced. Either way the episodes
+    are replayed one by one (reset + the calls they made so far) so that only the episode that
+    hangs or crashes fails (``timeout`` / ``env_crash``): one episode's failure costs that rollout only.
     """
 
     def __init__(self, pool: SandboxPool, envs: dict[str, dict], episodes: list[tuple[str, dict]], kind: str):

@@ -58,6 +58,7 @@ def from_mapping(cls, data: dict | None, where: str):
 
 # what the GRPO loss averages over (docs/algorithm.md §8b): the informative episodes, or the whole batch
 LOSS_DENOMINATORS = ("informative", "batch")
+LEARNING_SIGNALS = ("std", "normalized")  # the simulated learner's (trainer/simulated.py)
 
 
 def dual_clip_problem(value: float | None) -> str | None:
@@ -199,17 +200,14 @@ class PolicyConfig:
         extra = sorted(set(self.set_values()) - set(self.USED_BY.get(policy, ())))
         if extra:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
-        if self.learning_signal is not None and self.learning_signal not in ("std", "normalized"):
-            raise ConfigError(
-                f"policy_config.learning_signal: expected std or normalized, got {self.learning_signal!r}"
-            )
-        if self.mode is not None and self.mode not in ("latent", "real"):
-            raise ConfigError(f"policy_config.mode: expected latent or real, got {self.mode!r}")
-        if self.loss_denominator is not None and self.loss_denominator not in LOSS_DENOMINATORS:
-            raise ConfigError(
-                f"policy_config.loss_denominator: expected {' or '.join(LOSS_DENOMINATORS)}, "
-                f"got {self.loss_denominator!r}"
-            )
+        for name, allowed in (
+            ("mode", ("latent", "real")),
+            ("learning_signal", LEARNING_SIGNALS),
+            ("loss_denominator", LOSS_DENOMINATORS),
+        ):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ConfigError(f"policy_config.{name}: expected {' or '.join(allowed)}, got {value!r}")
         if problem := dual_clip_problem(self.dual_clip):
             raise ConfigError(f"policy_config.dual_clip {problem}")
         if problem := overrun_penalty_problem(self.overrun_penalty):

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from envsched_pipeline.run import LEARNING_SIGNALS
 from envsched_pipeline.settings import check_settings
 
 
@@ -47,14 +48,16 @@ class SimLearnerConfig:
     # informative group teaches the same (GRPO's std-normalised advantages), scaled to a typical std of 0.25
 
     def __post_init__(self):
-        bounds = {
-            **dict.fromkeys(("skill_lr", "familiarity_lr"), (0, True, 10)),
-            **dict.fromkeys(
-                ("forget", "near_miss", "partial_stick", "env_skill_share", "memorization"), (0, True, 1)
-            ),
-            "saturation": (0, False, 1000),
-        }
-        check_settings(self, "simulated learner setting ", bounds, {"learning_signal": ("std", "normalized")})
+        check_settings(self, "simulated learner setting ", SIM_BOUNDS, {"learning_signal": LEARNING_SIGNALS})
+
+
+SIM_BOUNDS = {  # every numeric setting
+    **dict.fromkeys(("skill_lr", "familiarity_lr"), (0, True, 10)),
+    **dict.fromkeys(
+        ("forget", "near_miss", "partial_stick", "env_skill_share", "memorization"), (0, True, 1)
+    ),
+    "saturation": (0, False, 1000),
+}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -160,10 +163,8 @@ class SimulatedLearner:
         std = rewards.std(axis=1)
         if c.learning_signal == "normalized":
             w = np.where(np.ptp(rewards, axis=1) > 1e-6, 0.25, 0.0)
-        elif c.learning_signal == "std":
+        else:  # "std" (the config refuses anything else)
             w = std
-        else:
-            raise ValueError(f"learning_signal must be std or normalized, got {c.learning_signal!r}")
         for arr in (self.skill, self.familiarity, self.env_skill, self.memo):
             arr *= 1 - c.forget
         general = 1.0 - c.memorization

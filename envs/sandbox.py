@@ -364,18 +364,20 @@ class _Dispatcher:
                 self._preload(msg[1].get("kind"))
                 key = _env_key(msg[1].get("kind"), msg[1].get("env"))
                 ends = time.monotonic() + _under(self.limits.episode_seconds)
-                if op == "open":
-                    self.session, self.session_ends = None, ends
-                reply = self._ask(key, msg, ends, fresh=True)
-                if op == "open" and reply[0] == "ok":
+                if op == "episode":
+                    return self._ask(key, msg, ends, fresh=True)
+                self.session, self.session_ends = None, self._session_ends(msg, ends)
+                reply = self._ask(key, msg[:2], self.session_ends, fresh=True)
+                if reply[0] == "ok":
                     self.session = key
                 return reply
             if op in ("step", "end_turn", "finish"):
                 if self.session not in self.units:
                     kind = "verifier_error" if op == "finish" else "env_crash"
                     return ("error", kind, "no episode is open on this worker")
+                self.session_ends = self._session_ends(msg, self.session_ends)
                 try:
-                    return self._ask(self.session, msg, self.session_ends)
+                    return self._ask(self.session, msg[:2], self.session_ends)
                 finally:
                     if op == "finish":
                         self.session = None
@@ -386,6 +388,16 @@ class _Dispatcher:
         except _UnitDied as exc:  # no process could be started for it
             return ("error", "env_crash", str(exc))
         return ("error", "infra", f"unknown op {op!r}")
+
+    @staticmethod
+    def _session_ends(msg, ends: float) -> float:
+        """When the interactive episode's time is up here: a second under what the trainer has left
+        of it (sent with each of its requests, so that time its agent spends between requests
+        counts), never later than ``ends``. The worker then ends a late environment's process itself
+        before the supervisor, held to the trainer's time, ends the worker."""
+        if len(msg) > 2 and isinstance(msg[2], int | float) and msg[2] > 0:
+            return min(ends, time.monotonic() + _under(float(msg[2])))
+        return ends
 
     def _ask(self, key: str, msg, deadline: float, fresh: bool = False) -> tuple:
         """One request to an environment's unit, answered by the deadline; a unit that dies under
@@ -823,7 +835,7 @@ class Session:
         try:
             if left <= 0:
                 raise TimeoutError
-            status, *payload = self.worker.call(msg, left)
+            status, *payload = self.worker.call((*msg, left), left)  # the worker holds its end to it
         except TimeoutError:
             self.pool.stats["timeouts"] += 1
             self.worker = self.pool._replace(self.worker)

@@ -587,6 +587,26 @@ def test_an_episode_that_hangs_its_environments_process_costs_no_worker():
         assert p.stats["timeouts"] == 2 and p.stats["respawns"] == 0
 
 
+def test_an_interactive_episode_late_by_the_trainers_clock_costs_no_worker():
+    """The interactive episode's clock runs from the trainer's start of it (the session), not
+    from its ``open`` reaching the worker: a step that hangs after the trainer spent time before
+    the open (resetting the other episodes of its wave, generating) is ended by the worker within
+    what the trainer has left, not by the supervisor ending the worker."""
+    with SandboxPool(workers=1, limits=Limits(episode_seconds=3.0, call_seconds=0.5)) as p:
+        with p.session(reach_spec()) as s:
+            time.sleep(1.5)  # the rest of its wave being reset first
+            s.reset()
+            time.sleep(0.5)  # the agent generating its first call
+            t0 = time.monotonic()
+            s.step({"name": "sleep_forever", "arguments": {}})
+            took = time.monotonic() - t0
+            res = s.finish()
+        assert res["error_class"] == "timeout" and "did not end its episode" in res["error"], res
+        assert took < 1.0
+        assert call(p, "parent_pid")["reward"] == 1.0
+        assert p.stats["timeouts"] == 1 and p.stats["respawns"] == 0
+
+
 def test_an_interactive_episode_whose_process_dies_says_how(pool):
     with pool.session(reach_spec()) as s:
         s.reset()

@@ -86,7 +86,15 @@ def test_sql_csv_and_errors(small_pool, capsys):
     rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
     assert rows[0] == ["env_id", "n"] and len(rows) == 7
     assert main(["--lake", str(lake.root), "sql", "select nope from tasks"]) == 2
-    assert "SQL error" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("envsched: error: SQL error: Binder Error:") and '"nope"' in err, err
+    assert "Candidate bindings:" in err and "\n" not in err, err  # DuckDB's hint, on the same line
+    assert main(["--lake", str(lake.root), "sql", "select * from task"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith('does not exist! Did you mean "tasks"?') and "\n" not in err, err
+    assert main(["--lake", str(lake.root), "sql", "select *\nfrom tasks where"]) == 2
+    err = capsys.readouterr().err.strip()  # where a syntax error is: line, column, the text there
+    assert err.endswith("(line 2, column 12: 'where')") and "\n" not in err, err
 
 
 def test_pool_list(small_pool, capsys):

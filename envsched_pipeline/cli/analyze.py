@@ -22,6 +22,7 @@ from envsched_pipeline.cli.common import (
     json_object,
     lake_of,
     names,
+    sql_error,
 )
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
@@ -300,7 +301,7 @@ def cmd_bench_trace(args) -> int:
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except duckdb.Error as exc:
-        raise UsageError(f"SQL error: {exc}") from exc
+        raise sql_error(exc) from exc
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(dumps(summary, indent=2))

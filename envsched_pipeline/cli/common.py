@@ -26,6 +26,27 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (`{self.prog} --help` lists the options)")
 
 
+def sql_error(exc: BaseException) -> UsageError:
+    """A DuckDB error as one line: its message and hint (``Did you mean "rollouts"?``) joined, and
+    where it points in the query (``LINE 1`` with its caret) as a line and column and the text there."""
+    head, where = [], ""
+    lines = str(exc).splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("LINE ") and ": " in line:
+            prefix, text = line.split(": ", 1)
+            caret = lines[i + 1] if i + 1 < len(lines) else ""
+            col = caret.find("^") - len(prefix) - 2
+            if col >= 0:
+                near = text[col : col + caret.count("^")]
+                where = f" ({prefix.lower()}, column {col + 1}: {near!r})"
+            else:
+                where = f" ({prefix.lower()})"
+            break
+        if line.strip():
+            head.append(line.strip())
+    return UsageError(f"SQL error: {' '.join(head)}{where}")
+
+
 def at_least(minimum: int):
     """An argparse type: an integer of at least ``minimum``; argparse names the option in the error
     (``argument --steps: must be >= 1, got -1``) before anything runs."""

@@ -7,7 +7,7 @@ import sys
 
 import duckdb
 
-from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import HelpFormatter, dumps, lake_of, sql_error
 
 
 def add_parser(sub) -> None:
@@ -32,7 +32,7 @@ def run(args) -> int:
     try:
         table = lake.sql(args.query)
     except duckdb.Error as exc:
-        raise UsageError(f"SQL error: {exc}") from exc
+        raise sql_error(exc) from exc
     print_table(table, args.format)
     return 0
 

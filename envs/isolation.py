@@ -362,7 +362,6 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _
     1 << 18,
 )
 _MNT_DETACH, _PR_SET_NO_NEW_PRIVS, _PR_SET_DUMPABLE = 2, 38, 4
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 # as root, each worker drops to a user of its own: SANDBOX_UID_BASE + the pid of the worker (unique
 # while it lives), so its process limit, signals and files are its alone, never another worker's
 SANDBOX_UID_BASE = 1_000_000
@@ -517,7 +516,8 @@ def _pivot(new: str) -> None:
     """Make ``new`` the root and detach the old one (no way back to it, unlike chroot)."""
     import platform  # only the private root needs the machine's syscall number
 
-    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    numbers = dict(zip(SECCOMP_MACHINES, _DENIED_SYSCALLS["pivot_root"], strict=True))
+    number = numbers.get(platform.machine())
     if number is None:
         raise OSError(0, f"pivot_root: no syscall number known for {platform.machine()}")
     os.chdir(new)
@@ -556,29 +556,43 @@ def _readable_by_others(path: str) -> bool:
     return True
 
 
-# Syscalls environment code never needs and that widen what it can reach of the kernel (x86_64
-# numbers, from asm/unistd_64.h): tracing and reading other processes, modules, kexec, BPF, perf,
-# keyrings, namespaces and mounts, swap, reboot, accounting, userfaultfd, file handles, port I/O,
-# io_uring. clone3 answers ENOSYS (its flags sit behind a pointer; C libraries fall back to clone,
-# whose namespace flags are refused).
-_SECCOMP_DENY_X86_64 = (
-    101, 310, 311, 246, 320, 175, 313, 176, 321, 298, 250, 248, 249, 272, 308, 165, 166, 155, 161,
-    167, 168, 169, 163, 323, 304, 303, 172, 173, 430, 431, 432, 429, 428, 442, 425, 426, 427,
-)  # fmt: skip
-_CLONE, _CLONE3, _AUDIT_ARCH_X86_64 = 56, 435, 0xC000003E
+# Syscalls environment code never needs and that widen what it can reach of the kernel: tracing and
+# reading other processes, modules, kexec, BPF, perf, keyrings, namespaces and mounts, swap, reboot,
+# accounting, userfaultfd, file handles, port I/O (x86 only), io_uring. Numbers per machine (x86_64:
+# asm/unistd_64.h; aarch64: asm-generic/unistd.h). clone3 answers ENOSYS (its flags sit behind a
+# pointer; C libraries fall back to clone, whose namespace flags are refused).
+_DENIED_SYSCALLS = {  # name: (x86_64, aarch64)
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40),
+    "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51), "swapon": (167, 224),
+    "swapoff": (168, 225), "reboot": (169, 142), "acct": (163, 89), "userfaultfd": (323, 282),
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "iopl": (172, None),
+    "ioperm": (173, None), "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432),
+    "move_mount": (429, 429), "open_tree": (428, 428), "mount_setattr": (442, 442),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+}  # fmt: skip
+# per machine: its AUDIT_ARCH (the filter refuses any other ABI: i386 and x32 on x86_64), clone, clone3
+SECCOMP_MACHINES = {"x86_64": (0xC000003E, 56, 435), "aarch64": (0xC00000B7, 220, 435)}
 _NAMESPACE_FLAGS = _NEWNS | _NEWUTS | _NEWIPC | _NEWUSER | _NEWPID | _NEWNET | 0x02000000  # + cgroup
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 
 
-def _seccomp_program() -> list[tuple[int, int, int, int]]:
-    """A classic-BPF seccomp filter (code, jt, jf, k): the denied syscalls answer EPERM, clone3
-    ENOSYS, clone with a namespace flag EPERM, any other ABI (i386, x32) ENOSYS; the rest runs."""
+def _seccomp_program(machine: str = "x86_64") -> list[tuple[int, int, int, int]]:
+    """A classic-BPF seccomp filter (code, jt, jf, k) for ``machine``: the denied syscalls answer
+    EPERM, clone3 ENOSYS, clone with a namespace flag EPERM, any other ABI (i386, x32) ENOSYS; the
+    rest runs."""
+    column = list(SECCOMP_MACHINES).index(machine)
+    audit_arch, clone, clone3 = SECCOMP_MACHINES[machine]
+    denied = [nrs[column] for nrs in _DENIED_SYSCALLS.values() if nrs[column] is not None]
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, errno = 0x7FFF0000, 0x00050000
-    body: list = [(ld, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, errno | 38)]
+    body: list = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, errno | 38)]
     body += [(ld, 0, 0, 0), (jge, "eperm", 0, 0x40000000)]
-    body += [(jeq, "eperm", 0, nr) for nr in _SECCOMP_DENY_X86_64]
-    body += [(jeq, "enosys", 0, _CLONE3), (jeq, "clone", 0, _CLONE), (ret, 0, 0, allow)]
+    body += [(jeq, "eperm", 0, nr) for nr in denied]
+    body += [(jeq, "enosys", 0, clone3), (jeq, "clone", 0, clone), (ret, 0, 0, allow)]
     labels = {"clone": len(body)}
     body += [(ld, 0, 0, 16), (jset, "eperm", 0, _NAMESPACE_FLAGS), (ret, 0, 0, allow)]
     labels["eperm"] = len(body)
@@ -590,11 +604,13 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
 
 def _install_seccomp() -> None:
     """Install the filter on this process (inherited by every process it forks; needs
-    ``no_new_privs``). Raises OSError where the kernel refuses or the machine is not x86_64."""
+    ``no_new_privs``). Raises OSError where the kernel refuses or the machine has no syscall table
+    here (``SECCOMP_MACHINES``: x86_64, aarch64)."""
     import platform  # only the filter needs the machine's syscall numbers
 
-    if platform.machine() != "x86_64":
-        raise OSError(0, f"no syscall table here for {platform.machine()}")
+    machine = platform.machine()
+    if machine not in SECCOMP_MACHINES:
+        raise OSError(0, f"no syscall table here for {machine}")
 
     class Instruction(ctypes.Structure):
         _fields_ = [
@@ -607,7 +623,7 @@ def _install_seccomp() -> None:
     class Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Instruction))]
 
-    program = _seccomp_program()
+    program = _seccomp_program(machine)
     instructions = (Instruction * len(program))(*[Instruction(*ins) for ins in program])
     prog = Program(len(program), instructions)
     libc = ctypes.CDLL(None, use_errno=True)

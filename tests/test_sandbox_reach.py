@@ -6,6 +6,7 @@ runs as a user of its own when the trainer is root. Those tests skip, naming why
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from envs.isolation import SANDBOX_UID_BASE, descendants
+from envs.isolation import _DENIED_SYSCALLS, SANDBOX_UID_BASE, SECCOMP_MACHINES, _seccomp_program, descendants
 from envs.registry import episode_spec
 from envs.sandbox import SPARE_UNITS, Limits, SandboxPool
 
@@ -395,6 +396,67 @@ def test_the_kernel_refuses_environment_code_what_it_never_needs(pool):
     for name in ("unshare", "mount", "bpf", "keyctl", "clone_newuser"):
         assert out[name] == [-1, 1], (name, out[name])  # EPERM
     assert out["fork"] == 7 and out["subprocess"] == 0  # what environments do use still works
+
+
+def _filter_answer(program: list, nr: int, arch: int, flags: int = 0) -> tuple[str, int]:
+    """What a classic-BPF seccomp program answers for a syscall (``nr``, ``arch``, first argument
+    ``flags``): ("allow", 0) or ("errno", N). Runs the program's five instruction kinds as the
+    kernel does over struct seccomp_data (nr at 0, arch at 4, args[0]'s low word at 16)."""
+    words = {0: nr, 4: arch, 16: flags & 0xFFFFFFFF}
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = program[pc]
+        if code == 0x20:  # ld [k]
+            acc = words[k]
+        elif code == 0x06:  # ret k
+            return ("allow", 0) if k == 0x7FFF0000 else ("errno", k & 0xFFFF)
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += jt if taken else jf
+        pc += 1
+
+
+@pytest.mark.parametrize("machine", sorted(SECCOMP_MACHINES))
+def test_the_seccomp_filter_of_every_machine_refuses_what_it_names(machine):
+    """The filter for each machine with a syscall table (x86_64, aarch64: a Grace GPU node), run
+    here through a BPF interpreter: what is denied answers EPERM, another ABI ENOSYS, clone only
+    with a namespace flag EPERM, and the syscalls environments use run."""
+    program = _seccomp_program(machine)
+    arch, clone, clone3 = SECCOMP_MACHINES[machine]
+    column = list(SECCOMP_MACHINES).index(machine)
+    for name, numbers in _DENIED_SYSCALLS.items():
+        if numbers[column] is not None:
+            assert _filter_answer(program, numbers[column], arch) == ("errno", 1), name
+    assert _filter_answer(program, clone3, arch) == ("errno", 38)
+    assert _filter_answer(program, clone, arch, flags=0x10000000) == ("errno", 1)  # CLONE_NEWUSER
+    assert _filter_answer(program, clone, arch, flags=0x01200011) == ("allow", 0)  # fork's flags
+    other = next(a for a, *_ in SECCOMP_MACHINES.values() if a != arch)
+    assert _filter_answer(program, 0, other) == ("errno", 38)  # another machine's ABI
+    assert _filter_answer(program, 0x40000000 + 1, arch) == ("errno", 1)  # x32
+    read, write, getpid = {"x86_64": (0, 1, 39), "aarch64": (63, 64, 172)}[machine]
+    for nr in (read, write, getpid):
+        assert _filter_answer(program, nr, arch) == ("allow", 0), nr
+
+
+@pytest.mark.parametrize(
+    "machine,header",
+    [
+        ("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+        ("aarch64", "/usr/include/asm-generic/unistd.h"),
+    ],
+)
+def test_the_denied_syscalls_numbers_are_the_kernel_headers(machine, header):
+    """Each machine's numbers in the filter's table are the ones its kernel headers define (skips
+    where the headers are not installed)."""
+    if not os.path.exists(header):
+        pytest.skip(f"{header} is not installed here")
+    text = open(header).read()
+    defined = {m[0]: int(m[1]) for m in re.findall(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", text)}
+    column = list(SECCOMP_MACHINES).index(machine)
+    for name, numbers in _DENIED_SYSCALLS.items():
+        assert numbers[column] == defined.get(name), (machine, name)
+    arch, clone, clone3 = SECCOMP_MACHINES[machine]
+    assert (clone, clone3) == (defined["clone"], defined["clone3"])
 
 
 def test_confined_code_cannot_fill_the_hosts_disk(pool, confined):

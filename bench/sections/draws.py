@@ -21,7 +21,7 @@ from envsched_pipeline.analysis.spread import (
     every_seed_needs,
     two_draws,
 )
-from sections.common import BESIDE_ORACLE, HERE, write_section
+from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.records import recorded_seeds
 
 
@@ -186,9 +186,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
             else "still the larger one."
         )
     )
-    rival_lines = _draws_against_rivals(
-        ("greso", "mopps", "dps"), lr, first, second, seeds, runs, base_runs, steps
-    )
+    rival_lines = _draws_against_rivals(RIVALS, lr, first, second, seeds, runs, base_runs, steps)
     write_section(
         "neural_draws",
         "\n".join(
@@ -227,6 +225,12 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     )
 
 
+# the rows nearest the form on the records: their per-seed differences are shown in full
+NEAREST_RIVALS = ("greso", "mopps", "dps")
+# every other scheduler of the comparison (COMPARED), nearest first
+RIVALS = (*NEAREST_RIVALS, "envsched", "exploit-only", "coverage-only", "variance-greedy")
+
+
 def _draws_against_rivals(
     rivals: tuple[str, ...],
     lr: str,
@@ -237,9 +241,10 @@ def _draws_against_rivals(
     base_runs: str,
     steps: int,
 ) -> list[str]:
-    """The form against each of ``rivals`` (the closest rows of the records) in both draws, at the
-    seeds where that rival ran twice too, and the sixth target among the schedulers with a second
-    draw; without such seeds, a line saying the sixth target is not judged."""
+    """The form against each of ``rivals`` in both draws, at the seeds where that rival ran twice
+    too (per seed for ``NEAREST_RIVALS``, a summary row for every rival), and the sixth target
+    among the schedulers with a second draw; without such seeds, a line saying the sixth target is
+    not judged."""
     got = {}
     for rival in rivals:
         r0 = _by_draw((rival,), base_runs, steps, 0).get(rival, {})
@@ -258,6 +263,12 @@ def _draws_against_rivals(
         return f"{x.mean():+.4f} ({(x > 0).sum()}/{len(x)})"
 
     lines = []
+    summary = [
+        "| rival | seeds run twice | form − rival unseen: draw 0 | draw 1 | mean of the draws ± s.e. | "
+        "form − rival seen: draw 0 | draw 1 | mean of the draws ± s.e. | rival − random, mean of the "
+        "draws: unseen | seen |",
+        "|" + "---|" * 10,
+    ]
     for rival, (draws, both) in got.items():
         g = {  # the form minus the rival, draw i, at the seeds ``both``
             (i, k): np.array(
@@ -269,6 +280,26 @@ def _draws_against_rivals(
             for i in (0, 1)
             for k in ("unseen", "seen")
         }
+        n = len(both)
+        pooled = {k: (g[0, k] + g[1, k]) / 2 for k in ("unseen", "seen")}  # a seed's mean over its draws
+        se = {k: float(pooled[k].std(ddof=1) / math.sqrt(n)) for k in pooled}
+        verdict = {
+            k: "resolved" if abs(pooled[k].mean()) > 2 * se[k] else "inside two standard errors"
+            for k in pooled
+        }
+        summary.append(
+            f"| {rival} | {_seed_span(both)} | "
+            + " | ".join(
+                f"{wins(g[0, k])} | {wins(g[1, k])} | {pooled[k].mean():+.4f} ± {se[k]:.4f}"
+                + (" (resolved)" if verdict[k] == "resolved" else "")
+                for k in ("unseen", "seen")
+            )
+            + " | "
+            + " | ".join(_over_random(draws, (first, second), both, k) for k in ("unseen", "seen"))
+            + " |"
+        )
+        if rival not in NEAREST_RIVALS:
+            continue
         rows = [
             f"| seed | form − {rival} unseen: draw 0 | draw 1 | form − {rival} seen: draw 0 | draw 1 |",
             "|---|---|---|---|---|",
@@ -280,14 +311,6 @@ def _draws_against_rivals(
             f"| mean (wins) | {wins(g[0, 'unseen'])} | {wins(g[1, 'unseen'])} | {wins(g[0, 'seen'])} | "
             f"{wins(g[1, 'seen'])} |",
         ]
-        n = len(both)
-        pooled = {k: (g[0, k] + g[1, k]) / 2 for k in ("unseen", "seen")}  # a seed's mean over its draws
-        se = {k: float(pooled[k].std(ddof=1) / math.sqrt(n)) for k in pooled}
-        verdict = {
-            k: "resolved" if abs(pooled[k].mean()) > 2 * se[k] else "inside two standard errors"
-            for k in pooled
-        }
-
         lines += [
             f"`{rival}` ran a second draw too, at seeds {', '.join(map(str, both))}: the form against it, "
             "final held-out.",
@@ -299,6 +322,25 @@ def _draws_against_rivals(
             f"over the {n} seeds; {verdict['unseen']} on unseen, {verdict['seen']} on seen).",
             "",
         ]
+    if len(got) > len(set(got) & set(NEAREST_RIVALS)):
+        lines += [
+            "Every rival that ran a second draw, the form minus it (mean over the seeds it ran twice, in "
+            "how many of them the form is ahead; the mean of a seed's two draws ± its standard error over "
+            "seeds, *resolved* beyond two):",
+            "",
+            *summary,
+            "",
+        ]
+    judged = [_sixth_target(got, lr, second, seeds)]
+    longest = {r: v for r, v in got.items() if v[1] == seeds}  # the rivals run twice at every seed
+    if len(longest) < len(got) and longest:
+        judged.append(_sixth_target(longest, lr, second, seeds))
+    return lines + [" ".join(judged), ""]
+
+
+def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
+    """The sixth target on draw 1 among random, the form and the rivals of ``got``, over the seeds
+    all of them ran twice: each one's mean held-out, highest first."""
     common = [s for s in seeds if all(s in both for _draws, both in got.values())]
     best = []
     for kind in ("seen", "unseen"):
@@ -310,10 +352,30 @@ def _draws_against_rivals(
         }
         top = max(means, key=means.get)
         where = "seen tasks" if kind == "seen" else "unseen environments"
-        best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in means.items())})")
+        ranked = sorted(means.items(), key=lambda kv: -kv[1])
+        best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in ranked)})")
     ran = 2 + len(got)
-    return lines + [
-        f"The sixth target on draw 1, among the {ran} schedulers that ran it (the other {8 - ran} did not), "
-        f"over seeds {', '.join(map(str, common))}: the highest mean held-out {best[0]}; {best[1]}.",
-        "",
-    ]
+    among = (
+        f"among all {ran} schedulers"
+        if ran == len(COMPARED)
+        else f"among the {ran} schedulers that ran it at these seeds"
+    )
+    return (
+        f"The sixth target on draw 1, {among}, over seeds {_seed_span(common)}: the highest mean "
+        f"held-out {best[0]}; {best[1]}."
+    )
+
+
+def _over_random(draws: tuple[dict, dict], base: tuple[dict, dict], seeds: list[int], kind: str) -> str:
+    """A rival minus random on final held-out (``kind``), a seed's two draws averaged: mean ± its
+    standard error over ``seeds``, and in how many seeds it is above random."""
+    key = f"heldout_{kind}_final"
+    d = np.array([np.mean([draws[i][s][key] - base[i]["random"][s][key] for i in (0, 1)]) for s in seeds])
+    return f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(len(d)):.4f} ({(d > 0).sum()}/{len(d)})"
+
+
+def _seed_span(seeds: list[int]) -> str:
+    """``0-9`` for consecutive seeds, else the list."""
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))

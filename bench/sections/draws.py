@@ -356,9 +356,9 @@ def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
         best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in ranked)})")
     ran = 2 + len(got)
     among = (
-        f"among all {ran} schedulers"
-        if ran == len(COMPARED)
-        else f"among the {ran} schedulers that ran it at these seeds"
+        f"among all {len(COMPARED)} schedulers and the form"
+        if set(COMPARED) <= {"random", *got}
+        else f"among the {ran} schedulers that ran it at these seeds (the form included)"
     )
     return (
         f"The sixth target on draw 1, {among}, over seeds {_seed_span(common)}: the highest mean "

@@ -71,7 +71,8 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     targets on the second draw."""
     lr = BESIDE_ORACLE[-1]
     names = ("random", lr)
-    first, second = _by_draw(names, base_runs, steps, 0), _by_draw(names, runs, steps, 1, evals=(50, steps))
+    read = (*names, *RIVALS)  # the rivals' records are read with the form's and random's, once a draw
+    first, second = _by_draw(read, base_runs, steps, 0), _by_draw(read, runs, steps, 1, evals=(50, steps))
     seeds = sorted(set.intersection(*(set(d.get(n, {})) for d in (first, second) for n in names)))
     if len(seeds) < 3:
         print(
@@ -186,7 +187,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
             else "still the larger one."
         )
     )
-    rival_lines = _draws_against_rivals(RIVALS, lr, first, second, seeds, runs, base_runs, steps)
+    rival_lines = _draws_against_rivals(RIVALS, lr, first, second, seeds)
     write_section(
         "neural_draws",
         "\n".join(
@@ -237,9 +238,6 @@ def _draws_against_rivals(
     first: dict,
     second: dict,
     seeds: list[int],
-    runs: str,
-    base_runs: str,
-    steps: int,
 ) -> list[str]:
     """The form against each of ``rivals`` in both draws, at the seeds where that rival ran twice
     too (per seed for ``NEAREST_RIVALS``, a summary row for every rival), and the sixth target
@@ -247,8 +245,7 @@ def _draws_against_rivals(
     not judged."""
     got = {}
     for rival in rivals:
-        r0 = _by_draw((rival,), base_runs, steps, 0).get(rival, {})
-        r1 = _by_draw((rival,), runs, steps, 1, evals=(50, steps)).get(rival, {})
+        r0, r1 = first.get(rival, {}), second.get(rival, {})
         both = [s for s in seeds if s in r0 and s in r1]
         if len(both) >= 3:
             got[rival] = ((r0, r1), both)

@@ -200,19 +200,11 @@ class PolicyConfig:
         extra = sorted(set(self.set_values()) - set(self.USED_BY.get(policy, ())))
         if extra:
             raise ConfigError(f"policy {policy!r} does not use {', '.join(extra)}")
-        for name, allowed in (
-            ("mode", ("latent", "real")),
-            ("learning_signal", LEARNING_SIGNALS),
-            ("loss_denominator", LOSS_DENOMINATORS),
-        ):
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise ConfigError(f"policy_config.{name}: expected {' or '.join(allowed)}, got {value!r}")
         if problem := dual_clip_problem(self.dual_clip):
             raise ConfigError(f"policy_config.dual_clip {problem}")
         if problem := overrun_penalty_problem(self.overrun_penalty):
             raise ConfigError(f"policy_config.overrun_penalty {problem}")
-        check_settings(self, "policy_config.", POLICY_BOUNDS, error=ConfigError)
+        check_settings(self, "policy_config.", POLICY_BOUNDS, POLICY_CHOICES, error=ConfigError)
         if policy == "hf" and not self.model_path:
             raise ConfigError(
                 "policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
@@ -223,7 +215,13 @@ class PolicyConfig:
             )
 
 
-# every numeric setting of PolicyConfig (its choices and the two PPO knobs are checked above)
+# the settings of PolicyConfig that name one of a few things
+POLICY_CHOICES = {
+    "mode": ("latent", "real"),
+    "learning_signal": LEARNING_SIGNALS,
+    "loss_denominator": LOSS_DENOMINATORS,
+}
+# every numeric setting of PolicyConfig (the two PPO knobs are checked above)
 POLICY_BOUNDS = {
     "workers": (1, True, 256),
     "skill_lr": (0, True, 10),

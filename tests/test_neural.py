@@ -700,8 +700,12 @@ def test_a_run_refuses_a_bad_loss_denominator():
     from envsched_pipeline.errors import ConfigError
     from trainer.update import GRPOConfig
 
-    with pytest.raises(ConfigError, match="policy_config.loss_denominator: expected informative or batch"):
+    with pytest.raises(
+        ConfigError, match="policy_config.loss_denominator: 'all' is not one of informative, batch"
+    ):
         RunSpec(pool="synthetic", policy="neural", policy_config={"loss_denominator": "all"}).validate()
+    with pytest.raises(ConfigError, match="policy_config.mode: 'gold' is not one of latent, real"):
+        RunSpec(pool="synthetic", policy="simulated", policy_config={"mode": "gold"}).validate()
     with pytest.raises(ConfigError, match="does not use loss_denominator"):
         RunSpec(pool="synthetic", policy="simulated", policy_config={"loss_denominator": "batch"}).validate()
     RunSpec(pool="synthetic", policy="hf-tiny", policy_config={"loss_denominator": "batch"}).validate()

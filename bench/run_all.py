@@ -5,7 +5,7 @@
 Each section of RESULTS.md is written between markers, so one section can be re-run without the
 others; the sections live in ``bench/sections/`` (one module per kind: simulated learner, system
 measurements, the neural learner's ablation, its learner-setting experiments, headroom and the
-oracle, the unseen split, two draws per seed, pick traces). Every table names the learner its
+oracle, the unseen split, two draws per seed, held-out within a run, pick traces). Every table names the learner its
 numbers come from.
 """
 
@@ -52,6 +52,7 @@ from sections.system import (  # noqa: E402
 )
 from sections.traces import section_traces  # noqa: E402
 from sections.unseen import section_patterns, section_unseen_split  # noqa: E402
+from sections.within import section_within_run  # noqa: E402
 
 from envsched_pipeline.analysis.bench import blas_kernel  # noqa: E402
 
@@ -67,7 +68,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -126,6 +127,12 @@ def main() -> int:
             "--neural-draws-runs",
             "neural-noforced-draws",
             "default-learner runs of random and the recommended form with --draw 1 (section neural_draws)",
+        ),
+        (
+            "--neural-every5-runs",
+            "neural-noforced-every5",
+            "default-learner runs of random and the recommended form with --eval-every 5 (section "
+            "neural_within_run)",
         ),
         (
             "--neural-updates-runs",
@@ -222,6 +229,10 @@ def main() -> int:
         section_patterns(args.neural_patterns_runs, args.neural_noforced_runs)
     if "neural_draws" in sections:
         section_draws(args.neural_draws_runs, args.neural_noforced_runs, args.steps)
+    if "neural_within_run" in sections:
+        section_within_run(
+            args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps
+        )
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

@@ -30,6 +30,7 @@ from envsched_pipeline.analysis.spread import (
     paired_components,
     predicted_sd,
     two_draws,
+    within_run,
 )
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
@@ -996,6 +997,29 @@ def test_two_draws_of_one_scheduler_split_the_spread_into_the_seed_and_the_run()
         two_draws(a[:5], b[:4])
     with pytest.raises(ValueError, match="at least 3 seeds"):
         two_draws(a[:2], b[:2])
+
+
+def test_within_run_splits_a_series_into_its_fast_part_and_its_slow_swings():
+    """Independent noise is all fast part (its sd recovered); a slow swing has almost none, however
+    far it moves; the late mean and the share above 0 read the series as given; bad input refused."""
+    rng = np.random.default_rng(2)
+    long = np.arange(0, 4001, 5)
+    noise = within_run(long, rng.normal(0, 0.01, len(long)))
+    assert noise["jitter_sd"] == pytest.approx(0.01, rel=0.1)
+    assert noise["swing_sd"] == pytest.approx(0.01, rel=0.1)
+    st = np.arange(0, 201, 5)
+    slow = 0.02 * np.sin(2 * np.pi * st / 80)
+    w = within_run(st, slow)
+    assert w["jitter_sd"] < 0.001 < 0.01 < w["swing_sd"]
+    assert w["points"] == 21 and w["positive"] == int((slow[st >= 100] > 0).sum())
+    assert w["late_mean"] == pytest.approx(slow[st >= 150].mean())
+    assert w["low"] == pytest.approx(-0.02) and w["high"] == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="one series each"):
+        within_run(st, slow[:-1])
+    with pytest.raises(ValueError, match="at least 8 points"):
+        within_run(st[::5], slow[::5])
+    with pytest.raises(ValueError, match="too few points within 20 steps"):
+        within_run(np.arange(0, 401, 25), np.zeros(17))
 
 
 def test_every_seed_needs_and_chance_are_each_others_inverse():

@@ -206,10 +206,30 @@ def heldout_plots(result: dict, out_path: Path) -> str:
         + (" (fewer where marked)" if mixed else "")
         + "".join(f", {k}={v}" for k, v in sorted((setup.get("learner_config") or {}).items()))
     )
+    return _written(fig, out_path)
+
+
+def _written(fig, out_path: Path) -> str:
+    """Lay out, write and close a bench figure; its path."""
     fig.tight_layout()
     fig.savefig(out_path, dpi=90)
-    plt.close(fig)
+    _plt().close(fig)
     return str(out_path)
+
+
+def _kind_panels(n: int):
+    """A figure with one panel per held-out kind, side by side: (figure, the panels)."""
+    fig, axes = _plt().subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _difference_axis(ax, kind: str, xlabel: str, what: str) -> None:
+    """Label a panel of paired differences against random on one held-out kind (zero marked)."""
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"held-out {kind}: scheduler - random")
+    ax.set_title(f"{kind}: paired difference {what}")
+    ax.legend(fontsize=8)
 
 
 def _save(fig, lake, kind: str, step: int | None = None) -> str:
@@ -319,19 +339,15 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Headroom: batch vs oracle vs pool (neural learner)")
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=90)
-    plt.close(fig)
-    return str(out_path)
+    return _written(fig, out_path)
 
 
 def draws_plot(diffs: dict[str, dict[int, list[float]]], out_path: Path) -> str:
     """Per held-out kind, each seed's paired difference against random in every draw of it (one
     marker per draw, a line between a seed's draws): how far a seed's verdict moves between two
     runs of the same schedules. ``diffs[kind][seed]``: the differences, draw 0 first."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(diffs), figsize=(5 * len(diffs), 3.8), squeeze=False)
-    for ax, (kind, by_seed) in zip(axes[0], diffs.items(), strict=True):
+    fig, axes = _kind_panels(len(diffs))
+    for ax, (kind, by_seed) in zip(axes, diffs.items(), strict=True):
         for s, ds in sorted(by_seed.items()):
             ax.plot([s] * len(ds), ds, "-", color="0.6", lw=1)
             for k, d in enumerate(ds):
@@ -343,13 +359,18 @@ def draws_plot(diffs: dict[str, dict[int, list[float]]], out_path: Path) -> str:
                     ms=6,
                     label=f"draw {k}" if s == min(by_seed) else None,
                 )
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xlabel("seed")
-        ax.set_ylabel(f"held-out {kind}: scheduler - random")
         ax.set_xticks(sorted(by_seed))
-        ax.set_title(f"{kind}: paired difference per seed and draw")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=90)
-    plt.close(fig)
-    return str(out_path)
+        _difference_axis(ax, kind, "seed", "per seed and draw")
+    return _written(fig, out_path)
+
+
+def within_run_plot(series: dict[str, dict[int, tuple[list[int], list[float]]]], out_path: Path) -> str:
+    """Per held-out kind, one line per seed: a scheduler's held-out minus random's at every
+    evaluation of the run (``series[kind][seed] = (steps, differences)``): how a seed's verdict
+    moves with the step it is read at."""
+    fig, axes = _kind_panels(len(series))
+    for ax, (kind, by_seed) in zip(axes, series.items(), strict=True):
+        for i, (s, (steps, d)) in enumerate(sorted(by_seed.items())):
+            ax.plot(steps, d, "-o", color=f"C{i}", ms=2.5, lw=1.2, label=f"seed {s}")
+        _difference_axis(ax, kind, "step", "at every evaluation")
+    return _written(fig, out_path)

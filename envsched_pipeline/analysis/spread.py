@@ -121,3 +121,38 @@ def every_seed_chance(mean: float, sd: float, seeds: int = 10) -> float:
     if sd <= 0:
         return float(mean > 0)
     return (0.5 * (1 + math.erf(mean / (sd * math.sqrt(2))))) ** seeds
+
+
+def within_run(steps, values, since: int = 100, window: int = 20) -> dict:
+    """How a held-out series (or a paired difference of two) moves inside one run, measured at
+    ``steps`` (every few steps) from step ``since`` on. ``jitter_sd``: the fast part, which averaging
+    a few nearby checkpoints would remove: each point's distance from a quadratic fitted to its
+    neighbours within ``window`` steps (itself left out), scaled by that prediction's own error so
+    that for independent noise it estimates the noise's sd. ``swing_sd``: the sd of the points
+    around a straight line over the span: fast and slow parts together."""
+    st, y = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    if st.shape != y.shape or st.ndim != 1:
+        raise ValueError(f"steps and values must be one series each (got shapes {st.shape} and {y.shape})")
+    late = st >= since
+    if late.sum() < 8:
+        raise ValueError(f"need at least 8 points from step {since} on (got {int(late.sum())})")
+    scaled = []
+    for i in np.flatnonzero(late):
+        near = (np.abs(st - st[i]) <= window) & (np.arange(len(st)) != i)
+        if near.sum() < 4:
+            raise ValueError(f"too few points within {window} steps of step {int(st[i])}")
+        x = np.vander((st[near] - st[i]) / window, 3)  # centred on the point: its prediction is the intercept
+        coef, *_ = np.linalg.lstsq(x, y[near], rcond=None)
+        leverage = np.linalg.inv(x.T @ x)[2, 2]
+        scaled.append((y[i] - coef[2]) / np.sqrt(1 + leverage))
+    s, v = st[late], y[late]
+    return {
+        "points": int(late.sum()),
+        "jitter_sd": float(np.std(scaled, ddof=1)),
+        "swing_sd": float(np.std(v - np.polyval(np.polyfit(s, v, 1), s), ddof=1)),
+        "low": float(v.min()),
+        "high": float(v.max()),
+        "positive": int((v > 0).sum()),
+        "final": float(y[-1]),
+        "late_mean": float(y[st >= st.max() - 50].mean()),
+    }

@@ -25,9 +25,7 @@ from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.records import recorded_seeds
 
 
-def _by_draw(
-    names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...] = (50,)
-) -> dict:
+def by_draw(names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...] = (50,)) -> dict:
     """The default learner's records of ``names`` in ``runs`` at one draw (`bench scheduler --draw`),
     every seed on record: the bench's summary per scheduler and seed. ``evals``: the held-out
     schedules (`--eval-every`) to look under, the first found kept; evaluating leaves training as it
@@ -72,7 +70,7 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     lr = BESIDE_ORACLE[-1]
     names = ("random", lr)
     read = (*names, *RIVALS)  # the rivals' records are read with the form's and random's, once a draw
-    first, second = _by_draw(read, base_runs, steps, 0), _by_draw(read, runs, steps, 1, evals=(50, steps))
+    first, second = by_draw(read, base_runs, steps, 0), by_draw(read, runs, steps, 1, evals=(50, steps))
     seeds = sorted(set.intersection(*(set(d.get(n, {})) for d in (first, second) for n in names)))
     if len(seeds) < 3:
         print(

@@ -30,12 +30,17 @@ def part_means(xs, parts: int = 4) -> list[float]:
     return [float(np.mean(xs[a:b])) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def recorded_seeds(runs: str | Path, name: str) -> list[int]:
-    """The seeds of scheduler ``name`` on record in ``runs``, by exact name (the runs of
+def recorded_files(runs: str | Path, name: str) -> dict[int, Path]:
+    """The recorded runs of scheduler ``name`` in ``runs`` by seed, by exact name (the runs of
     ``envsched@success-sampled`` are not runs of ``envsched@success``)."""
     pat = re.compile(re.escape(name) + r"-s(\d+)-[0-9a-f]+\.json")
-    found = (pat.fullmatch(f.name) for f in Path(runs).glob(f"{name}-s*.json"))
-    return sorted(int(m.group(1)) for m in found if m)
+    found = ((pat.fullmatch(f.name), f) for f in sorted(Path(runs).glob(f"{name}-s*.json")))
+    return {int(m.group(1)): f for m, f in found if m}
+
+
+def recorded_seeds(runs: str | Path, name: str) -> list[int]:
+    """The seeds of scheduler ``name`` on record in ``runs`` (:func:`recorded_files`)."""
+    return sorted(recorded_files(runs, name))
 
 
 def recorded_variants(runs: str | Path) -> list[str]:

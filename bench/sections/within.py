@@ -5,7 +5,6 @@ and what they would not."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,19 +12,15 @@ import numpy as np
 from envsched_pipeline.analysis.plots import within_run_plot
 from envsched_pipeline.analysis.spread import every_seed_needs, two_draws, within_run
 from sections.common import BESIDE_ORACLE, HERE, write_section
-from sections.draws import _by_draw
+from sections.draws import by_draw
+from sections.records import recorded_files
 
 KINDS = ("seen", "unseen")
 
 
 def _evals(runs: Path, name: str) -> dict[int, list[dict]]:
     """The held-out evaluations of each recorded run of ``name`` in ``runs``, by seed."""
-    pat = re.compile(re.escape(name) + r"-s(\d+)-[0-9a-f]+\.json")
-    out = {}
-    for f in sorted(runs.glob(f"{name}-s*.json")):
-        if m := pat.fullmatch(f.name):
-            out[int(m.group(1))] = json.loads(f.read_text())["evals"]
-    return out
+    return {s: json.loads(f.read_text())["evals"] for s, f in recorded_files(runs, name).items()}
 
 
 def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -> None:
@@ -39,7 +34,7 @@ def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -
     if not seeds:
         print(f"neural_within_run: no seed with both {', '.join(names)} in {runs}; section left as it was")
         return
-    records = _by_draw(names, base_runs, steps, 0)
+    records = by_draw(names, base_runs, steps, 0)
     since, late = steps // 2, steps - 50
     series: dict[str, dict[int, tuple[list[int], list[float]]]] = {k: {} for k in KINDS}
     own_rows = [
@@ -82,10 +77,7 @@ def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -
                 f"{w['positive']}/{w['points']} | {w['jitter_sd']:.4f} |"
             )
     plot = within_run_plot(series, HERE / "neural_within_run.png")
-    first, second = (
-        _by_draw(names, base_runs, steps, 0),
-        _by_draw(names, draws_runs, steps, 1, evals=(50, steps)),
-    )
+    first, second = records, by_draw(names, draws_runs, steps, 1, evals=(50, steps))
     both = sorted(set.intersection(*(set(d.get(n, {})) for d in (first, second) for n in names)))
     reading = []
     if len(both) >= 3:

@@ -25,11 +25,28 @@ from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.records import recorded_seeds
 
 
-def by_draw(names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...] = (50,)) -> dict:
-    """The default learner's records of ``names`` in ``runs`` at one draw (`bench scheduler --draw`),
-    every seed on record: the bench's summary per scheduler and seed. ``evals``: the held-out
-    schedules (`--eval-every`) to look under, the first found kept; evaluating leaves training as it
-    was, so a run's final held-out is the same under each."""
+def by_draw(
+    names: tuple[str, ...],
+    runs: str | tuple[str, ...],
+    steps: int,
+    draw: int,
+    evals: tuple[int, ...] = (50,),
+) -> dict:
+    """The default learner's records of ``names`` in ``runs`` (one directory or several, the first
+    found kept) at one draw (`bench scheduler --draw`), every seed on record: the bench's summary
+    per scheduler and seed. ``evals``: the held-out schedules (`--eval-every`) to look under, the
+    first found kept; evaluating leaves training as it was, so a run's final held-out is the same
+    under each."""
+    out: dict[str, dict] = {}
+    for folder in (runs,) if isinstance(runs, str) else runs:
+        for n, by_seed in _by_draw_in(names, folder, steps, draw, evals).items():
+            for s, summary in by_seed.items():
+                out.setdefault(n, {}).setdefault(s, summary)
+    return out
+
+
+def _by_draw_in(names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...]) -> dict:
+    """:func:`by_draw` in one directory."""
     last = max((s for n in names for s in recorded_seeds(runs, n)), default=None)
     out: dict[str, dict] = {}
     if last is None:
@@ -70,7 +87,9 @@ def section_draws(runs: str, base_runs: str, steps: int) -> None:
     lr = BESIDE_ORACLE[-1]
     names = ("random", lr)
     read = (*names, *RIVALS)  # the rivals' records are read with the form's and random's, once a draw
-    first, second = by_draw(read, base_runs, steps, 0), by_draw(read, runs, steps, 1, evals=(50, steps))
+    # draw 0: the records, and any record run later with held-out at the start and the end only
+    first = by_draw(read, (base_runs, runs), steps, 0, evals=(50, steps))
+    second = by_draw(read, runs, steps, 1, evals=(50, steps))
     seeds = sorted(set.intersection(*(set(d.get(n, {})) for d in (first, second) for n in names)))
     if len(seeds) < 3:
         print(
@@ -330,6 +349,7 @@ def _draws_against_rivals(
     longest = {r: v for r, v in got.items() if v[1] == seeds}  # the rivals run twice at every seed
     if len(longest) < len(got) and longest:
         judged.append(_sixth_target(longest, lr, second, seeds))
+    judged.append(_sixth_on_records(first, lr, rivals))
     return lines + [" ".join(judged), ""]
 
 
@@ -345,10 +365,7 @@ def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
             **{r: float(np.mean([d[1][s][key] for s in common])) for r, (d, _both) in got.items()},
             "the form": float(np.mean([second[lr][s][key] for s in common])),
         }
-        top = max(means, key=means.get)
-        where = "seen tasks" if kind == "seen" else "unseen environments"
-        ranked = sorted(means.items(), key=lambda kv: -kv[1])
-        best.append(f"on {where}: {top} ({', '.join(f'{k} {v:.4f}' for k, v in ranked)})")
+        best.append(_ranked(means, kind))
     ran = 2 + len(got)
     among = (
         f"among all {len(COMPARED)} schedulers and the form"
@@ -358,6 +375,41 @@ def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
     return (
         f"The sixth target on draw 1, {among}, over seeds {_seed_span(common)}: the highest mean "
         f"held-out {best[0]}; {best[1]}."
+    )
+
+
+def _ranked(means: dict[str, float], kind: str) -> str:
+    """``on seen tasks: best (each one's mean, highest first)``."""
+    where = "seen tasks" if kind == "seen" else "unseen environments"
+    ranked = sorted(means.items(), key=lambda kv: -kv[1])
+    return f"on {where}: {ranked[0][0]} ({', '.join(f'{k} {v:.4f}' for k, v in ranked)})"
+
+
+def _sixth_on_records(first: dict, lr: str, rivals: tuple[str, ...]) -> str:
+    """The sixth target on draw 0 (the records, with any recorded later at the start and the end
+    only) among random, the form and ``rivals``, over the seeds every one of them has."""
+    rows = ("random", *rivals, lr)
+    common = sorted(set.intersection(*(set(first.get(n, {})) for n in rows)))
+    if not common:
+        return ""
+    best = [
+        _ranked(
+            {
+                ("the form" if n == lr else n): float(
+                    np.mean([first[n][s][f"heldout_{k}_final"] for s in common])
+                )
+                for n in rows
+            },
+            k,
+        )
+        for k in ("seen", "unseen")
+    ]
+    return (
+        "On draw 0 (the records: those in `bench/runs/neural-noforced/`, with held-out every 50 steps, "
+        "and those recorded later beside the second draws, with held-out at the start and the end), "
+        f"among {'all ' if set(COMPARED) <= set(rows) else ''}{len(rows) - 1} "
+        f"schedulers and the form, over seeds {_seed_span(common)}: the highest mean held-out {best[0]}; "
+        f"{best[1]}."
     )
 
 

@@ -349,8 +349,7 @@ def _draws_against_rivals(
     longest = {r: v for r, v in got.items() if v[1] == seeds}  # the rivals run twice at every seed
     if len(longest) < len(got) and longest:
         judged.append(_sixth_target(longest, lr, second, seeds))
-    judged.append(_sixth_on_records(first, lr, rivals))
-    return lines + [" ".join(judged), ""]
+    return lines + [" ".join(judged), "", *_on_records(first, lr, rivals)]
 
 
 def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
@@ -385,32 +384,60 @@ def _ranked(means: dict[str, float], kind: str) -> str:
     return f"on {where}: {ranked[0][0]} ({', '.join(f'{k} {v:.4f}' for k, v in ranked)})"
 
 
-def _sixth_on_records(first: dict, lr: str, rivals: tuple[str, ...]) -> str:
-    """The sixth target on draw 0 (the records, with any recorded later at the start and the end
-    only) among random, the form and ``rivals``, over the seeds every one of them has."""
+def _on_records(first: dict, lr: str, rivals: tuple[str, ...]) -> list[str]:
+    """Draw 0 (the records, with any recorded later at the start and the end only): each of
+    ``rivals`` and the form against random over the seeds every one of them has (a table), and the
+    sixth target among them there."""
     rows = ("random", *rivals, lr)
     common = sorted(set.intersection(*(set(first.get(n, {})) for n in rows)))
-    if not common:
-        return ""
+    if len(common) < 3:
+        return []
+
+    def per(n: str, key: str) -> np.ndarray:
+        return np.array([first[n][s][key] for s in common])
+
+    table = [
+        "| scheduler | Δ held-out seen ± s.e. (seeds above random) | Δ held-out unseen ± s.e. | mean seen | "
+        "mean unseen | batch var × random | zero-var × random |",
+        "|" + "---|" * 7,
+    ]
+    for n in rows:
+        cells = []
+        for k in ("seen", "unseen"):
+            key = f"heldout_{k}_final"
+            d = per(n, key) - per("random", key)
+            cells.append(
+                "—"
+                if n == "random"
+                else f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(len(d)):.4f} ({(d > 0).sum()}/{len(d)})"
+            )
+        ratios = [
+            f"{per(n, key).mean() / per('random', key).mean():.2f}"
+            for key in ("batch_variance", "zero_variance_fraction")
+        ]
+        table.append(
+            f"| {'the form' if n == lr else n} | {cells[0]} | {cells[1]} | "
+            f"{per(n, 'heldout_seen_final').mean():.4f} | {per(n, 'heldout_unseen_final').mean():.4f} | "
+            f"{ratios[0]} | {ratios[1]} |"
+        )
     best = [
         _ranked(
-            {
-                ("the form" if n == lr else n): float(
-                    np.mean([first[n][s][f"heldout_{k}_final"] for s in common])
-                )
-                for n in rows
-            },
+            {("the form" if n == lr else n): float(per(n, f"heldout_{k}_final").mean()) for n in rows},
             k,
         )
         for k in ("seen", "unseen")
     ]
-    return (
-        "On draw 0 (the records: those in `bench/runs/neural-noforced/`, with held-out every 50 steps, "
-        "and those recorded later beside the second draws, with held-out at the start and the end), "
-        f"among {'all ' if set(COMPARED) <= set(rows) else ''}{len(rows) - 1} "
-        f"schedulers and the form, over seeds {_seed_span(common)}: the highest mean held-out {best[0]}; "
-        f"{best[1]}."
-    )
+    return [
+        "Draw 0 (the records: those in `bench/runs/neural-noforced/`, with held-out every 50 steps, and "
+        "those recorded later beside the second draws, with held-out at the start and the end), "
+        f"{'all ' if set(COMPARED) <= set(rows) else ''}{len(rows) - 1} schedulers and the form over seeds "
+        f"{_seed_span(common)}, final held-out (± standard error over seeds):",
+        "",
+        *table,
+        "",
+        f"The sixth target on draw 0 over these seeds: the highest mean held-out {best[0]}; {best[1]}.",
+        "",
+    ]
 
 
 def _over_random(draws: tuple[dict, dict], base: tuple[dict, dict], seeds: list[int], kind: str) -> str:

@@ -50,6 +50,7 @@ def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -
     fast: dict[str, list[float]] = {k: [] for k in KINDS}
     late_means: dict[str, list[float]] = {k: [] for k in KINDS}
     eval_se: dict[str, list[float]] = {k: [] for k in KINDS}
+    departs: list[str] = []  # (scheduler, seed, kind) whose step-200 held-out is not its record's
     for s in seeds:
         a, b = got["random"][s], got[lr][s]
         if [e["step"] for e in a] != [e["step"] for e in b]:
@@ -61,6 +62,8 @@ def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -
                 rec = records.get(n, {}).get(s, {}).get(f"heldout_{k}_final")
                 se = float(np.mean([e[f"{k}_se"] for e in ev if e["step"] >= since]))
                 eval_se[k].append(se)
+                if rec is not None and abs(rec - w["final"]) > 1e-9:
+                    departs.append(f"{n} seed {s} {k}")
                 own_rows.append(
                     f"| {'the form' if n == lr else n} | {s} | {k} | {w['final']:.4f} | "
                     f"{'—' if rec is None else f'{rec:.4f}'} | {se:.4f} | {w['jitter_sd']:.4f} | "
@@ -110,8 +113,15 @@ def section_within_run(runs: str, base_runs: str, draws_runs: str, steps: int) -
                 "",
                 f"Random and `{lr}` (default learner) re-run at seed(s) {', '.join(map(str, seeds))} with "
                 "`envsched bench scheduler --eval-every 5` (runs in "
-                f"`bench/runs/{Path(runs).name}/`): the same runs as their records (evaluating leaves training "
-                f"as it was: the step-{steps} column equals the record's), seen from every fifth step. Fast part: "
+                f"`bench/runs/{Path(runs).name}/`): "
+                + (
+                    "the same runs as their records (evaluating leaves training as it was: the "
+                    f"step-{steps} column equals the record's), seen from every fifth step. "
+                    if not departs
+                    else f"re-runs of their records; at step {steps} they depart from them in "
+                    f"{', '.join(departs)}. "
+                )
+                + "Fast part: "
                 "each point's sd around a quadratic through its neighbours within 20 steps (itself left out), "
                 "what averaging a few nearby checkpoints would remove; moves: the sd of the points around a "
                 f"straight line over steps {since}-{steps}.",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from envsched_pipeline.core.build import asked_run, scheduler_config
+from envsched_pipeline.core.build import asked_run, new_run, scheduler_config
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
@@ -25,7 +25,7 @@ from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, load_run, start_run
+from envsched_pipeline.run import load_run, start_run
 from envsched_pipeline.scheduler import SCHEDULERS
 
 
@@ -46,13 +46,14 @@ class ExternalRun:
     ):
         """Start a run on ``lake``, or resume the one it holds. A setting left as None is the run's
         own when resuming (a restarted trainer passes only the lake), else a new run's default:
-        pool ``synthetic``, scheduler ``envsched``, seed 0, B = 64, G = 8, no prior lake, prior
-        discount 0.5. ``scheduler`` may be a named variant (``envsched@success+adaptive+covsampled+lr``):
-        its overrides under ``config_overrides``. Every setting is checked before anything is
+        pool ``synthetic``, the recommended envsched form (``envsched@success+adaptive+covsampled+lr``;
+        ``"envsched"``: the paper's constants), seed 0, B = 64, G = 8, no prior lake, prior discount
+        0.5. ``scheduler`` may be any scheduler or named variant: its overrides under
+        ``config_overrides``. Every setting is checked before anything is
         written; one that changes a run under way is refused, naming it."""
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
         existing = load_run(self.lake)
-        base = existing or RunSpec(policy="external", trainer="external", max_steps=1_000_000)
+        base = existing or new_run(policy="external", trainer="external", max_steps=1_000_000)
         try:  # a named variant: its overrides under yours
             spec = asked_run(
                 base,

@@ -200,10 +200,17 @@ def test_train_flags_left_out_keep_the_resumed_runs_settings(tmp_path):
         0,
         64,
     )
-    assert fresh.scheduler_config == {} and fresh.max_steps == 3 and fresh.trainer == "subprocess"
-    started = asked(
-        "--policy", "neural", "--overrun-penalty", "0.1", "--scheduler", RECOMMENDED, "--pool", "p"
-    )
+    # a new run: the recommended form's overrides; `--scheduler envsched` alone: the paper's constants
+    assert fresh.scheduler_config == {
+        "target": "success",
+        "adaptive_rho": True,
+        "coverage_pick": "sampled",
+        "spread_model": "logistic",
+    }
+    assert fresh.max_steps == 3 and fresh.trainer == "subprocess"
+    assert asked("--steps", "3", "--scheduler", "envsched").scheduler_config == {}
+    variant = ["--scheduler", "envsched@success+covscore"]
+    started = asked("--policy", "neural", "--overrun-penalty", "0.1", *variant, "--pool", "p")
     resumed = asked("--steps", "40", current=started)
     assert resumed == RunSpec(**{**started.to_dict(), "max_steps": 40})
     assert resumed.scheduler_config == started.scheduler_config != {}

@@ -10,6 +10,7 @@ from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import load_run
 
 
 def reward_of(step, task_id, rollout):
@@ -230,6 +231,25 @@ def test_external_run_takes_a_named_variant_under_explicit_overrides(two_lakes):
         picks = s.manifest(t)
         s.observe(t, rollouts_for(t, picks))
     assert {p["half"] for p in s.manifest(2)} == {"coverage"}  # rho = 1 (yours) over the variant's 0.5
+
+
+def test_a_new_run_gets_the_recommended_form_and_envsched_alone_the_papers_constants(two_lakes, capsys):
+    a, b = two_lakes
+    s = ExternalRun(pool="mini", lake=str(a), batch_size=6, group_size=4)
+    assert (s.spec.scheduler, s.spec.scheduler_config) == (
+        "envsched",
+        {"target": "success", "adaptive_rho": True, "coverage_pick": "sampled", "spread_model": "logistic"},
+    )
+    picks = s.manifest(0)
+    s.observe(0, rollouts_for(0, picks))
+    assert ExternalRun(lake=str(a)).spec.scheduler_config == s.spec.scheduler_config  # resumed: its own
+    sizes = ["--batch-size", "6", "--group-size", "4"]
+    code, _, err = cli(
+        b, "step", "select", "--pool", "mini", "--step", "0", "--scheduler", "envsched", *sizes, capsys=capsys
+    )
+    assert code == 0, err
+    spec = load_run(Lake(b))
+    assert (spec.scheduler, spec.scheduler_config) == ("envsched", {})
 
 
 def test_cli_protocol_takes_named_variants_and_keeps_the_runs_own_config(two_lakes, tmp_path, capsys):

@@ -162,6 +162,22 @@ def test_every_named_variant_is_a_valid_config_that_changes_something_and_fills_
             observe(st_, t, {p.index: [0.0, 1.0, 1.0, 0.0] for p in picks}, cfg)
 
 
+def test_a_runs_scheduler_label_names_its_variant_and_the_overrides_beyond_it():
+    from envsched_pipeline.scheduler.variants import label  # only this test needs it
+
+    form = {"target": "success", "adaptive_rho": True, "coverage_pick": "sampled", "spread_model": "logistic"}
+    assert label("envsched", form) == "envsched@success+adaptive+covsampled+lr (the recommended form)"
+    # the variant covering most of the overrides wins (exposure4 = the form + c0), the rest listed
+    assert label("envsched", {**form, "c0": 4.0, "rho": 0.25}) == (
+        "envsched@success+adaptive+covsampled+lr+exposure4 + rho=0.25"
+    )
+    assert label("envsched", {}) == "envsched (the paper's constants)"
+    assert label("envsched", {"rho": 0.25}) == "envsched@rho0.25"  # a variant of its own
+    assert label("envsched", {"rho": 0.3}) == "envsched + rho=0.3"
+    assert label("greso", {}) == "greso"
+    assert label("random", {"target": "success"}) == "random + target=success"  # not envsched's variant
+
+
 def test_stale_coverage_takes_one_task_per_stale_environment():
     cfg = SchedulerConfig(batch_size=8, stale_after=2)  # rho B = 4 coverage slots at most
     st_ = make_state(n_envs=6, per_env=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from envsched_pipeline.cli.common import COUNT, GROUP, INDEX, HelpFormatter, UsageError, dumps, lake_of
-from envsched_pipeline.core.build import asked_run, open_run
+from envsched_pipeline.core.build import asked_run, new_run, open_run
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
@@ -29,8 +29,8 @@ def add_parser(sub) -> None:
         "--scheduler",
         default=None,
         help=f"one of {', '.join(sorted(SCHEDULERS))}, or a named variant `<scheduler>@<variant>` "
-        f"(`envsched bench variants` lists them; {RECOMMENDED} is the recommended form). First call: "
-        "envsched; later calls: the run's own, config included",
+        f"(`envsched bench variants` lists them). First call: {RECOMMENDED}, the recommended form "
+        "(`envsched` alone: the paper's constants); later calls: the run's own, config included",
     )
     sel.add_argument("--seed", type=INDEX, default=None, help="run seed (first call: 0)")
     sel.add_argument("--batch-size", type=COUNT, default=None, help="B (first call: 64)")
@@ -67,7 +67,7 @@ def _run_for(lake, args) -> RunSpec:
 
     # what this call asks for, over the run's own settings (its scheduler config included), so a
     # plain `step select` resumes a run started by the API or `envsched train` with a variant
-    base = run or RunSpec(policy="external", max_steps=1_000_000)
+    base = run or new_run(policy="external", max_steps=1_000_000)
     try:
         spec = asked_run(
             base,

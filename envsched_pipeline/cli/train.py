@@ -18,12 +18,12 @@ from envsched_pipeline.cli.common import (
     json_object,
     lake_of,
 )
-from envsched_pipeline.core.build import asked_run, open_run
+from envsched_pipeline.core.build import asked_run, new_run, open_run
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
 from envsched_pipeline.scheduler import SCHEDULERS
-from envsched_pipeline.scheduler.variants import RECOMMENDED
+from envsched_pipeline.scheduler.variants import RECOMMENDED, label
 
 STEP_COLUMNS = (
     "step",
@@ -83,9 +83,9 @@ def add_parser(sub) -> None:
         "--scheduler",
         default=None,
         help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
-        "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them), e.g. "
-        f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench); new "
-        "run: envsched",
+        "`<scheduler>@<variant>` (its config overrides; `envsched bench variants` lists them). New run: "
+        f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench); "
+        "`envsched` alone runs the paper's constants",
     )
     t.add_argument(
         "--scheduler-config",
@@ -207,7 +207,7 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
     ``envsched train --steps N`` resumes it with its own pool, policy, scheduler and configs), over a
     new run's defaults when it does not. Whether a resumed run may change is open_run's to decide;
     a bad scheduler name or JSON is a UsageError naming the flag."""
-    base = current or RunSpec()
+    base = current or new_run()
     overrides = {}
     if args.scheduler_config:
         overrides.update(json_object("--scheduler-config", args.scheduler_config, '{"rho": 0.25}'))
@@ -284,7 +284,7 @@ def run(args) -> int:
         materialize_pool(spec.pool, lake)
         ensure_pool(lake, spec.pool)
     print(
-        f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={spec.scheduler} "
+        f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={label(spec.scheduler, spec.scheduler_config)} "
         f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}",
         flush=True,
     )

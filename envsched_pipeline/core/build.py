@@ -17,7 +17,16 @@ from envsched_pipeline.scheduler import (
     make_scheduler,
     uses_graph,
 )
-from envsched_pipeline.scheduler.variants import resolve
+from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
+
+
+def new_run(**settings) -> RunSpec:
+    """A new run's defaults (``settings`` over them), scheduled by the recommended envsched form
+    (``RECOMMENDED``: the best-supported form on the neural learner's bench, docs/evidence.md); the
+    paper's constants are ``--scheduler envsched``. The run records the overrides the form resolves
+    to, so a resumed run keeps them whatever the recommendation later becomes."""
+    name, config = resolve(RECOMMENDED)
+    return RunSpec(**{"scheduler": name, "scheduler_config": config, **settings})
 
 
 def asked_run(base: RunSpec, scheduler: str | None = None, overrides: dict | None = None, **given) -> RunSpec:

@@ -258,3 +258,24 @@ def resolve(name: str) -> tuple[str, dict]:
         f"unknown scheduler {name!r}: choose one of {known}, or a named variant such as "
         f"{RECOMMENDED} (`envsched bench variants` lists them)"
     )
+
+
+def label(scheduler: str, config: dict) -> str:
+    """How a run's scheduler reads to a person: the named variant its overrides make up (the one
+    covering most of them, any others listed after it), marked when it is the recommended form;
+    ``envsched`` without overrides is the paper's constants. A run records only the scheduler and
+    its overrides (``resolve``), so this is how the report and ``envsched train`` name it."""
+    best, covered = scheduler, {}
+    for name, over in VARIANTS.items():
+        if name.split("@", 1)[0] == scheduler and len(over) > len(covered):
+            if all(k in config and config[k] == v for k, v in over.items()):
+                best, covered = name, over
+    rest = {k: v for k, v in config.items() if k not in covered}
+    text = best
+    if best == RECOMMENDED:
+        text += " (the recommended form)"
+    elif best == "envsched" and not rest:
+        text += " (the paper's constants)"
+    if rest:
+        text += " + " + ", ".join(f"{k}={v}" for k, v in sorted(rest.items()))
+    return text

@@ -163,7 +163,7 @@ def test_every_named_variant_is_a_valid_config_that_changes_something_and_fills_
 
 
 def test_a_runs_scheduler_label_names_its_variant_and_the_overrides_beyond_it():
-    from envsched_pipeline.scheduler.variants import label  # only this test needs it
+    from envsched_pipeline.scheduler.variants import scheduler_label as label  # only this test needs it
 
     form = {"target": "success", "adaptive_rho": True, "coverage_pick": "sampled", "spread_model": "logistic"}
     assert label("envsched", form) == "envsched@success+adaptive+covsampled+lr (the recommended form)"

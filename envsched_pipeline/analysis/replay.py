@@ -12,6 +12,10 @@ mean variance over the previous ``window`` steps, else its environment's, else a
 cold prior): it never reads t's or later outcomes. With a full-support logger (random) the correction makes the estimate unbiased for
 the replayed states; with a deterministic logger tasks it never picks carry only the model term,
 which the report states as ``model_share``. The per-step estimates give a standard error.
+
+Each scheduler named is what ``envsched train --scheduler NAME`` runs: the paper's constants with
+the named variant's overrides, at the logged run's B and G; the logged run's own overrides are not
+carried over (``envsched`` is the paper's scheduler whatever the logged run used).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run, step_rng
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, make_scheduler
+from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import SchedulerState
+from envsched_pipeline.scheduler.variants import resolve, scheduler_label
 
 
 def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dict:
@@ -48,19 +54,22 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
         for r in lake.read("manifests", step=s, columns=["task_id", "propensity"]).to_pylist():
             p = r["propensity"]
             logged_prop[(s, r["task_id"])] = p if p == p and p > 0 else 1.0
+    forms = {}
+    for name in schedulers:
+        base, overrides = resolve(name)  # ValueError naming the choices
+        config = SchedulerConfig(batch_size=spec.batch_size, group_size=spec.group_size)
+        forms[name] = (base, config.with_overrides(**overrides))
     graph = None
-    if any(n.split("@")[0] in GRAPH_SCHEDULERS for n in schedulers):
+    if any(base in GRAPH_SCHEDULERS for base, _ in forms.values()):
         graph = load_graph(lake, spec.pool)
     out = {}
-    for name in schedulers:
+    for name, (base, config) in forms.items():
         est, overlap, model_share = [], [], []
         for t in steps:
             state = load_state(lake, spec, t - 1)
             state = SchedulerState.from_bytes(state.to_bytes())  # the scheduler may annotate its copy
             g = graph.reindex(state.task_ids) if graph is not None else None
-            sched = make_scheduler(
-                name, scheduler_config(spec), graph=g if name.split("@")[0] in GRAPH_SCHEDULERS else None
-            )
+            sched = make_scheduler(base, config, graph=g if base in GRAPH_SCHEDULERS else None)
             picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t).picks
             # the model term uses only what was known before step t (never t's or later outcomes)
             past_steps = [s for s in by_step if t - window <= s < t]
@@ -94,7 +103,7 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
     logged = [float(np.mean(list(by_step[s].values()))) for s in steps if s in by_step]
     return {
         "logged": {
-            "scheduler": spec.scheduler,
+            "scheduler": scheduler_label(spec.scheduler, spec.scheduler_config),
             "batch_variance": float(np.mean(logged)),
             "steps": len(steps),
         },

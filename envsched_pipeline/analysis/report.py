@@ -28,7 +28,7 @@ from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
-from envsched_pipeline.scheduler.variants import label
+from envsched_pipeline.scheduler.variants import scheduler_label
 
 BASELINES = ("random", "exploit-only", "greso", "mopps", "dps")
 MIN_GROUPS = 3
@@ -168,7 +168,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
                 f"{n_steps} steps."
             )
 
-    run_name = f"this run ({label(spec.scheduler, spec.scheduler_config)})"
+    run_name = f"this run ({scheduler_label(spec.scheduler, spec.scheduler_config)})"
     run_colour = colour(spec.scheduler)
 
     def line(values, name=run_name, col=run_colour, width=2.6, x=None):
@@ -346,7 +346,7 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         "run id": spec.run_id,
         "pool": spec.pool,
         "policy": spec.policy,
-        "scheduler": label(spec.scheduler, spec.scheduler_config),
+        "scheduler": scheduler_label(spec.scheduler, spec.scheduler_config),
         "scheduler config hash": ", ".join(h[:12] for h in hashes) or "—",
         "scheduler overrides": json.dumps(spec.scheduler_config) if spec.scheduler_config else "none",
         "B (tasks per step)": spec.batch_size,

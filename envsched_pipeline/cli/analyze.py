@@ -30,7 +30,8 @@ from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
 F = HelpFormatter
-ALL = "random,envsched,exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
+# the paper's ablation, the recommended form (what a new run gets) beside it, and the oracle
+ALL = f"random,envsched,{RECOMMENDED},exploit-only,coverage-only,variance-greedy,greso,mopps,dps,oracle"
 
 
 def add_parser(sub) -> None:
@@ -148,8 +149,10 @@ def add_parser(sub) -> None:
     )
     br.add_argument(
         "--schedulers",
-        default="random,envsched,exploit-only,greso,mopps,dps",
-        help="comma-separated scheduler names",
+        default=f"random,envsched,{RECOMMENDED},exploit-only,greso,mopps,dps",
+        help="comma-separated scheduler names or named variants, each as `envsched train --scheduler` "
+        "reads it (the paper's constants and the variant's overrides, at the run's B and G; not the "
+        "logged run's own overrides)",
     )
     br.add_argument(
         "--window", type=INDEX, default=4, help="steps within which a task's logged variance is reused"

@@ -23,7 +23,7 @@ from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
 from envsched_pipeline.scheduler import SCHEDULERS
-from envsched_pipeline.scheduler.variants import RECOMMENDED, label
+from envsched_pipeline.scheduler.variants import RECOMMENDED, scheduler_label
 
 STEP_COLUMNS = (
     "step",
@@ -283,8 +283,9 @@ def run(args) -> int:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
         materialize_pool(spec.pool, lake)
         ensure_pool(lake, spec.pool)
+    shown = scheduler_label(spec.scheduler, spec.scheduler_config)
     print(
-        f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={label(spec.scheduler, spec.scheduler_config)} "
+        f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={shown} "
         f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}",
         flush=True,
     )

@@ -260,7 +260,7 @@ def resolve(name: str) -> tuple[str, dict]:
     )
 
 
-def label(scheduler: str, config: dict) -> str:
+def scheduler_label(scheduler: str, config: dict) -> str:
     """How a run's scheduler reads to a person: the named variant its overrides make up (the one
     covering most of them, any others listed after it), marked when it is the recommended form;
     ``envsched`` without overrides is the paper's constants. A run records only the scheduler and

@@ -23,10 +23,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+# The project's modules, numpy and torch are imported inside the functions below: only once the
+# repository root is on sys.path (above), and only when a step runs (`--help` needs none of them).
 
 
 def rollouts(engine_for, tok, tasks, envs, group, max_new_tokens, workers):
     """``engine_for(first, n)``: the engine for episodes first..first+n-1 (a wave)."""
+    # lazy, as every import of this script's project modules (see the comment at the top)
     from envs.registry import episode_spec
     from envs.sandbox import SandboxPool
     from trainer.agent import AgentLoop, Episode
@@ -51,7 +54,7 @@ def rollouts(engine_for, tok, tasks, envs, group, max_new_tokens, workers):
 
 def scripted_texts(tasks, group):
     """Per episode: the gold tool calls (first half of each group) or one wrong call (second half)."""
-    from trainer.chat import render_assistant
+    from trainer.chat import render_assistant  # lazy (see the comment at the top)
 
     scripts = []
     for t in tasks:
@@ -63,6 +66,7 @@ def scripted_texts(tasks, group):
 
 
 def main() -> int:
+    # lazy (see the comment at the top)
     import numpy as np
     import torch
 
@@ -164,7 +168,7 @@ def main() -> int:
     }
     print(json.dumps(res, indent=2, default=str))
     if not args.no_write:
-        from run_all import machine, write_section
+        from run_all import machine, write_section  # beside this script: only when writing RESULTS
 
         rows = [
             "| " + " | ".join(res) + " |",

@@ -317,7 +317,7 @@ def cmd_bench_variants(args) -> int:
     the recommended form is marked."""
     width = max(len(n) for n in VARIANTS)
     for name, overrides in VARIANTS.items():
-        mark = "  (recommended)" if name == RECOMMENDED else ""
+        mark = "  (recommended: a new run's default)" if name == RECOMMENDED else ""
         print(f"{name:<{width}}  {json.dumps(overrides, sort_keys=True)}{mark}")
     return 0
 

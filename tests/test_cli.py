@@ -180,7 +180,9 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
     p = envsched("bench", "variants")
     assert p.returncode == 0 and variant in p.stdout and '"coverage_pick": "score"' in p.stdout
     # the recommended form is a listed variant, marked on its own line, and `train --help` names it
-    (marked,) = [line for line in p.stdout.splitlines() if line.endswith("(recommended: a new run's default)")]
+    (marked,) = [
+        line for line in p.stdout.splitlines() if line.endswith("(recommended: a new run's default)")
+    ]
     assert marked.split()[0] == RECOMMENDED and '"spread_model": "logistic"' in marked
     assert RECOMMENDED in envsched("train", "--help").stdout
 

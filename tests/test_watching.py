@@ -183,3 +183,33 @@ def test_env_run_verbose_prints_each_observation_and_names_unknown_tools(small_p
     )
     out = capsys.readouterr().out
     assert "unknown tool 'no_such_tool'" in out and out.count("->") == 2
+
+
+def test_build_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log():
+    import io  # only this test needs these
+
+    from envsched_pipeline.assets._common import progress_logger
+
+    class Log:
+        def __init__(self):
+            self.lines = []
+
+        def info(self, msg):
+            self.lines.append(msg)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream in (io.StringIO(), Terminal()):
+        ctx = type("Ctx", (), {"log": Log()})()
+        cb = progress_logger(ctx, every=25, stream=stream)
+        for done in range(0, 101, 5):
+            cb("within", done, 100)
+        # the run's log (the Dagster UI) gets a line every 25% either way
+        assert ctx.log.lines == [f"within: {d}/100 ({d}%)" for d in (0, 25, 50, 75, 100)]
+        text = stream.getvalue()
+        if stream.isatty():  # a tqdm bar, redrawn in place and cleared when the stage ends
+            assert "\r" in text and "within" in text and "within: 25/100 (25%)\n" not in text
+        else:  # a file or CI log: the same lines as the run's log, no carriage returns
+            assert "\r" not in text and text.splitlines() == ctx.log.lines

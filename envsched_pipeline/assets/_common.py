@@ -1,5 +1,7 @@
 """Shared bits of the asset modules."""
 
+import sys
+
 import dagster as dg
 from pydantic import Field
 from tqdm import tqdm
@@ -46,23 +48,30 @@ def pool_name(config: PoolSelection, lake) -> str:
     return config.pool or (run.pool if run else "synthetic")
 
 
-def progress_logger(context, every: int = 10):
-    """A progress callback: a tqdm bar per stage on stderr (visible when the CLI drives the job)
-    and a line every ``every`` percent in the run's log (visible in the Dagster UI)."""
-
+def progress_logger(context, every: int = 10, stream=None):
+    """A progress callback: a line every ``every`` percent in the run's log (visible in the Dagster
+    UI) and, for whoever drives the job from a shell, on ``stream`` (stderr): a tqdm bar per stage
+    on a terminal, the same lines as the log otherwise (a file or a CI log gets no carriage returns)."""
+    stream = stream or sys.stderr
+    bars_ok = stream.isatty()
     last: dict[str, int] = {}
     bars: dict[str, tqdm] = {}
 
     def cb(stage: str, done: int, total: int) -> None:
-        bar = bars.get(stage)
-        if bar is None:
-            bar = bars[stage] = tqdm(total=total, desc=stage, unit="task", leave=False, mininterval=0.5)
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
+        if bars_ok:
+            bar = bars.get(stage)
+            if bar is None:
+                bar = bars[stage] = tqdm(
+                    total=total, desc=stage, unit="task", leave=False, mininterval=0.5, file=stream
+                )
+            bar.update(done - bar.n)
+            if done >= total:
+                bar.close()
         pct = int(100 * done / max(total, 1))
         if pct >= last.get(stage, -every) + every or done == total:
             last[stage] = pct
             context.log.info(f"{stage}: {done}/{total} ({pct}%)")
+            if not bars_ok:
+                print(f"{stage}: {done}/{total} ({pct}%)", file=stream, flush=True)
 
     return cb

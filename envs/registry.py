@@ -109,6 +109,28 @@ def load_synthetic(
     )
 
 
+def unseen_validation(
+    name: str, seed: int, after: int, n_envs: int = 12, tasks_per_env: int = 4
+) -> tuple[list[dict], list[dict]]:
+    """A validation slice for the pool generated with ``seed``: ``n_envs`` environments of the unseen
+    family past its first ``after`` (the held-out split's own, which a larger split starts with), with
+    ``tasks_per_env`` tasks each. Neither the pool nor its held-out split contains them, so steering
+    by them reads no test outcome. Returns (environment rows, task rows)."""
+    gen = synthetic.generate(
+        synthetic.SyntheticConfig(
+            family="unseen",
+            n_envs=after + n_envs,
+            tasks_per_env=tasks_per_env,
+            heldout_per_env=0,
+            seed=seed + UNSEEN_SEED_OFFSET,
+        )
+    )
+    envs = gen.environments[after:]
+    ids = {e["env_id"] for e in envs}
+    env_rows, task_rows = envscaler_rows(name, envs, [t for t in gen.tasks if t["env_id"] in ids])
+    return env_rows, [dict(r, split="validation") for r in task_rows]
+
+
 def _package_pool(module: str, kind: str):
     def load(name: str, **kw) -> PoolData:
 

@@ -1092,3 +1092,53 @@ def test_a_run_records_the_blas_kernels_it_ran_and_openblas_coretype_chooses_the
         check=True,
     )
     assert said.stdout.strip() == "Haswell"
+
+
+def test_a_validation_slice_steers_the_coverage_share_and_leaves_held_out_alone():
+    """scheduler_config.validation_every (bench, neural learner): every N steps the policy is scored
+    on a slice of unseen-family environments the pool and the held-out split never contain; the
+    score goes to the scheduler, whose adaptive share falls back to rho while the slice stalls; the
+    slice's episodes are counted; the pipeline and the simulated learner refuse the setting."""
+    from envs.registry import unseen_validation  # only this test needs these
+    from envsched_pipeline.analysis.bench import aggregate, prepare_pool, run_one
+    from envsched_pipeline.core.build import scheduler_config
+    from envsched_pipeline.errors import ConfigError
+    from envsched_pipeline.run import RunSpec
+    from envsched_pipeline.scheduler.config import SchedulerConfig
+    from envsched_pipeline.scheduler.envsched import EnvSched, validation_stalled
+
+    pool = prepare_pool(4, 6, 0)
+    envs, tasks = unseen_validation("synthetic", 0, after=len(pool["eval_environments"]))
+    held = {e["env_id"] for e in pool["eval_environments"]} | {t["env_id"] for t in pool["tasks"]}
+    assert len(envs) == 12 and len(tasks) == 48 and not held & {e["env_id"] for e in envs}
+    over = {"target": "success", "adaptive_rho": True, "validation_every": 2, "validation_window": 1}
+    kw = {"steps": 5, "seed": 0, "batch_size": 6, "group_size": 4, "learner": "neural", "eval_every": 5}
+    run = run_one("envsched", pool, overrides=over, return_state=True, **kw)
+    looks = run["validation"]
+    assert [v["step"] for v in looks] == [0, 2, 4] and all(0 <= v["mean"] <= 1 for v in looks)
+    assert run["_state"].extra["validation"] == [[v["step"], v["mean"]] for v in looks]
+    assert run["validation_episodes"] == 3 * 48 * 8
+    doc = aggregate(["envsched"], [0], {("envsched", 0): run}, {})  # what `bench scheduler` prints
+    assert doc["per_seed"]["envsched"][0]["validation_episodes"] == 3 * 48 * 8
+    assert doc["series"]["envsched"]["validation_stalled"] == [float(x) for x in run["validation_stalled"]]
+    # the share of steps at rho: stalled from the second look on whenever it is not above the first
+    stalls = [looks[1]["mean"] <= looks[0]["mean"]] * 2 + [looks[2]["mean"] <= looks[1]["mean"]]
+    assert run["validation_stalled"] == [False, False, *stalls]
+    plain = run_one("envsched", pool, overrides={**over, "validation_every": 0}, **kw)
+    assert "validation" not in plain
+    # scoring the slice alone leaves the run as it was (a window the run never fills: no stall)
+    looking = run_one("envsched", pool, overrides={**over, "validation_window": 10}, **kw)
+    assert [v["step"] for v in looking["validation"]] == [0, 2, 4] and not any(looking["validation_stalled"])
+    assert looking["evals"] == plain["evals"] and looking["batch_variance"] == plain["batch_variance"]
+    # the rule itself: rho while the last window's mean is not above the one before, else the yield's
+    sched = EnvSched(SchedulerConfig(batch_size=6, **over, rho_min=0.1))
+    state = run["_state"]
+    state.extra["half_yield"] = {"coverage": [8.0, 1.0], "exploit": [8.0, 8.0]}
+    for scores, stalled in (([0.5, 0.6], False), ([0.6, 0.6], True), ([0.6, 0.5], True), ([0.5], False)):
+        state.extra["validation"] = [[2 * i, s] for i, s in enumerate(scores)]
+        assert validation_stalled(state, 1) is stalled
+        assert sched.coverage_share(state) == (0.5 if stalled else 0.1)
+    with pytest.raises(ValueError, match="validation_every needs the neural learner"):
+        run_one("envsched", pool, steps=1, seed=0, batch_size=6, overrides=over)  # simulated
+    with pytest.raises(ConfigError, match="scheduler_config.validation_every: a validation slice"):
+        scheduler_config(RunSpec(scheduler_config={"validation_every": 10}))

@@ -35,7 +35,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from envs.isolation import die_with_parent
-from envs.registry import load_synthetic
+from envs.registry import load_synthetic, unseen_validation
 from envsched_pipeline.analysis.headroom import history_ceiling, history_features
 from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
@@ -44,6 +44,7 @@ from envsched_pipeline.run import floats_as_declared
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler, uses_graph
 from envsched_pipeline.scheduler.baselines import Oracle, ProbeOracle
 from envsched_pipeline.scheduler.config import SchedulerConfig
+from envsched_pipeline.scheduler.envsched import validation_stalled
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from envsched_pipeline.scheduler.variants import VARIANTS
 from trainer.neural import UPDATE_DIAGNOSTICS
@@ -83,6 +84,7 @@ METRICS = (
     "step_seconds",
 )
 UNSEEN_ENVS = 12  # environments of the unseen held-out split (one per domain of the unseen family)
+VALIDATION_SAMPLES = 8  # episodes per validation-slice task (scheduler_config.validation_every)
 
 
 def prepare_pool(
@@ -183,6 +185,17 @@ class NeuralBench:
 
     def evaluate(self, seed: int) -> dict:
         return self.testbed.evaluate(seed)
+
+    def validation_slice(self, pool: dict) -> list[dict]:
+        """The tasks of a validation slice (:func:`envs.registry.unseen_validation`: unseen-family
+        environments past the held-out split's), their environments made known to the learner."""
+        envs, tasks = unseen_validation("synthetic", pool["seed"], after=len(pool["eval_environments"]))
+        self.testbed.learner.add_envs({e["env_id"]: e for e in envs})
+        return tasks
+
+    def validate(self, tasks: list[dict], seed: int) -> dict:
+        """The policy's expected reward on ``tasks``, VALIDATION_SAMPLES sampled episodes each."""
+        return self.testbed.learner.evaluate(tasks, VALIDATION_SAMPLES, seed=seed)
 
     def close(self) -> None:
         self.testbed.close()
@@ -297,6 +310,14 @@ def run_one(
             sched = make_scheduler(
                 base, config, graph=pool["graph"] if (use_graph and uses_graph(base)) else None
             )
+        validation = None  # the scheduler's validation slice (scheduler_config.validation_every)
+        if config.validation_every:
+            if learner == "simulated":
+                raise ValueError(
+                    "scheduler_config.validation_every needs the neural learner (a validation slice of "
+                    "real environments); the simulated learner has none"
+                )
+            validation = lrn.validation_slice(pool)
         roll_rng = np.random.default_rng([seed, 99, *stream])
         keys = (
             "batch_variance",
@@ -345,6 +366,19 @@ def run_one(
                     )
             if t == steps:
                 break
+            if validation and t % config.validation_every == 0:
+                # one sampling seed for every look of a run, so successive scores differ by what
+                # the policy learned more than by which episodes were drawn
+                v = lrn.validate(validation, seed=30_000 + seed)
+                state.extra.setdefault("validation", []).append([t, v["mean"]])
+                series.setdefault("validation", []).append({"step": t, "mean": v["mean"], "se": v["se"]})
+                series["validation_episodes"] = (
+                    series.get("validation_episodes", 0) + v["tasks"] * v["samples"]
+                )
+            if validation:
+                series.setdefault("validation_stalled", []).append(
+                    validation_stalled(state, config.validation_window)
+                )
             t_step = time.perf_counter()
             t0 = time.perf_counter()
             selection = sched.select(state, batch_size, np.random.default_rng([seed, t, *stream]), t)
@@ -612,6 +646,16 @@ def summarize(series: dict, random_best: float | None, random_final: dict | None
         **_capped_shares(series.get("forced_stop_share")),
         **(
             {"sandbox_failures": int(sum(series["sandbox_failures"]))} if "sandbox_failures" in series else {}
+        ),
+        # validation-slice runs: the episodes the slice cost beside the training rollouts, and the
+        # share of steps whose coverage share the stalled slice set back to rho
+        **(
+            {
+                "validation_episodes": int(series["validation_episodes"]),
+                "validation_stalled_share": float(np.mean(series["validation_stalled"])),
+            }
+            if "validation_episodes" in series
+            else {}
         ),
         # runs recorded before the split lack it
         **{
@@ -1059,9 +1103,10 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
         out["series"][n] = {
             k: np.mean([r[k] for r in runs], axis=0).tolist()
             for k in runs[0]
-            # per-step series only, and only those every run has (older records lack newer ones)
+            # per-step numbers only (not the validation slice's looks, which are records of their
+            # own), and only those every run has (older records lack newer ones)
             if not k.startswith("_")
-            and k not in ("evals", "breadth", "heldout", "probes")
+            and k not in ("evals", "breadth", "heldout", "probes", "validation")
             and all(isinstance(r.get(k), list) for r in runs)
         }
         out["series"][n]["evals"] = [

@@ -47,11 +47,18 @@ def asked_run(base: RunSpec, scheduler: str | None = None, overrides: dict | Non
 def scheduler_config(spec: RunSpec) -> SchedulerConfig:
     """The run's scheduler config: the paper's defaults, the run's overrides, its B and G."""
     try:
-        return SchedulerConfig.from_dict(spec.scheduler_config).with_overrides(
+        config = SchedulerConfig.from_dict(spec.scheduler_config).with_overrides(
             batch_size=spec.batch_size, group_size=spec.group_size
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc  # it names the field (scheduler_config.<field>)
+    if config.validation_every:
+        raise ConfigError(
+            "scheduler_config.validation_every: a validation slice is evaluated only by `envsched bench "
+            "scheduler --learner neural`; the pipeline's trainers run none, so a run here would "
+            "silently ignore it (use 0)"
+        )
+    return config
 
 
 def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = None) -> Scheduler:

@@ -130,6 +130,15 @@ class SchedulerConfig:
     # times log steps since the last (a task stuck at one partial credit tends to stay stuck while it
     # is picked again and again, and to come unstuck when left alone while the policy moves on)
     spread_features: str = "base"
+    # above 0 (bench only, the neural learner): every that many steps the bench evaluates the policy
+    # on a validation slice (environments of the unseen family that neither the pool nor the held-out
+    # split contains) and hands the score to the scheduler (state.extra["validation"]). With
+    # adaptive_rho, the coverage share falls back to rho while the validation score has stopped
+    # rising (the mean of its last validation_window scores not above the mean of the window before):
+    # the exploitation half keeps its slots only while training still generalizes (issue 17's
+    # "held-out progress on a small validation slice"; docs/algorithm.md §6)
+    validation_every: int = 0
+    validation_window: int = 3
 
     def __post_init__(self):
         check_settings(self, "scheduler_config.", BOUNDS, CHOICES)
@@ -205,4 +214,6 @@ BOUNDS = {
     "own_floor": (0, True, 100),
     "spread_model_rows": (1, True, BIG),
     "spread_model_min_rows": (2, True, BIG),
+    "validation_every": (0, True, BIG),
+    "validation_window": (1, True, 1000),
 }

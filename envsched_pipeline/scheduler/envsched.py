@@ -312,8 +312,11 @@ class EnvSched(Scheduler):
         """rho, or with ``adaptive_rho`` rho x (coverage half's recent yield / exploit half's),
         clipped to [rho_min, rho]: coverage is worth its slots while it finds informative groups
         about as often as exploitation does; late in a run, when most coverage picks are solved
-        or hopeless, the slots go to exploitation."""
+        or hopeless, the slots go to exploitation. With ``validation_every``, rho itself while the
+        validation slice's score has stopped rising (:func:`validation_stalled`)."""
         c = self.config
+        if c.validation_every and c.adaptive_rho and validation_stalled(state, c.validation_window):
+            return c.rho
         ys = state.extra.get("half_yield") or {}
         if not c.adaptive_rho or c.rho <= 0 or "coverage" not in ys or "exploit" not in ys:
             return c.rho
@@ -519,3 +522,13 @@ def _draw_proportional(
     p = w / w.sum()
     i = int(rng.choice(len(p), p=p))
     return i, float(p[i])
+
+
+def validation_stalled(state: SchedulerState, window: int) -> bool:
+    """Whether the validation slice's score has stopped rising: the mean of its last ``window``
+    scores is not above the mean of the ``window`` before them. False until 2 x window scores exist
+    (``state.extra["validation"]``: [step, score] pairs, oldest first)."""
+    scores = [v for _, v in state.extra.get("validation") or []]
+    if len(scores) < 2 * window:
+        return False
+    return float(np.mean(scores[-window:])) <= float(np.mean(scores[-2 * window : -window]))

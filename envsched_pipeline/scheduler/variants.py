@@ -243,6 +243,19 @@ VARIANTS: dict[str, dict] = {
         "spread_model": "logistic",
         "success_floor": 100.0,
     },
+    # the recommended form with its adaptive coverage share also steered by held-out progress on a
+    # validation slice (issue 17's other suggestion for an adaptive share; bench only, the neural
+    # learner): every 10 steps the bench scores the policy on 48 tasks of 12 unseen-family
+    # environments that neither the pool nor the held-out split contains (8 episodes each, about 7%
+    # of the training rollouts), and while the mean of the last three scores is not above the three
+    # before, the coverage share is rho (the exploitation half keeps its extra slots only while
+    # training still generalizes)
+    "envsched@success+adaptive+covsampled+lr+valslice": {
+        **_SUCCESS_ADAPTIVE,
+        "coverage_pick": "sampled",
+        "spread_model": "logistic",
+        "validation_every": 10,
+    },
 }
 
 

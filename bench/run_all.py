@@ -52,6 +52,7 @@ from sections.system import (  # noqa: E402
 )
 from sections.traces import section_traces  # noqa: E402
 from sections.unseen import section_patterns, section_unseen_split  # noqa: E402
+from sections.valslice import section_valslice  # noqa: E402
 from sections.within import section_within_run  # noqa: E402
 
 from envsched_pipeline.analysis.bench import blas_kernel  # noqa: E402
@@ -68,7 +69,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,neural_valslice,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -133,6 +134,12 @@ def main() -> int:
             "neural-noforced-every5",
             "default-learner runs of random and the recommended form with --eval-every 5 (section "
             "neural_within_run)",
+        ),
+        (
+            "--neural-valslice-runs",
+            "neural-noforced-avx2",
+            "default-learner runs of the recommended form and its validation-slice variant on one "
+            "machine (section neural_valslice)",
         ),
         (
             "--neural-updates-runs",
@@ -233,6 +240,8 @@ def main() -> int:
         section_within_run(
             args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps
         )
+    if "neural_valslice" in sections:
+        section_valslice(args.neural_valslice_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

@@ -3,6 +3,8 @@
 import json
 from dataclasses import replace
 
+import pytest
+
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.cli import main
@@ -39,6 +41,8 @@ def test_replay_estimates_with_standard_errors(lake, capsys):
         assert e["stderr"] > 0 and 0 <= e["overlap_with_log"] <= 1
     # a variance-seeking scheduler is estimated above random on the same logged states
     assert out["schedulers"]["variance-greedy"]["batch_variance_estimate"] > r["batch_variance_estimate"]
+    with pytest.raises(ValueError, match="valslice: a validation-slice variant runs only in"):
+        replay(lake, [RECOMMENDED + "+valslice"], log=lambda *_: None)
     assert main(["--lake", str(lake.root), "bench", "replay", "--schedulers", "random,dps"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["schedulers"]) == {"random", "dps"}

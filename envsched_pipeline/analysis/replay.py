@@ -59,6 +59,8 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
         base, overrides = resolve(name)  # ValueError naming the choices
         config = SchedulerConfig(batch_size=spec.batch_size, group_size=spec.group_size)
         forms[name] = (base, config.with_overrides(**overrides))
+        if forms[name][1].validation_every:  # a logged run holds no validation slice to steer by
+            raise ValueError(f"{name}: a validation-slice variant runs only in `envsched bench scheduler`")
     graph = None
     if any(base in GRAPH_SCHEDULERS for base, _ in forms.values()):
         graph = load_graph(lake, spec.pool)

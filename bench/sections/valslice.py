@@ -1,0 +1,105 @@
+"""The coverage share steered by a validation slice (issue 17's other suggested adaptive share),
+against the recommended form re-run on the same machine at the same seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
+from sections.common import BESIDE_ORACLE, write_section
+from sections.records import recorded_seeds
+
+VALSLICE = "envsched@success+adaptive+covsampled+lr+valslice"
+KINDS = ("seen", "unseen")
+
+
+def _mean_se(d: list[float]) -> str:
+    se = np.std(d, ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return f"{np.mean(d):+.4f} ± {se:.4f} ({sum(x > 0 for x in d)}/{len(d)})"
+
+
+def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, group: int = 8) -> None:
+    """The validation-slice variant and the form, both recorded in ``runs`` (one machine), paired
+    seed by seed; ``base_runs``: the form's own records, to say whether this machine repeats them."""
+    form = BESIDE_ORACLE[-1]
+    seeds = sorted(set(recorded_seeds(runs, form)) & set(recorded_seeds(runs, VALSLICE)))
+    if not seeds:
+        return
+    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
+    per: dict[str, dict[int, dict]] = {form: {}, VALSLICE: {}}
+    envs = []
+    for s in seeds:
+        out = run_benchmark([form, VALSLICE], seed=s, seeds=1, log=lambda _m: None, cache_dir=runs, **kw)
+        for n in per:
+            per[n][s] = out["per_seed"][n][s]
+        envs.append(out["provenance"])
+    base = {
+        s: run_benchmark([form], seed=s, seeds=1, log=lambda _m: None, cache_dir=base_runs, **kw)["per_seed"]
+        .get(form, {})
+        .get(s)
+        for s in seeds
+    }
+    repeats = [
+        s
+        for s in seeds
+        if base[s] and base[s]["heldout_unseen_final"] == per[form][s]["heldout_unseen_final"]
+    ]
+    rollouts = steps * batch * group
+    rows = [
+        "| seed | form seen | valslice seen | Δ seen | form unseen | valslice unseen | Δ unseen | "
+        "zero-var: form | valslice | steps at rho (slice stalled) | slice episodes / training rollouts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    d = {k: [] for k in KINDS}
+    for s in seeds:
+        a, b = per[form][s], per[VALSLICE][s]
+        cells = []
+        for k in KINDS:
+            x, y = a[f"heldout_{k}_final"], b[f"heldout_{k}_final"]
+            d[k].append(y - x)
+            cells += [f"{x:.4f}", f"{y:.4f}", f"{y - x:+.4f}"]
+        rows.append(
+            f"| {s} | {' | '.join(cells)} | {a['zero_variance_fraction']:.3f} | "
+            f"{b['zero_variance_fraction']:.3f} | {b['validation_stalled_share']:.2f} | "
+            f"{b['validation_episodes'] / rollouts:.3f} |"
+        )
+    zv = [per[VALSLICE][s]["zero_variance_fraction"] / per[form][s]["zero_variance_fraction"] for s in seeds]
+    verdict = (
+        "kept"
+        if all(np.mean(d[k]) - 2 * np.std(d[k], ddof=1) / np.sqrt(len(d[k])) > 0 for k in KINDS)
+        else "not kept"
+    )
+    body = [
+        "## Experiment: a coverage share steered by a validation slice (default learner)",
+        "",
+        f"`{VALSLICE}`: the recommended form whose adaptive coverage share falls back to rho while "
+        "held-out progress on a validation slice stalls (issue 17's other suggested adaptive share; "
+        "docs/algorithm.md §6). Every 10 steps the bench scores the policy on 48 tasks of 12 "
+        "unseen-family environments that neither the pool nor the held-out split contains (8 episodes "
+        "each, one sampling seed for every look); while the mean of the last three scores is not above "
+        "the three before, the share is rho. The main tables' records were made on CPUs with AVX-512; "
+        f"this experiment ran where the form's records do not repeat (at {len(repeats)} of its "
+        f"{len(seeds)} seeds the form re-run here ends where its record does), so both rows were run "
+        f"on one machine at seeds {', '.join(map(str, seeds))} and are paired here, not against the "
+        "records (`bench/runs/neural-noforced-avx2/`). Final held-out (step 200).",
+        "",
+        *rows,
+        "",
+        f"The slice against the form, mean ± s.e. over seeds (seeds where it is ahead): seen {_mean_se(d['seen'])}, "
+        f"unseen {_mean_se(d['unseen'])}; zero-variance share {np.mean(zv):.2f}x the form's. Verdict: "
+        f"**{verdict}** (kept only if ahead on both kinds beyond two standard errors). "
+        + provenance_text(_merged(envs)),
+    ]
+    write_section("neural_valslice", "\n".join(body), after="neural_within_run")
+
+
+def _merged(provs: list[dict]) -> dict:
+    """One provenance over several one-seed provenances (their counts added)."""
+    out = {**provs[0], "other": dict(provs[0]["other"])}
+    for p in provs[1:]:
+        for k, v in p.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[k] += v
+        for diff, n in p["other"].items():
+            out["other"][diff] = out["other"].get(diff, 0) + n
+    return out

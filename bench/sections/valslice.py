@@ -7,7 +7,7 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
 from sections.common import BESIDE_ORACLE, write_section
-from sections.records import recorded_seeds
+from sections.records import record_of, recorded_seeds
 
 VALSLICE = "envsched@success+adaptive+covsampled+lr+valslice"
 KINDS = ("seen", "unseen")
@@ -47,8 +47,9 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
     rollouts = steps * batch * group
     rows = [
         "| seed | form seen | valslice seen | Δ seen | form unseen | valslice unseen | Δ unseen | "
-        "zero-var: form | valslice | steps at rho (slice stalled) | slice episodes / training rollouts |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "zero-var: form | valslice | slice score: first look | last look | steps at rho (slice stalled) "
+        "| slice episodes / training rollouts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     d = {k: [] for k in KINDS}
     for s in seeds:
@@ -58,12 +59,16 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
             x, y = a[f"heldout_{k}_final"], b[f"heldout_{k}_final"]
             d[k].append(y - x)
             cells += [f"{x:.4f}", f"{y:.4f}", f"{y - x:+.4f}"]
+        looks = record_of(runs, VALSLICE, s)["validation"]
         rows.append(
             f"| {s} | {' | '.join(cells)} | {a['zero_variance_fraction']:.3f} | "
-            f"{b['zero_variance_fraction']:.3f} | {b['validation_stalled_share']:.2f} | "
-            f"{b['validation_episodes'] / rollouts:.3f} |"
+            f"{b['zero_variance_fraction']:.3f} | {looks[0]['mean']:.4f} | {looks[-1]['mean']:.4f} | "
+            f"{b['validation_stalled_share']:.2f} | {b['validation_episodes'] / rollouts:.3f} |"
         )
     zv = [per[VALSLICE][s]["zero_variance_fraction"] / per[form][s]["zero_variance_fraction"] for s in seeds]
+    never = [s for s in seeds if per[VALSLICE][s]["validation_stalled_share"] == 0]
+    same = [s for s in never if all(d[k][seeds.index(s)] == 0 for k in KINDS)]
+    stalled = np.mean([per[VALSLICE][s]["validation_stalled_share"] for s in seeds])
     verdict = (
         "kept"
         if all(np.mean(d[k]) - 2 * np.std(d[k], ddof=1) / np.sqrt(len(d[k])) > 0 for k in KINDS)
@@ -86,7 +91,12 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
         *rows,
         "",
         f"The slice against the form, mean ± s.e. over seeds (seeds where it is ahead): seen {_mean_se(d['seen'])}, "
-        f"unseen {_mean_se(d['unseen'])}; zero-variance share {np.mean(zv):.2f}x the form's. Verdict: "
+        f"unseen {_mean_se(d['unseen'])}; zero-variance share {np.mean(zv):.2f}x the form's. The slice "
+        f"stalled on {stalled:.0%} of the steps on average"
+        + (": it kept rising through most runs, so the rule seldom acted" if stalled < 0.25 else "")
+        + f"; at {len(never)} of {len(seeds)} seeds it never stalled, and there "
+        f"({len(same)} of those) the run is the form's own to the last digit (scoring the slice leaves "
+        "training as it was). Verdict: "
         f"**{verdict}** (kept only if ahead on both kinds beyond two standard errors). "
         + provenance_text(_merged(envs)),
     ]

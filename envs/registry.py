@@ -84,15 +84,7 @@ def load_synthetic(
     latents = [{**r, "pool": name, "z": json.dumps(r["z"]), "source": "synthetic"} for r in gen.latents]
     eval_envs: list[dict] = []
     if cfg.family == "train" and unseen_envs > 0:
-        unseen = synthetic.generate(
-            synthetic.SyntheticConfig(
-                family="unseen",
-                n_envs=unseen_envs,
-                tasks_per_env=unseen_tasks_per_env,
-                heldout_per_env=0,
-                seed=cfg.seed + UNSEEN_SEED_OFFSET,
-            )
-        )
+        unseen = _unseen_family(cfg.seed, unseen_envs, unseen_tasks_per_env)
         eval_envs, unseen_rows = envscaler_rows(name, unseen.environments, unseen.tasks)
         heldout_rows += [dict(r, split="unseen") for r in unseen_rows]
         latents += [
@@ -116,19 +108,25 @@ def unseen_validation(
     family past its first ``after`` (the held-out split's own, which a larger split starts with), with
     ``tasks_per_env`` tasks each. Neither the pool nor its held-out split contains them, so steering
     by them reads no test outcome. Returns (environment rows, task rows)."""
-    gen = synthetic.generate(
+    gen = _unseen_family(seed, after + n_envs, tasks_per_env)
+    envs = gen.environments[after:]
+    ids = {e["env_id"] for e in envs}
+    env_rows, task_rows = envscaler_rows(name, envs, [t for t in gen.tasks if t["env_id"] in ids])
+    return env_rows, [dict(r, split="validation") for r in task_rows]
+
+
+def _unseen_family(seed: int, n_envs: int, tasks_per_env: int):
+    """The first ``n_envs`` environments of the unseen family for the pool generated with ``seed``
+    (a larger draw starts with the same environments)."""
+    return synthetic.generate(
         synthetic.SyntheticConfig(
             family="unseen",
-            n_envs=after + n_envs,
+            n_envs=n_envs,
             tasks_per_env=tasks_per_env,
             heldout_per_env=0,
             seed=seed + UNSEEN_SEED_OFFSET,
         )
     )
-    envs = gen.environments[after:]
-    ids = {e["env_id"] for e in envs}
-    env_rows, task_rows = envscaler_rows(name, envs, [t for t in gen.tasks if t["env_id"] in ids])
-    return env_rows, [dict(r, split="validation") for r in task_rows]
 
 
 def _package_pool(module: str, kind: str):

@@ -22,7 +22,7 @@ from envsched_pipeline.analysis.spread import (
     two_draws,
 )
 from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
-from sections.records import recorded_seeds
+from sections.records import mean_se_wins, recorded_seeds
 
 
 def by_draw(
@@ -405,7 +405,7 @@ def _on_records(first: dict, lr: str, rivals: tuple[str, ...]) -> list[str]:
         cells = []
         for k in ("seen", "unseen"):
             key = f"heldout_{k}_final"
-            cells.append("—" if n == "random" else _mean_se_wins(per(n, key) - per("random", key)))
+            cells.append("—" if n == "random" else mean_se_wins(per(n, key) - per("random", key)))
         ratios = [
             f"{per(n, key).mean() / per('random', key).mean():.2f}"
             for key in ("batch_variance", "zero_variance_fraction")
@@ -439,14 +439,9 @@ def _over_random(draws: tuple[dict, dict], base: tuple[dict, dict], seeds: list[
     """A rival minus random on final held-out (``kind``), a seed's two draws averaged: mean ± its
     standard error over ``seeds``, and in how many seeds it is above random."""
     key = f"heldout_{kind}_final"
-    return _mean_se_wins(
+    return mean_se_wins(
         np.array([np.mean([draws[i][s][key] - base[i]["random"][s][key] for i in (0, 1)]) for s in seeds])
     )
-
-
-def _mean_se_wins(d: np.ndarray) -> str:
-    """``mean ± standard error (how many above 0/n)`` of paired differences over seeds."""
-    return f"{d.mean():+.4f} ± {d.std(ddof=1) / math.sqrt(len(d)):.4f} ({(d > 0).sum()}/{len(d)})"
 
 
 def _seed_span(seeds: list[int]) -> str:

@@ -24,6 +24,12 @@ def paired_cell(p: dict | None, metric: str) -> str:
     return f"{pm(d['mean'], d['sd'])}, {d['wins']}/{d['n']}"
 
 
+def mean_se_wins(d) -> str:
+    """``mean ± standard error (how many above 0/n)`` of paired differences over seeds."""
+    d = np.asarray(d, dtype=float)
+    return f"{d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(len(d)):.4f} ({(d > 0).sum()}/{len(d)})"
+
+
 def part_means(xs, parts: int = 4) -> list[float]:
     """The means of a per-step series over ``parts`` equal spans of its steps (quarters by default)."""
     edges = np.linspace(0, len(xs), parts + 1).astype(int)

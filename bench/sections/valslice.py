@@ -7,15 +7,10 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import provenance_text, run_benchmark
 from sections.common import BESIDE_ORACLE, write_section
-from sections.records import record_of, recorded_seeds
+from sections.records import mean_se_wins, record_of, recorded_seeds
 
 VALSLICE = "envsched@success+adaptive+covsampled+lr+valslice"
 KINDS = ("seen", "unseen")
-
-
-def _mean_se(d: list[float]) -> str:
-    se = np.std(d, ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-    return f"{np.mean(d):+.4f} ± {se:.4f} ({sum(x > 0 for x in d)}/{len(d)})"
 
 
 def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, group: int = 8) -> None:
@@ -26,23 +21,14 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
     if not seeds:
         return
     kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
-    per: dict[str, dict[int, dict]] = {form: {}, VALSLICE: {}}
-    envs = []
-    for s in seeds:
-        out = run_benchmark([form, VALSLICE], seed=s, seeds=1, log=lambda _m: None, cache_dir=runs, **kw)
-        for n in per:
-            per[n][s] = out["per_seed"][n][s]
-        envs.append(out["provenance"])
-    base = {
-        s: run_benchmark([form], seed=s, seeds=1, log=lambda _m: None, cache_dir=base_runs, **kw)["per_seed"]
-        .get(form, {})
-        .get(s)
-        for s in seeds
-    }
+    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
+    out = run_benchmark([form, VALSLICE], cache_dir=runs, **kw)
+    per = out["per_seed"]
+    base = run_benchmark([form], cache_dir=base_runs, **kw)["per_seed"].get(form, {})
     repeats = [
         s
         for s in seeds
-        if base[s] and base[s]["heldout_unseen_final"] == per[form][s]["heldout_unseen_final"]
+        if s in base and base[s]["heldout_unseen_final"] == per[form][s]["heldout_unseen_final"]
     ]
     rollouts = steps * batch * group
     rows = [
@@ -90,26 +76,14 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
         "",
         *rows,
         "",
-        f"The slice against the form, mean ± s.e. over seeds (seeds where it is ahead): seen {_mean_se(d['seen'])}, "
-        f"unseen {_mean_se(d['unseen'])}; zero-variance share {np.mean(zv):.2f}x the form's. The slice "
+        f"The slice against the form, mean ± s.e. over seeds (seeds where it is ahead): seen {mean_se_wins(d['seen'])}, "
+        f"unseen {mean_se_wins(d['unseen'])}; zero-variance share {np.mean(zv):.2f}x the form's. The slice "
         f"stalled on {stalled:.0%} of the steps on average"
         + (": it kept rising through most runs, so the rule seldom acted" if stalled < 0.25 else "")
         + f"; at {len(never)} of {len(seeds)} seeds it never stalled, and there "
         f"({len(same)} of those) the run is the form's own to the last digit (scoring the slice leaves "
         "training as it was). Verdict: "
         f"**{verdict}** (kept only if ahead on both kinds beyond two standard errors). "
-        + provenance_text(_merged(envs)),
+        + provenance_text(out["provenance"]),
     ]
     write_section("neural_valslice", "\n".join(body), after="neural_within_run")
-
-
-def _merged(provs: list[dict]) -> dict:
-    """One provenance over several one-seed provenances (their counts added)."""
-    out = {**provs[0], "other": dict(provs[0]["other"])}
-    for p in provs[1:]:
-        for k, v in p.items():
-            if isinstance(v, int) and not isinstance(v, bool):
-                out[k] += v
-        for diff, n in p["other"].items():
-            out["other"][diff] = out["other"].get(diff, 0) + n
-    return out

@@ -30,6 +30,7 @@ from sections.common import (  # noqa: E402
 )
 from sections.draws import section_draws  # noqa: E402
 from sections.experiments import learner_experiment, section_forced_stop  # noqa: E402
+from sections.infcap import section_infcap  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
 from sections.records import recorded_variants  # noqa: E402
@@ -69,7 +70,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,neural_valslice,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,neural_valslice,neural_infcap,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -136,10 +137,10 @@ def main() -> int:
             "neural_within_run)",
         ),
         (
-            "--neural-valslice-runs",
+            "--neural-avx2-runs",
             "neural-noforced-avx2",
-            "default-learner runs of the recommended form and its validation-slice variant on one "
-            "machine (section neural_valslice)",
+            "default-learner runs of the recommended form and two of its variants on one machine, "
+            "with pick traces (sections neural_valslice, neural_infcap)",
         ),
         (
             "--neural-updates-runs",
@@ -241,7 +242,9 @@ def main() -> int:
             args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps
         )
     if "neural_valslice" in sections:
-        section_valslice(args.neural_valslice_runs, args.neural_noforced_runs, args.steps)
+        section_valslice(args.neural_avx2_runs, args.neural_noforced_runs, args.steps)
+    if "neural_infcap" in sections:
+        section_infcap(args.neural_avx2_runs, args.neural_noforced_runs, args.steps)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

@@ -216,6 +216,41 @@ def test_env_window_cap_counts_previous_two_steps():
     assert cons.eligible()[5:].all()
 
 
+def test_informative_cap_counts_an_environments_groups_with_spread_not_its_picks():
+    cfg = SchedulerConfig(informative_cap=1.0)
+    st_ = make_state(n_envs=3, per_env=6)  # env 0: tasks 0-5, env 1: 6-11, env 2: 12-17
+    observe(st_, 0, {0: [0, 1], 1: [0, 1], 2: [1, 0], 6: [1, 1], 7: [1, 1], 12: [0, 1]}, cfg)
+    observe(st_, 1, {3: [0, 1], 8: [0, 0]}, cfg)
+    # groups with spread at t-1, t-2: env 0 four, env 1 none (three picks, all flat), env 2 one;
+    # the fair share over a 3-step window is 3 x (5 / 2 steps) / 3 environments = 2.5
+    cons = BatchConstraints(st_, cfg, step=2)
+    assert cons.inf_cap == pytest.approx(2.5)
+    ok = cons.eligible()
+    assert not ok[:6].any() and ok[9:12].all() and ok[13:].all()
+    assert BatchConstraints(st_, cfg.with_overrides(informative_cap=0.0), step=2).eligible()[4]  # off
+    assert cons.eligible(level=2)[4]  # relaxed together with C3
+    # this step's picks count by their chance of spread: env 2 reaches the cap after two sure picks,
+    # env 1's hopeless picks leave it open
+    cons.chance = np.where(st_.env == 2, 1.0, 0.0)
+    for i in (13, 14):
+        assert cons.take(i)["env_informative_window"] == pytest.approx(1.0 + (i - 13))
+    assert not cons.eligible()[15:].any()
+    for i in (9, 10, 11):
+        cons.take(i)
+    assert cons.eligible()[6] and cons.eligible()[7]
+    # kept with the state, and forgotten once the steps leave the window
+    back = SchedulerState.from_bytes(st_.to_bytes())
+    assert BatchConstraints(back, cfg, step=2).inf_cap == pytest.approx(2.5)
+    assert BatchConstraints(back, cfg, step=4).inf_cap is None
+    # a whole batch keeps every environment under the cap unless it relaxed C3
+    sel = EnvSched(cfg.with_overrides(batch_size=6)).select(st_, 6, np.random.default_rng(0), 2)
+    assert "C3 window cap" not in sel.relaxations
+    for p in sel.picks:
+        c = p.reason["constraints"]
+        assert c["env_informative_window"] < c["informative_cap"] == pytest.approx(2.5), p.task_id
+    assert not {p.index for p in sel.picks} & set(range(6))
+
+
 def test_proportional_exploitation_draws_by_score_and_records_the_propensity():
     with pytest.raises(ValueError, match="exploit_sampling: 'softmax'"):
         SchedulerConfig(exploit_sampling="softmax")

@@ -139,6 +139,14 @@ class SchedulerConfig:
     # "held-out progress on a small validation slice"; docs/algorithm.md §6)
     validation_every: int = 0
     validation_window: int = 3
+    # above 0: a useful-breadth quota, C3 counted over informative groups instead of picks (issue 17's
+    # "quotas counted over informative groups"). An environment's groups with spread at steps t-1 and
+    # t-2, plus this step's picks in it counted by their predicted chance of spread, may not reach
+    # informative_cap x the fair share (the informative groups of those steps per step, x 3, over the
+    # pool's environments). The pick quotas spread picks, not signal: late in a recorded run of the
+    # recommended form one environment held about 9 of a window's informative groups against a fair
+    # share of about 2. Relaxed together with C3 (docs/algorithm.md §6)
+    informative_cap: float = 0.0
 
     def __post_init__(self):
         check_settings(self, "scheduler_config.", BOUNDS, CHOICES)
@@ -216,4 +224,5 @@ BOUNDS = {
     "spread_model_min_rows": (2, True, BIG),
     "validation_every": (0, True, BIG),
     "validation_window": (1, True, 1000),
+    "informative_cap": (0, True, 100),
 }

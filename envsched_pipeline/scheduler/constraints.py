@@ -1,7 +1,8 @@
 """The batch constraints (docs/algorithm.md, batch construction) while a batch is built: no
 duplicates, at most C1 tasks per environment per step, at most C3 per environment over steps
-t-2..t, no task three steps in a row, retired tasks and quarantined environments skipped; when
-candidates run out, relax in order (consecutive cap, C3, C1) and record each relaxation."""
+t-2..t (and, opt-in, a cap on its informative groups over those steps), no task three steps in a
+row, retired tasks and quarantined environments skipped; when candidates run out, relax in order
+(consecutive cap, C3, C1) and record each relaxation."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class BatchConstraints:
         self.quarantine = np.isin(state.env, self.quarantined_envs)
         self.level = 0
         self.relaxations: list[str] = []
+        # the useful-breadth quota (config.informative_cap): realized informative groups per
+        # environment at t-1 and t-2, this step's picks counted by their chance of spread (``chance``,
+        # set once the scheduler has predicted), and the cap; None while there is no history
+        self.env_inf_window, self.inf_cap = informative_window(state, config, step)
+        self.env_inf_now = np.zeros(e)
+        self.chance: np.ndarray | None = None
 
     def quarantine_report(self) -> list[dict]:
         a = self.state.arrays
@@ -60,6 +67,8 @@ class BatchConstraints:
             ok &= ~self.streak_block
         if level < 2:
             ok &= (self.env_window + self.env_now)[env] < self.config.cap_env_window
+            if self.inf_cap is not None:
+                ok &= (self.env_inf_window + self.env_inf_now)[env] < self.inf_cap
         if level < 3:
             ok &= self.env_now[env] < self.config.cap_env_step
         return ok
@@ -89,6 +98,32 @@ class BatchConstraints:
             "env_picks_window": int(self.env_window[e] + self.env_now[e]),
             "relax_level": self.level,
         }
+        if self.inf_cap is not None:
+            snapshot["env_informative_window"] = round(float(self.env_inf_window[e] + self.env_inf_now[e]), 3)
+            snapshot["informative_cap"] = round(self.inf_cap, 3)
         self.chosen[i] = True
         self.env_now[e] += 1
+        if self.chance is not None:
+            self.env_inf_now[e] += float(np.clip(self.chance[i], 0.0, 1.0))
         return snapshot
+
+
+def informative_window(
+    state: SchedulerState, config: SchedulerConfig, step: int
+) -> tuple[np.ndarray, float | None]:
+    """(per environment: its groups with spread at steps t-2 and t-1, the cap on those plus this
+    step's expected ones) for ``config.informative_cap`` (docs/algorithm.md §6); the cap is None
+    when the quota is off or no recorded step falls in the window."""
+    counts = np.zeros(state.n_envs)
+    if config.informative_cap <= 0:
+        return counts, None
+    kept = [r for r in state.extra.get("env_informative", []) if step - 2 <= r["step"] < step]
+    if not kept:
+        return counts, None
+    where = {e: j for j, e in enumerate(state.env_ids)}
+    for r in kept:
+        for env_id, n in r["counts"].items():
+            if env_id in where:
+                counts[where[env_id]] += n
+    per_step = counts.sum() / len(kept)
+    return counts, config.informative_cap * 3.0 * per_step / max(state.n_envs, 1)

@@ -255,6 +255,7 @@ class EnvSched(Scheduler):
             picks = self._cold_start(state, b, rng, cons)
             return Selection(picks, cons.relaxations, quarantined)
         pred = self.predict(state)
+        cons.chance = pred["hat_d"]  # this step's picks count towards the useful-breadth quota by it
         inf = self.informativeness(state, pred, rng)
         back = self._returning(state, pred, rng)
         cons.retired = cons.retired & ~back

@@ -8,6 +8,8 @@
     retire              progress filter: retire tasks whose last groups were all solved / failed
     quarantine          environments whose infrastructure-error rate spikes are skipped for a while
     keep_history        realized variance, calibration pairs, recent picks
+    track_half_yields   each half's decayed share of informative groups (adaptive coverage share)
+    track_env_informative  groups with spread per environment, last two steps (useful-breadth quota)
 
 Everything is O(pool) vector arithmetic; no history is replayed.
 """
@@ -35,6 +37,7 @@ def update_state(
     quarantine(state, obs, config, elapsed)
     keep_history(state, obs, config, has, predicted_u)
     track_half_yields(state, obs, config, has, elapsed)
+    track_env_informative(state, obs, config, has)
     state.step = obs.step
     return state
 
@@ -166,6 +169,19 @@ def track_half_yields(
             w * gamma**elapsed + float(sel.sum()),
             x * gamma**elapsed + float(obs.dispersion[sel].sum()),
         ]
+
+
+def track_env_informative(state: SchedulerState, obs: Observations, config: SchedulerConfig, has) -> None:
+    """Groups with spread per environment at the last two observed steps, for the useful-breadth
+    quota (``config.informative_cap``): ``state.extra["env_informative"]`` = [{"step", "counts":
+    {env_id: n}}], keyed by environment id so a resume onto an edited pool keeps them."""
+    if config.informative_cap <= 0:
+        return
+    env = state.env[obs.task_idx[has]][obs.dispersion[has] > 0]
+    ids, n = np.unique(env, return_counts=True)
+    counts = {state.env_ids[int(e)]: int(k) for e, k in zip(ids, n, strict=True)}
+    kept = [r for r in state.extra.get("env_informative", []) if r["step"] < obs.step]
+    state.extra["env_informative"] = (kept + [{"step": int(obs.step), "counts": counts}])[-2:]
 
 
 def keep_history(

@@ -258,6 +258,18 @@ VARIANTS: dict[str, dict] = {
         "spread_model": "logistic",
         "validation_every": 10,
     },
+    # the recommended form with a useful-breadth quota (issue 17's "quotas counted over informative
+    # groups instead of picks"): an environment's groups with spread over steps t-2..t (this step's
+    # picks counted by their chance of spread) stay under twice the fair share. The pick quotas
+    # spread picks, not signal: in the form's recorded default-learner traces (seeds 0, 1, 3, 5) the
+    # most-served environment of a 3-step window held about 8-9 informative groups against a fair
+    # share of about 2, and 12-17% of the informative groups sat above twice it
+    "envsched@success+adaptive+covsampled+lr+infcap2": {
+        **_SUCCESS_ADAPTIVE,
+        "coverage_pick": "sampled",
+        "spread_model": "logistic",
+        "informative_cap": 2.0,
+    },
 }
 
 

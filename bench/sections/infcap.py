@@ -1,0 +1,102 @@
+"""The useful-breadth quota (C3 counted over informative groups; issue 17's third suggested
+mechanism), against the recommended form re-run on the same machine at the same seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from envsched_pipeline.analysis.bench import provenance_text
+from sections.common import write_section
+from sections.paired import paired_with_form
+
+INFCAP = "envsched@success+adaptive+covsampled+lr+infcap2"
+
+
+def window_breadth(trace: Path, n_envs: int, window: int = 3) -> dict | None:
+    """From a run's pick trace: over every ``window``-step window, the informative groups of the
+    environment that held the most (mean over windows), and the share of all informative groups
+    above twice an environment's fair share (the window's informative groups over ``n_envs``)."""
+    if not trace.exists():
+        return None
+    import polars as pl  # only this section reads traces
+
+    df = pl.read_parquet(trace, columns=["step", "env_id", "informative"])
+    steps = int(df["step"].max()) + 1
+    envs = {e: j for j, e in enumerate(sorted(df["env_id"].unique().to_list()))}
+    inf = np.zeros((steps, max(n_envs, len(envs))))
+    np.add.at(inf, (df["step"].to_numpy(), [envs[e] for e in df["env_id"]]), df["informative"].to_numpy())
+    win = sum(inf[j : steps - window + 1 + j] for j in range(window))
+    fair = win.sum(axis=1, keepdims=True) / n_envs
+    return {
+        "most_served": float(win.max(axis=1).mean()),
+        "above_twice_fair": float(np.clip(win - 2 * fair, 0, None).sum() / max(win.sum(), 1.0)),
+    }
+
+
+def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> None:
+    """The useful-breadth quota and the form, both recorded in ``runs`` (one machine, their pick
+    traces in ``runs``/traces), paired seed by seed; ``base_runs``: the form's own records."""
+    pair = paired_with_form(runs, base_runs, INFCAP, steps)
+    if pair is None:
+        return
+    seeds, per, form = pair.seeds, pair.per, pair.form
+    rows = [
+        "| seed | form seen | infcap2 seen | Δ seen | form unseen | infcap2 unseen | Δ unseen | "
+        "zero-var: form | infcap2 | batch var: form | infcap2 | effective envs: form | infcap2 | "
+        "most-served env's informative groups per 3 steps: form | infcap2 | informative groups above "
+        "twice the fair share: form | infcap2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    windows = {name: [] for name in (form, INFCAP)}
+    for s in seeds:
+        cells = list(pair.heldout_cells(s))
+        for metric, nd in (("zero_variance_fraction", 3), ("batch_variance", 4), ("effective_envs", 1)):
+            cells += [f"{per[name][s][metric]:.{nd}f}" for name in (form, INFCAP)]
+        w = {name: window_breadth(Path(runs) / "traces" / f"{name}-s{s}.parquet", n_envs) for name in windows}
+        for key, nd in (("most_served", 1), ("above_twice_fair", 3)):
+            cells += [f"{w[name][key]:.{nd}f}" if w[name] else "—" for name in windows]
+        for name in windows:
+            if w[name]:
+                windows[name].append(w[name])
+        rows.append(f"| {s} | {' | '.join(cells)} |")
+    traced = min(len(v) for v in windows.values())
+    concentration = (
+        "Over the traced seeds the most-served environment of a window held "
+        + " against ".join(
+            f"{np.mean([w['most_served'] for w in windows[n]]):.1f} ({'the quota' if n == INFCAP else 'the form'})"
+            for n in (INFCAP, form)
+        )
+        + " informative groups, and "
+        + " against ".join(
+            f"{np.mean([w['above_twice_fair'] for w in windows[n]]):.1%}" for n in (INFCAP, form)
+        )
+        + " of the informative groups sat above twice the fair share. "
+        if traced
+        else ""
+    )
+    relax = [per[INFCAP][s]["relaxations"] for s in seeds]
+    body = [
+        "## Experiment: a useful-breadth quota counted over informative groups (default learner)",
+        "",
+        f"`{INFCAP}`: the recommended form with C3 also counted over informative groups (issue 17's "
+        "third suggested mechanism; docs/algorithm.md §6): an environment's groups with spread at the "
+        "two previous steps, plus this step's picks in it counted by their predicted chance of spread, "
+        "stay under twice the fair share (those steps' informative groups per step, times 3, over the "
+        "51 environments). The pick quotas spread picks, not the signal. "
+        + pair.machine_sentence("neural-noforced-avx2"),
+        "",
+        *rows,
+        "",
+        "Effective envs: the exponential of the entropy of the run's informative groups over "
+        "environments (51 at most). "
+        + concentration
+        + pair.summary("The quota")
+        + f"; zero-variance share {pair.ratio('zero_variance_fraction'):.2f}x the form's, batch "
+        f"variance {pair.ratio('batch_variance'):.2f}x; {np.mean(relax):.2f} relaxations a step "
+        f"(the form {np.mean([per[form][s]['relaxations'] for s in seeds]):.2f}). Verdict: "
+        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
+        + provenance_text(pair.provenance),
+    ]
+    write_section("neural_infcap", "\n".join(body), after="neural_valslice")

@@ -1,0 +1,91 @@
+"""Experiments run on one machine beside the recommended form re-run there (the AVX-512 records of
+the main tables do not repeat on every CPU), paired seed by seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envsched_pipeline.analysis.bench import run_benchmark
+from sections.common import BESIDE_ORACLE
+from sections.records import mean_se_wins, recorded_seeds
+
+KINDS = ("seen", "unseen")
+
+
+@dataclass
+class Paired:
+    """A variant and the form, both recorded in one folder, at the seeds both have."""
+
+    form: str
+    variant: str
+    seeds: list[int]
+    per: dict  # run_benchmark's per_seed: scheduler -> seed -> summary
+    provenance: dict
+    repeats: list[int]  # seeds where the form's re-run ends where its record does
+    delta: dict  # kind -> [variant - form final held-out, per seed]
+
+    def heldout_cells(self, seed: int) -> list[str]:
+        """form, variant and their difference, seen then unseen (final held-out)."""
+        a, b = self.per[self.form][seed], self.per[self.variant][seed]
+        cells = []
+        for k in KINDS:
+            x, y = a[f"heldout_{k}_final"], b[f"heldout_{k}_final"]
+            cells += [f"{x:.4f}", f"{y:.4f}", f"{y - x:+.4f}"]
+        return cells
+
+    def ratio(self, metric: str) -> float:
+        """The variant's ``metric`` over the form's, averaged over seeds."""
+        return float(
+            np.mean([self.per[self.variant][s][metric] / self.per[self.form][s][metric] for s in self.seeds])
+        )
+
+    def verdict(self) -> str:
+        """Kept only if ahead of the form on both kinds beyond two standard errors."""
+        ahead = all(
+            np.mean(d) - 2 * np.std(d, ddof=1) / np.sqrt(len(d)) > 0 for d in (self.delta[k] for k in KINDS)
+        )
+        return "kept" if ahead else "not kept"
+
+    def summary(self, what: str) -> str:
+        """'<what> against the form, mean ± s.e. over seeds (...): seen ..., unseen ...'."""
+        return (
+            f"{what} against the form, mean ± s.e. over seeds (seeds where it is ahead): seen "
+            f"{mean_se_wins(self.delta['seen'])}, unseen {mean_se_wins(self.delta['unseen'])}"
+        )
+
+    def machine_sentence(self, folder: str) -> str:
+        """Why the pair was run on one machine and where its runs are."""
+        return (
+            "The main tables' records were made on CPUs with AVX-512; this experiment ran where the "
+            f"form's records do not repeat (at {len(self.repeats)} of its {len(self.seeds)} seeds the form "
+            "re-run here ends where its record does), so both rows were run on one machine at seeds "
+            f"{', '.join(map(str, self.seeds))} and are paired here, not against the records "
+            f"(`bench/runs/{folder}/`). Final held-out (step 200)."
+        )
+
+
+def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Paired | None:
+    """``variant`` and the recommended form, both recorded in ``runs``, at the seeds both have (None
+    when they share none); ``base_runs``: the form's own records, to say whether this machine
+    repeats them."""
+    form = BESIDE_ORACLE[-1]
+    seeds = sorted(set(recorded_seeds(runs, form)) & set(recorded_seeds(runs, variant)))
+    if not seeds:
+        return None
+    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
+    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
+    out = run_benchmark([form, variant], cache_dir=runs, **kw)
+    per = out["per_seed"]
+    base = run_benchmark([form], cache_dir=base_runs, **kw)["per_seed"].get(form, {})
+    repeats = [
+        s
+        for s in seeds
+        if s in base and base[s]["heldout_unseen_final"] == per[form][s]["heldout_unseen_final"]
+    ]
+    delta = {
+        k: [per[variant][s][f"heldout_{k}_final"] - per[form][s][f"heldout_{k}_final"] for s in seeds]
+        for k in KINDS
+    }
+    return Paired(form, variant, seeds, per, out["provenance"], repeats, delta)

@@ -25,6 +25,7 @@ class Paired:
     provenance: dict
     repeats: list[int]  # seeds where the form's re-run ends where its record does
     delta: dict  # kind -> [variant - form final held-out, per seed]
+    random: dict  # seed -> random's record there (its records repeat on any CPU), where it has one
 
     def heldout_cells(self, seed: int) -> list[str]:
         """form, variant and their difference, seen then unseen (final held-out)."""
@@ -34,6 +35,15 @@ class Paired:
             x, y = a[f"heldout_{k}_final"], b[f"heldout_{k}_final"]
             cells += [f"{x:.4f}", f"{y:.4f}", f"{y - x:+.4f}"]
         return cells
+
+    def over_random(self, name: str, kind: str) -> str:
+        """``name``'s final held-out of ``kind`` against random's records, mean ± s.e. (wins)."""
+        seeds = [s for s in self.seeds if s in self.random]
+        d = [
+            self.per[name][s][f"heldout_{kind}_final"] - self.random[s][f"heldout_{kind}_final"]
+            for s in seeds
+        ]
+        return mean_se_wins(d) if len(d) > 1 else "—"
 
     def ratio(self, metric: str) -> float:
         """The variant's ``metric`` over the form's, averaged over seeds."""
@@ -78,7 +88,9 @@ def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Pai
     kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
     out = run_benchmark([form, variant], cache_dir=runs, **kw)
     per = out["per_seed"]
-    base = run_benchmark([form], cache_dir=base_runs, **kw)["per_seed"].get(form, {})
+    base = run_benchmark([form, "random"], cache_dir=base_runs, **kw)["per_seed"]
+    rnd = {s: r for s, r in base.get("random", {}).items() if s in seeds}
+    base = base.get(form, {})
     repeats = [
         s
         for s in seeds
@@ -88,4 +100,4 @@ def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Pai
         k: [per[variant][s][f"heldout_{k}_final"] - per[form][s][f"heldout_{k}_final"] for s in seeds]
         for k in KINDS
     }
-    return Paired(form, variant, seeds, per, out["provenance"], repeats, delta)
+    return Paired(form, variant, seeds, per, out["provenance"], repeats, delta, rnd)

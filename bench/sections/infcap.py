@@ -75,7 +75,9 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
             f"fair share against {mean_of(form, 'above_twice_fair'):.1%}. "
         )
     against_random = (
-        "Against random's records (random's runs repeat on any CPU): the form re-run here "
+        "Against random's records, made on the AVX-512 machines (random's runs do not repeat step for "
+        "step here either, docs/experiments.md; so each seed pairs the same pool, split and warm start "
+        "with independent run luck, like a second draw): the form re-run here "
         f"{pair.over_random(form, 'seen')} seen, {pair.over_random(form, 'unseen')} unseen; the quota "
         f"{pair.over_random(INFCAP, 'seen')} seen, {pair.over_random(INFCAP, 'unseen')} unseen. "
     )

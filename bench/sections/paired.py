@@ -25,7 +25,7 @@ class Paired:
     provenance: dict
     repeats: list[int]  # seeds where the form's re-run ends where its record does
     delta: dict  # kind -> [variant - form final held-out, per seed]
-    random: dict  # seed -> random's record there (its records repeat on any CPU), where it has one
+    random: dict  # seed -> random's record there (made on the records' machines), where it has one
 
     def heldout_cells(self, seed: int) -> list[str]:
         """form, variant and their difference, seen then unseen (final held-out)."""

@@ -263,7 +263,10 @@ VARIANTS: dict[str, dict] = {
     # picks counted by their chance of spread) stay under twice the fair share. The pick quotas
     # spread picks, not signal: in the form's recorded default-learner traces (seeds 0, 1, 3, 5) the
     # most-served environment of a 3-step window held about 8-9 informative groups against a fair
-    # share of about 2, and 12-17% of the informative groups sat above twice it
+    # share of about 2, and 12-17% of the informative groups sat above twice it. Seeds 0-9, paired
+    # with the form re-run on the same (AVX2) machine: the most-served environment held 5.4 against
+    # 8.6, and 4.5% against 13.9% sat above twice the fair share; held-out +0.0035 ± 0.0037 seen
+    # (7/10), +0.0050 ± 0.0055 unseen (7/10), zero-variance 0.99x: level with the form. Not kept
     "envsched@success+adaptive+covsampled+lr+infcap2": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",

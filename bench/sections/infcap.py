@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from envsched_pipeline.analysis.bench import provenance_text
-from sections.common import write_section
+from envsched_pipeline.analysis.plots import breadth_window_plot
+from sections.common import HERE, write_section
 from sections.paired import paired_with_form
 
 INFCAP = "envsched@success+adaptive+covsampled+lr+infcap2"
@@ -32,6 +33,7 @@ def window_breadth(trace: Path, n_envs: int, window: int = 3) -> dict | None:
     return {
         "most_served": float(win.max(axis=1).mean()),
         "above_twice_fair": float(np.clip(win - 2 * fair, 0, None).sum() / max(win.sum(), 1.0)),
+        "by_window": win.max(axis=1),  # the most-served environment's groups, window by window
     }
 
 
@@ -74,6 +76,15 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
             f"{mean_of(INFCAP, 'above_twice_fair'):.1%} of the informative groups sat above twice the "
             f"fair share against {mean_of(form, 'above_twice_fair'):.1%}. "
         )
+    plot = breadth_window_plot(
+        {
+            ("the quota" if n == INFCAP else "the form"): list(np.mean([w["by_window"] for w in ws], axis=0))
+            for n, ws in windows.items()
+            if ws
+        },
+        {k: dict(zip(seeds, pair.delta[k], strict=True)) for k in pair.delta},
+        HERE / "neural_infcap.png",
+    )
     against_random = (
         "Against random's records, made on the AVX-512 machines (random's runs do not repeat step for "
         "step here either, docs/experiments.md; so each seed pairs the same pool, split and warm start "
@@ -93,6 +104,8 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
         + pair.machine_sentence("neural-noforced-avx2"),
         "",
         *rows,
+        "",
+        f"![the most-served environment per window, and the quota against the form per seed]({Path(plot).name})",
         "",
         "Effective envs: the exponential of the entropy of the run's informative groups over "
         "environments (51 at most). "

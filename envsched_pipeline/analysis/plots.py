@@ -374,3 +374,28 @@ def within_run_plot(series: dict[str, dict[int, tuple[list[int], list[float]]]],
             ax.plot(steps, d, "-o", color=f"C{i}", ms=2.5, lw=1.2, label=f"seed {s}")
         _difference_axis(ax, kind, "step", "at every evaluation")
     return _written(fig, out_path)
+
+
+def breadth_window_plot(
+    most_served: dict[str, list[float]], deltas: dict[str, dict[int, float]], out_path: Path
+) -> str:
+    """Left: per scheduler, the informative groups of the environment that held the most in each
+    3-step window, by the window's last step (mean over seeds; ``most_served[name]``). Right: per
+    seed, one variant's final held-out minus another's on each kind (``deltas[kind][seed]``)."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for k, (name, ys) in enumerate(most_served.items()):
+        left.plot(range(2, 2 + len(ys)), ys, "-", color=f"C{k}", lw=1.2, label=name)
+    left.set_xlabel("step (end of the 3-step window)")
+    left.set_ylabel("informative groups, most-served env")
+    left.set_title("Where the signal went: the most-served environment")
+    left.legend(fontsize=7)
+    for k, (kind, by_seed) in enumerate(deltas.items()):
+        seeds = sorted(by_seed)
+        right.plot(seeds, [by_seed[s] for s in seeds], "o", color=f"C{k + 2}", ms=6, label=kind)
+    right.axhline(0, color="k", lw=0.8)
+    right.set_xlabel("seed")
+    right.set_ylabel("final held-out: variant - form")
+    right.set_title("Paired difference per seed")
+    right.legend(fontsize=8)
+    return _written(fig, out_path)

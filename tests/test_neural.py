@@ -1044,6 +1044,36 @@ def test_the_draws_plot_shows_every_seed_and_draw(tmp_path):
         assert im.format == "PNG" and im.size == (900, 342)
 
 
+def test_window_concentration_counts_the_most_served_environment_per_window(tmp_path):
+    """Informative groups per 3-step window: the most-served environment's count window by window,
+    their mean, and the share above twice the fair share; its plot is a PNG; a short trace is named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from envsched_pipeline.analysis.plots import breadth_window_plot
+    from envsched_pipeline.analysis.trace import window_concentration
+
+    # 4 steps over environments a, b (and c, never informative): a has spread 2, 2, 0, 2 times, b 0, 1, 1, 0
+    rows = [(0, "a", True), (0, "a", True), (0, "b", False), (1, "a", True), (1, "a", True), (1, "b", True)]
+    rows += [(2, "a", False), (2, "b", True), (2, "c", False), (3, "a", True), (3, "a", True)]
+    step, env, inf = zip(*rows, strict=True)
+    path = tmp_path / "run.parquet"
+    pq.write_table(pa.table({"step": list(step), "env_id": list(env), "informative": list(inf)}), path)
+    w = window_concentration(path, n_envs=3)
+    # windows 0-2 and 1-3: a holds 4 of 6 and 4 of 6; the fair share is 2, so 4 - 2 x 2 = 0 above it
+    assert list(w["by_window"]) == [4.0, 4.0] and w["most_served"] == 4.0 and w["above_twice_fair"] == 0.0
+    w1 = window_concentration(path, n_envs=6)  # a fair share of 1: a's 4 are 2 above twice it
+    assert w1["above_twice_fair"] == pytest.approx(4 / 12)
+    with pytest.raises(ValueError, match="run.parquet: 4 step"):
+        window_concentration(path, n_envs=3, window=5)
+    png = breadth_window_plot(
+        {"form": [8.0, 7.5], "quota": [5.0, 4.5]}, {"seen": {0: 0.01}}, tmp_path / "w.png"
+    )
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] > im.size[1]
+
+
 def test_held_out_moves_by_pattern_residuals_and_training_shares():
     """Per pattern: the paired difference over the tasks that contain it, its residual from the run's
     common shift and the scheduler's training share of it over the baseline's; a difference put on

@@ -9,32 +9,11 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import provenance_text
 from envsched_pipeline.analysis.plots import breadth_window_plot
+from envsched_pipeline.analysis.trace import window_concentration
 from sections.common import HERE, write_section
 from sections.paired import paired_with_form
 
 INFCAP = "envsched@success+adaptive+covsampled+lr+infcap2"
-
-
-def window_breadth(trace: Path, n_envs: int, window: int = 3) -> dict | None:
-    """From a run's pick trace: over every ``window``-step window, the informative groups of the
-    environment that held the most (mean over windows), and the share of all informative groups
-    above twice an environment's fair share (the window's informative groups over ``n_envs``)."""
-    if not trace.exists():
-        return None
-    import polars as pl  # only this section reads traces
-
-    df = pl.read_parquet(trace, columns=["step", "env_id", "informative"])
-    steps = int(df["step"].max()) + 1
-    envs = {e: j for j, e in enumerate(sorted(df["env_id"].unique().to_list()))}
-    inf = np.zeros((steps, max(n_envs, len(envs))))
-    np.add.at(inf, (df["step"].to_numpy(), [envs[e] for e in df["env_id"]]), df["informative"].to_numpy())
-    win = sum(inf[j : steps - window + 1 + j] for j in range(window))
-    fair = win.sum(axis=1, keepdims=True) / n_envs
-    return {
-        "most_served": float(win.max(axis=1).mean()),
-        "above_twice_fair": float(np.clip(win - 2 * fair, 0, None).sum() / max(win.sum(), 1.0)),
-        "by_window": win.max(axis=1),  # the most-served environment's groups, window by window
-    }
 
 
 def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> None:
@@ -56,7 +35,8 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
         cells = list(pair.heldout_cells(s))
         for metric, nd in (("zero_variance_fraction", 3), ("batch_variance", 4), ("effective_envs", 1)):
             cells += [f"{per[name][s][metric]:.{nd}f}" for name in (form, INFCAP)]
-        w = {name: window_breadth(Path(runs) / "traces" / f"{name}-s{s}.parquet", n_envs) for name in windows}
+        traces = {name: Path(runs) / "traces" / f"{name}-s{s}.parquet" for name in windows}
+        w = {name: window_concentration(t, n_envs) if t.exists() else None for name, t in traces.items()}
         for key, nd in (("most_served", 1), ("above_twice_fair", 3)):
             cells += [f"{w[name][key]:.{nd}f}" if w[name] else "—" for name in windows]
         if all(w.values()):

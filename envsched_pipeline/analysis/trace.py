@@ -3,6 +3,7 @@ the group then showed, written as Parquet and read with DuckDB.
 
     TraceWriter(path, scheduler, seed).add(step, picks, rewards) ... .close()
     summarize_traces(paths)   spread share per quarter of the run, by the task's previous group and by half
+    window_concentration(path, n_envs)   informative groups of the most-served environment per window
     trace_tables(summary)     the same as Markdown tables
 
 ``envsched bench scheduler --trace DIR`` writes ``DIR/<scheduler>-s<seed>.parquet`` for every run;
@@ -175,6 +176,32 @@ def known_informative(paths: list[str | Path], steps: list[int], window: int = 1
             {"steps": [int(x) for x in steps], "window": int(window)},
         )
         return _rows(cur)
+
+
+def window_concentration(path: str | Path, n_envs: int, window: int = 3) -> dict:
+    """How evenly one run's informative groups spread over environments, ``window`` steps at a time
+    (what the useful-breadth quota, docs/algorithm.md §6, acts on): ``by_window`` = the groups with
+    spread of the environment that held the most in each window (by the window's last step),
+    ``most_served`` = their mean, ``above_twice_fair`` = the share of all informative groups above
+    twice an environment's fair share (the window's informative groups over ``n_envs``)."""
+    with _picks([path]) as con:
+        rows = con.execute(
+            "SELECT step, env_id, sum(informative::INTEGER) AS n FROM picks GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+    steps = max(r[0] for r in rows) + 1 if rows else 0
+    if steps < window:
+        raise ValueError(f"{path}: {steps} step(s) traced, fewer than the window ({window})")
+    envs = {e: j for j, e in enumerate(sorted({r[1] for r in rows}))}
+    inf = np.zeros((steps, max(n_envs, len(envs))))
+    for step, env, n in rows:
+        inf[step, envs[env]] += n
+    win = sum(inf[j : steps - window + 1 + j] for j in range(window))
+    fair = win.sum(axis=1, keepdims=True) / n_envs
+    return {
+        "by_window": win.max(axis=1),
+        "most_served": float(win.max(axis=1).mean()),
+        "above_twice_fair": float(np.clip(win - 2 * fair, 0, None).sum() / max(win.sum(), 1.0)),
+    }
 
 
 def trace_tables(summary: dict) -> str:

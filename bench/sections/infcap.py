@@ -72,7 +72,7 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
         f"{pair.over_random(form, 'seen')} seen, {pair.over_random(form, 'unseen')} unseen; the quota "
         f"{pair.over_random(INFCAP, 'seen')} seen, {pair.over_random(INFCAP, 'unseen')} unseen. "
     )
-    relax = [per[INFCAP][s]["relaxations"] for s in seeds]
+    relax = {name: [per[name][s]["relaxations"] for s in seeds] for name in (form, INFCAP)}
     body = [
         "## Experiment: a useful-breadth quota counted over informative groups (default learner)",
         "",
@@ -96,9 +96,8 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
         f"variance {pair.ratio('batch_variance'):.2f}x; "
         + (
             "no step of either had to relax a constraint (the quota always left enough candidates)"
-            if not any(relax) and not any(per[form][s]["relaxations"] for s in seeds)
-            else f"{np.mean(relax):.2f} relaxations a step (the form "
-            f"{np.mean([per[form][s]['relaxations'] for s in seeds]):.2f})"
+            if not any(relax[form] + relax[INFCAP])
+            else f"{np.mean(relax[INFCAP]):.2f} relaxations a step (the form {np.mean(relax[form]):.2f})"
         )
         + ". Verdict: "
         f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "

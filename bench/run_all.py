@@ -19,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from sections.avx2 import section_avx2  # noqa: E402
 from sections.common import (  # noqa: E402
     DENOMINATOR,
     DUALCLIP,
@@ -70,7 +71,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_within_run,neural_valslice,neural_infcap,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_within_run,neural_valslice,neural_infcap,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -139,8 +140,8 @@ def main() -> int:
         (
             "--neural-avx2-runs",
             "neural-noforced-avx2",
-            "default-learner runs of the recommended form and two of its variants on one machine, "
-            "with pick traces (sections neural_valslice, neural_infcap)",
+            "default-learner runs of random, the recommended form, two of its variants and rivals on one "
+            "AVX2-only machine, with pick traces (sections neural_avx2, neural_valslice, neural_infcap)",
         ),
         (
             "--neural-updates-runs",
@@ -237,6 +238,8 @@ def main() -> int:
         section_patterns(args.neural_patterns_runs, args.neural_noforced_runs)
     if "neural_draws" in sections:
         section_draws(args.neural_draws_runs, args.neural_noforced_runs, args.steps)
+    if "neural_avx2" in sections:
+        section_avx2(args.neural_avx2_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps)
     if "neural_within_run" in sections:
         section_within_run(
             args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps

@@ -1042,6 +1042,14 @@ def test_the_draws_plot_shows_every_seed_and_draw(tmp_path):
     path = draws_plot(diffs, tmp_path / "draws.png")
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size == (900, 342)
+    # a third run of each seed (another CPU's), named in the legend; too few names is refused
+    three = {k: {s: [*ds, ds[0] / 2] for s, ds in by_seed.items()} for k, by_seed in diffs.items()}
+    named = draws_plot(three, tmp_path / "three.png", labels=("records", "draw 1", "AVX2"))
+    with Image.open(named) as im:
+        assert im.size == (900, 342)
+    with pytest.raises(ValueError, match="2 labels for seeds with 3 draws"):
+        draws_plot(three, tmp_path / "short.png", labels=("records", "draw 1"))
+    assert not (tmp_path / "short.png").exists()
 
 
 def test_window_concentration_counts_the_most_served_environment_per_window(tmp_path):

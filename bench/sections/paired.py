@@ -26,6 +26,7 @@ class Paired:
     repeats: list[int]  # seeds where the form's re-run ends where its record does
     delta: dict  # kind -> [variant - form final held-out, per seed]
     random: dict  # seed -> random's record there (made on the records' machines), where it has one
+    random_here: dict  # seed -> random re-run on this machine (in the same folder), where it was
 
     def heldout_cells(self, seed: int) -> list[str]:
         """form, variant and their difference, seen then unseen (final held-out)."""
@@ -36,13 +37,12 @@ class Paired:
             cells += [f"{x:.4f}", f"{y:.4f}", f"{y - x:+.4f}"]
         return cells
 
-    def over_random(self, name: str, kind: str) -> str:
-        """``name``'s final held-out of ``kind`` against random's records, mean ± s.e. (wins)."""
-        seeds = [s for s in self.seeds if s in self.random]
-        d = [
-            self.per[name][s][f"heldout_{kind}_final"] - self.random[s][f"heldout_{kind}_final"]
-            for s in seeds
-        ]
+    def over_random(self, name: str, kind: str, here: bool = False) -> str:
+        """``name``'s final held-out of ``kind`` against random's records (``here``: against random
+        re-run on this machine), mean ± s.e. (wins)."""
+        base = self.random_here if here else self.random
+        seeds = [s for s in self.seeds if s in base]
+        d = [self.per[name][s][f"heldout_{kind}_final"] - base[s][f"heldout_{kind}_final"] for s in seeds]
         return mean_se_wins(d) if len(d) > 1 else "—"
 
     def ratio(self, metric: str) -> float:
@@ -88,6 +88,7 @@ def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Pai
     kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
     out = run_benchmark([form, variant], cache_dir=runs, **kw)
     per = out["per_seed"]
+    here = run_benchmark(["random"], cache_dir=runs, **kw)["per_seed"].get("random", {})
     base = run_benchmark([form, "random"], cache_dir=base_runs, **kw)["per_seed"]
     rnd = {s: r for s, r in base.get("random", {}).items() if s in seeds}
     base = base.get(form, {})
@@ -100,4 +101,4 @@ def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Pai
         k: [per[variant][s][f"heldout_{k}_final"] - per[form][s][f"heldout_{k}_final"] for s in seeds]
         for k in KINDS
     }
-    return Paired(form, variant, seeds, per, out["provenance"], repeats, delta, rnd)
+    return Paired(form, variant, seeds, per, out["provenance"], repeats, delta, rnd, here)

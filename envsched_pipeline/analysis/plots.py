@@ -342,10 +342,16 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     return _written(fig, out_path)
 
 
-def draws_plot(diffs: dict[str, dict[int, list[float]]], out_path: Path) -> str:
+def draws_plot(
+    diffs: dict[str, dict[int, list[float]]], out_path: Path, labels: tuple[str, ...] | None = None
+) -> str:
     """Per held-out kind, each seed's paired difference against random in every draw of it (one
-    marker per draw, a line between a seed's draws): how far a seed's verdict moves between two
-    runs of the same schedules. ``diffs[kind][seed]``: the differences, draw 0 first."""
+    marker per draw, a line between a seed's draws): how far a seed's verdict moves between runs
+    of the same schedules. ``diffs[kind][seed]``: the differences, draw 0 first; ``labels``: one
+    legend entry per draw (default "draw k")."""
+    most = max((len(ds) for by_seed in diffs.values() for ds in by_seed.values()), default=0)
+    if labels is not None and len(labels) < most:
+        raise ValueError(f"draws_plot: {len(labels)} labels for seeds with {most} draws")
     fig, axes = _kind_panels(len(diffs))
     for ax, (kind, by_seed) in zip(axes, diffs.items(), strict=True):
         for s, ds in sorted(by_seed.items()):
@@ -354,10 +360,10 @@ def draws_plot(diffs: dict[str, dict[int, list[float]]], out_path: Path) -> str:
                 ax.plot(
                     s,
                     d,
-                    "o" if k == 0 else "s",
+                    "os^D"[k % 4],
                     color=f"C{k}",
                     ms=6,
-                    label=f"draw {k}" if s == min(by_seed) else None,
+                    label=(labels[k] if labels else f"draw {k}") if s == min(by_seed) else None,
                 )
         ax.set_xticks(sorted(by_seed))
         _difference_axis(ax, kind, "seed", "per seed and draw")

@@ -1,0 +1,189 @@
+"""The top rows of the default learner's table run again on a CPU without AVX-512, where no record
+repeats: a third run of every seed (records, `--draw 1`, this machine), and point 4's targets on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from envsched_pipeline.analysis.bench import first_departure, provenance_text, run_benchmark
+from envsched_pipeline.analysis.plots import draws_plot
+from envsched_pipeline.analysis.spread import every_seed_chance
+from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
+from sections.draws import by_draw
+from sections.records import mean_se_wins, record_of, recorded_seeds
+
+KINDS = ("seen", "unseen")
+LABELS = ("records (AVX-512)", "draw 1 (AVX-512)", "re-run on AVX2")
+
+
+def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None:
+    """Random, the recommended form and any rival recorded in ``runs`` (one AVX2-only machine),
+    paired by seed; beside their records (``base_runs``) and second draws (``draws_runs``)."""
+    form = BESIDE_ORACLE[-1]
+    rivals = [n for n in COMPARED[1:] if recorded_seeds(runs, n)]
+    names = ["random", form, *rivals]
+    seeds = sorted(set(recorded_seeds(runs, "random")) & set(recorded_seeds(runs, form)))
+    if len(seeds) < 3:
+        print(f"neural_avx2: {len(seeds)} seeds with random and the form re-run; section left as it was")
+        return
+    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
+    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
+    out = run_benchmark(names, cache_dir=runs, **kw)
+    here = {n: {s: r for s, r in out["per_seed"].get(n, {}).items() if s in seeds} for n in names}
+    # the best-mean target compares every row over the seeds they all have
+    common = sorted(set(seeds).intersection(*(here[n] for n in rivals)))
+    records = by_draw(tuple(names), base_runs, steps, 0, evals=(50, steps))
+    second = by_draw(("random", form), draws_runs, steps, 1, evals=(50, steps))
+
+    def delta(per: dict, n: str, kind: str, over: list[int] | None = None) -> np.ndarray:
+        key = f"heldout_{kind}_final"
+        return np.array([per[n][s][key] - per["random"][s][key] for s in (seeds if over is None else over)])
+
+    def ratio(per: dict, n: str, key: str) -> float:  # of the means over seeds, as in the tables above
+        return float(
+            np.mean([per[n][s][key] for s in seeds]) / np.mean([per["random"][s][key] for s in seeds])
+        )
+
+    # how far each re-run follows its record: the first step whose mean reward differs
+    departs = {
+        n: [first_departure(record_of(base_runs, n, s) or {}, record_of(runs, n, s)) for s in seeds]
+        for n in ("random", form)
+    }
+    rows = [
+        "| seed | random seen | form seen | Δ seen | random unseen | form unseen | Δ unseen | Δ unseen on "
+        "the records | zero-var × random | batch var × random | "
+        + "".join(f"{n}: Δ seen | {n}: Δ unseen | " for n in rivals)
+        + "first step off the record: random, form |",
+        "|" + "---|" * (11 + 2 * len(rivals)),
+    ]
+    d_here = {k: delta(here, form, k) for k in KINDS}
+    d_rec = {k: delta(records, form, k) for k in KINDS}
+    for i, s in enumerate(seeds):
+        a, r = here[form][s], here["random"][s]
+        cells = [
+            f"{r['heldout_seen_final']:.4f}",
+            f"{a['heldout_seen_final']:.4f}",
+            f"{d_here['seen'][i]:+.4f}",
+            f"{r['heldout_unseen_final']:.4f}",
+            f"{a['heldout_unseen_final']:.4f}",
+            f"{d_here['unseen'][i]:+.4f}",
+            f"{d_rec['unseen'][i]:+.4f}",
+            f"{a['zero_variance_fraction'] / r['zero_variance_fraction']:.2f}",
+            f"{a['batch_variance'] / r['batch_variance']:.2f}",
+        ]
+        for n in rivals:
+            cells += [f"{delta(here, n, k, [s])[0]:+.4f}" if s in here[n] else "—" for k in KINDS]
+        cells.append(", ".join("repeats" if d[i] is None else str(d[i]) for d in departs.values()))
+        rows.append(f"| {s} | {' | '.join(cells)} |")
+
+    def best(per: dict, kind: str) -> tuple[str, float]:
+        """The row with the best mean final held-out of ``kind`` over the seeds, and that mean."""
+        means = {
+            n: float(np.mean([per[n][s][f"heldout_{kind}_final"] for s in common]))
+            for n in ["random", form, *rivals]
+        }
+        top = max(means, key=means.get)
+        return top, means[top]
+
+    def targets(per: dict) -> list[tuple[str, bool]]:
+        d = {k: delta(per, form, k) for k in KINDS}
+        zv, bv = ratio(per, form, "zero_variance_fraction"), ratio(per, form, "batch_variance")
+        tops = {k: best(per, k) for k in KINDS}
+        return [
+            (f"{(d['seen'] > 0).sum()}/{len(seeds)}", bool((d["seen"] > 0).all())),
+            (f"{(d['unseen'] > 0).sum()}/{len(seeds)}", bool((d["unseen"] > 0).all())),
+            (
+                "; ".join(f"{k}: {'the form' if n == form else n} ({m:.4f})" for k, (n, m) in tops.items()),
+                all(n == form for n, _ in tops.values()),
+            ),
+            (f"{bv:.2f}x", bv >= 1.5),
+            (f"{zv:.2f}x", zv <= 0.6),
+        ]
+
+    which = ["seen above random in every seed", "unseen above random in every seed"]
+    which += [
+        f"best mean held-out, both kinds (of {', '.join(['random', 'the form', *rivals])}; seeds "
+        f"{', '.join(map(str, common))})"
+    ]
+    which += ["batch variance ≥ 1.5x random", "zero-variance share ≤ 0.6x random"]
+    target_rows = [
+        "| target | on AVX2 | met | the records, same seeds | met |",
+        "|---|---|---|---|---|",
+    ]
+    for what, (h, hm), (r, rm) in zip(which, targets(here), targets(records), strict=True):
+        target_rows.append(f"| {what} | {h} | {'yes' if hm else 'no'} | {r} | {'yes' if rm else 'no'} |")
+
+    # the form's paired unseen difference in every run of a seed: records, draw 1, this machine
+    three = [s for s in seeds if s in second.get(form, {}) and s in second.get("random", {})]
+    diffs = {
+        k: {
+            s: [
+                float(per[form][s][f"heldout_{k}_final"] - per["random"][s][f"heldout_{k}_final"])
+                for per in (records, second, here)
+            ]
+            for s in three
+        }
+        for k in KINDS
+    }
+    plot = draws_plot(diffs, HERE / "neural_avx2.png", labels=LABELS) if three else None
+    runs_above = {k: sum(x > 0 for ds in diffs[k].values() for x in ds) for k in KINDS}
+    sd = float(np.std(d_here["unseen"], ddof=1))
+    flips = [s for i, s in enumerate(seeds) if (d_here["unseen"][i] > 0) != (d_rec["unseen"][i] > 0)]
+    repeats = {n: sum(d is None for d in v) for n, v in departs.items()}
+    steps_off = [d for v in departs.values() for d in v if d is not None]
+    reading = (
+        f"Against random run on the same machine the form is {mean_se_wins(d_here['seen'])} seen and "
+        f"{mean_se_wins(d_here['unseen'])} unseen (on the records at these seeds "
+        f"{mean_se_wins(d_rec['seen'])} / {mean_se_wins(d_rec['unseen'])}); "
+        + "".join(
+            f"{n} {mean_se_wins(delta(here, n, 'seen', sorted(here[n])))} / "
+            f"{mean_se_wins(delta(here, n, 'unseen', sorted(here[n])))} at its seeds; "
+            for n in rivals
+            if len(here[n]) > 1
+        )
+        + f"zero-variance share {ratio(here, form, 'zero_variance_fraction'):.2f}x random's, batch variance "
+        f"{ratio(here, form, 'batch_variance'):.2f}x. "
+        + (
+            f"The unseen verdict differs from the records' at seed(s) {', '.join(map(str, flips))}. "
+            if flips
+            else "Every seed's unseen verdict is the records'. "
+        )
+        + (
+            f"Over the {len(three)} seeds with three runs ({', '.join(LABELS)}; each run of a seed "
+            f"pairs the same pool, split and warm start with its own run luck), the form is above "
+            f"random in {runs_above['seen']} of {3 * len(three)} runs on seen and {runs_above['unseen']} "
+            f"of {3 * len(three)} on unseen. "
+            if three
+            else ""
+        )
+        + f"At this run's mean and spread (sd {sd:.4f} over seeds) all {len(seeds)} seeds above random "
+        f"on unseen would come out {every_seed_chance(float(d_here['unseen'].mean()), sd, len(seeds)):.0%} "
+        "of the time."
+    )
+    body = [
+        "## The top rows re-run on a CPU without AVX-512 (default learner)",
+        "",
+        "The default learner's records were made on CPUs with AVX-512; on an AVX2-only CPU the same code "
+        "rounds differently in its BLAS and MKL kernels and no record repeats past the first steps "
+        f"(re-runs repeating their record: random {repeats['random']}, the form {repeats[form]} of "
+        f"{len(seeds)}"
+        + (f"; the rest leave it at steps {min(steps_off)}-{max(steps_off)}" if steps_off else "")
+        + "). So random and the recommended form"
+        + (f", and {' and '.join(rivals)} beside them," if rivals else "")
+        + f" were run again on one such machine at seeds {seeds[0]}-{seeds[-1]} (same pool, split, warm "
+        "start and held-out samples as the records), and are paired here with each other: a third run "
+        f"of every seed, and point 4's targets on it (`bench/runs/neural-noforced-avx2/`). Final held-out "
+        "(step 200).",
+        "",
+        *rows,
+        "",
+        *target_rows,
+        "",
+        reading,
+        "",
+        *([f"![the form minus random per seed, in each run of it]({Path(plot).name})", ""] if plot else []),
+        provenance_text(out["provenance"]),
+    ]
+    write_section("neural_avx2", "\n".join(body), after="neural_draws")

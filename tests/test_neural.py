@@ -29,6 +29,7 @@ from envsched_pipeline.analysis.spread import (
     every_seed_needs,
     paired_components,
     predicted_sd,
+    several_draws,
     two_draws,
     within_run,
 )
@@ -997,6 +998,31 @@ def test_two_draws_of_one_scheduler_split_the_spread_into_the_seed_and_the_run()
         two_draws(a[:5], b[:4])
     with pytest.raises(ValueError, match="at least 3 seeds"):
         two_draws(a[:2], b[:2])
+
+
+def test_several_draws_split_the_spread_like_two_draws_and_count_seed_means():
+    """Three runs per seed: the run's and the seed's variances are recovered, two runs agree with
+    :func:`two_draws`, the seed means and their signs are counted, and too few runs or seeds are
+    refused."""
+    rng = np.random.default_rng(2)
+    seeds, seed_sd, run_sd = 4000, 0.01, 0.02
+    g = rng.normal(0.012, seed_sd, seeds)
+    d = g[:, None] + rng.normal(0, run_sd, (seeds, 3))
+    c = several_draws(d)
+    assert c["run_sd"] == pytest.approx(run_sd, rel=0.05) and c["seed_sd"] == pytest.approx(seed_sd, rel=0.1)
+    assert c["runs"] == 3 and c["seeds"] == seeds and c["mean"] == pytest.approx(0.012, abs=0.001)
+    assert c["positive_seed_means"] == sum(m > 0 for m in c["seed_means"]) > c["positive_runs"] / 3
+    # two runs: two_draws' estimate, up to the mean difference between the draws it takes out
+    pair = two_draws(d[:50, 0], d[:50, 1])
+    both = several_draws(d[:50, :2])
+    assert both["run_sd"] == pytest.approx(pair["run_sd"], rel=0.02)
+    small = [[0.01, 0.03], [-0.02, 0.0], [0.02, 0.02]]
+    assert several_draws(small)["seed_means"] == pytest.approx([0.02, -0.01, 0.02])
+    assert several_draws(small)["positive_seed_means"] == 2 and several_draws(small)["positive_runs"] == 4
+    with pytest.raises(ValueError, match="two runs or more"):
+        several_draws(d[:, :1])
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        several_draws(d[:2])
 
 
 def test_within_run_splits_a_series_into_its_fast_part_and_its_slow_swings():

@@ -9,7 +9,7 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import first_departure, provenance_text, run_benchmark
 from envsched_pipeline.analysis.plots import draws_plot
-from envsched_pipeline.analysis.spread import every_seed_chance
+from envsched_pipeline.analysis.spread import every_seed_chance, every_seed_needs, several_draws
 from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.draws import by_draw
 from sections.records import mean_se_wins, record_of, recorded_seeds
@@ -128,7 +128,7 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         for k in KINDS
     }
     plot = draws_plot(diffs, HERE / "neural_avx2.png", labels=LABELS) if three else None
-    runs_above = {k: sum(x > 0 for ds in diffs[k].values() for x in ds) for k in KINDS}
+    split = {k: several_draws([diffs[k][s] for s in three]) for k in KINDS} if len(three) >= 3 else {}
     sd = float(np.std(d_here["unseen"], ddof=1))
     flips = [s for i, s in enumerate(seeds) if (d_here["unseen"][i] > 0) != (d_rec["unseen"][i] > 0)]
     repeats = {n: sum(d is None for d in v) for n, v in departs.items()}
@@ -150,14 +150,7 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
             if flips
             else "Every seed's unseen verdict is the records'. "
         )
-        + (
-            f"Over the {len(three)} seeds with three runs ({', '.join(LABELS)}; each run of a seed "
-            f"pairs the same pool, split and warm start with its own run luck), the form is above "
-            f"random in {runs_above['seen']} of {3 * len(three)} runs on seen and {runs_above['unseen']} "
-            f"of {3 * len(three)} on unseen. "
-            if three
-            else ""
-        )
+        + (_three_runs(three, split) if split else "")
         + f"At this run's mean and spread (sd {sd:.4f} over seeds) all {len(seeds)} seeds above random "
         f"on unseen would come out {every_seed_chance(float(d_here['unseen'].mean()), sd, len(seeds)):.0%} "
         "of the time."
@@ -187,3 +180,24 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         provenance_text(out["provenance"]),
     ]
     write_section("neural_avx2", "\n".join(body), after="neural_draws")
+
+
+def _three_runs(seeds: list[int], split: dict) -> str:
+    """What three runs of every seed say: runs above random, seed means above it, and the split of
+    the paired difference's spread into the seed's part and the run's (``several_draws``)."""
+    u, n = split["unseen"], len(seeds)
+    below = [f"seed {s} {m:+.4f}" for s, m in zip(seeds, u["seed_means"], strict=True) if m <= 0]
+    return (
+        f"Over the {n} seeds with three runs ({', '.join(LABELS)}; each run of a seed pairs the same "
+        "pool, split and warm start with its own run luck), the form is above random in "
+        f"{split['seen']['positive_runs']} of {3 * n} runs on seen and {u['positive_runs']} of {3 * n} "
+        f"on unseen; averaged over a seed's three runs, in {split['seen']['positive_seed_means']} of {n} "
+        f"seeds on seen and {u['positive_seed_means']} of {n} on unseen"
+        + (f" ({', '.join(below)})" if below else "")
+        + f". Split over the three runs (`several_draws` in `envsched_pipeline/analysis/spread.py`), the "
+        f"paired unseen difference has sd {u['sd']:.4f} over seeds: the run's {u['run_sd']:.4f} "
+        f"({u['run_share']:.0%} of the variance), the seed's {u['seed_sd']:.4f}; on seen "
+        f"{split['seen']['run_sd']:.4f} and {split['seen']['seed_sd']:.4f}. At that spread all {n} seeds "
+        f"above random on unseen in one run each, with a chance of 0.9, needs a mean effect of about "
+        f"{every_seed_needs(u['sd'], n):+.4f}; the form's, over the three runs, is {u['mean']:+.4f}. "
+    )

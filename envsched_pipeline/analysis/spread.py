@@ -109,6 +109,35 @@ def two_draws(first: np.ndarray, second: np.ndarray) -> dict:
     }
 
 
+def several_draws(diffs) -> dict:
+    """:func:`two_draws` for any number of runs of each seed: ``diffs[s][k]`` is run ``k``'s paired
+    difference at seed ``s`` (every seed with the same runs, at least two). The same model, fitted
+    as a one-way random-effects split: the run's variance is the mean variance of a seed's runs
+    around their mean, the seed's is the variance of the seed means less the run's share of it
+    (``var(e) / k``; 0 when that is negative). ``seed_means``: each seed's mean over its runs."""
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2 or d.shape[1] < 2:
+        raise ValueError(f"several draws need one row per seed with two runs or more (got shape {d.shape})")
+    if d.shape[0] < 3:
+        raise ValueError(f"need at least 3 seeds (got {d.shape[0]})")
+    k = d.shape[1]
+    means = d.mean(axis=1)
+    run = float(np.mean(np.var(d, axis=1, ddof=1)))
+    seed = max(float(np.var(means, ddof=1)) - run / k, 0.0)
+    return {
+        "seeds": d.shape[0],
+        "runs": k,
+        "sd": math.sqrt(run + seed),
+        "run_sd": math.sqrt(run),
+        "seed_sd": math.sqrt(seed),
+        "run_share": run / (run + seed) if run + seed > 0 else float("nan"),
+        "mean": float(d.mean()),
+        "seed_means": [float(m) for m in means],
+        "positive_runs": int((d > 0).sum()),
+        "positive_seed_means": int((means > 0).sum()),
+    }
+
+
 def every_seed_needs(sd: float, seeds: int = 10, chance: float = 0.9) -> float:
     """The mean paired effect at which all ``seeds`` seeds come out above the baseline with
     probability ``chance``, each seed's difference drawn from a normal with this ``sd``."""

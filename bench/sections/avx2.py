@@ -139,7 +139,10 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         f"{mean_se_wins(d_rec['seen'])} / {mean_se_wins(d_rec['unseen'])}); "
         + "".join(
             f"{n} {mean_se_wins(delta(here, n, 'seen', sorted(here[n])))} / "
-            f"{mean_se_wins(delta(here, n, 'unseen', sorted(here[n])))} at its seeds; "
+            f"{mean_se_wins(delta(here, n, 'unseen', sorted(here[n])))} at its seeds "
+            f"({_span(sorted(here[n]))}), and the form against it there "
+            f"{mean_se_wins(delta(here, form, 'seen', sorted(here[n])) - delta(here, n, 'seen', sorted(here[n])))}"
+            f" / {mean_se_wins(delta(here, form, 'unseen', sorted(here[n])) - delta(here, n, 'unseen', sorted(here[n])))}; "
             for n in rivals
             if len(here[n]) > 1
         )
@@ -164,10 +167,11 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         f"{len(seeds)}"
         + (f"; the rest leave it at steps {min(steps_off)}-{max(steps_off)}" if steps_off else "")
         + "). So random and the recommended form"
-        + (f", and {' and '.join(rivals)} beside them," if rivals else "")
-        + f" were run again on one such machine at seeds {seeds[0]}-{seeds[-1]} (same pool, split, warm "
+        + f" were run again on one such machine at seeds {_span(seeds)}"
+        + "".join(f", {n} at seeds {_span(sorted(here[n]))}" for n in rivals)
+        + " (same pool, split, warm "
         "start and held-out samples as the records), and are paired here with each other: a third run "
-        f"of every seed, and point 4's targets on it (`bench/runs/neural-noforced-avx2/`). Final held-out "
+        "of every seed, and point 4's targets on it (`bench/runs/neural-noforced-avx2/`). Final held-out "
         "(step 200).",
         "",
         *rows,
@@ -201,3 +205,10 @@ def _three_runs(seeds: list[int], split: dict) -> str:
         f"above random on unseen in one run each, with a chance of 0.9, needs a mean effect of about "
         f"{every_seed_needs(u['sd'], n):+.4f}; the form's, over the three runs, is {u['mean']:+.4f}. "
     )
+
+
+def _span(seeds: list[int]) -> str:
+    """'0-9' for consecutive seeds, else the list."""
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))

@@ -46,11 +46,13 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
             np.mean([per[n][s][key] for s in seeds]) / np.mean([per["random"][s][key] for s in seeds])
         )
 
-    # how far each re-run follows its record: the first step whose mean reward differs
-    departs = {
-        n: [first_departure(record_of(base_runs, n, s) or {}, record_of(runs, n, s)) for s in seeds]
-        for n in ("random", form)
-    }
+    # how far each re-run follows its record: the first step whose mean reward differs ("no record"
+    # where the records have no run of the seed)
+    def departure(n: str, s: int) -> int | str | None:
+        rec = record_of(base_runs, n, s)
+        return first_departure(rec, record_of(runs, n, s)) if rec else "no record"
+
+    departs = {n: [departure(n, s) for s in seeds] for n in ("random", form)}
     rows = [
         "| seed | random seen | form seen | Δ seen | random unseen | form unseen | Δ unseen | Δ unseen on "
         "the records | zero-var × random | batch var × random | "
@@ -140,7 +142,7 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
     sd = float(np.std(d_here["unseen"], ddof=1))
     flips = [s for i, s in enumerate(seeds) if (d_here["unseen"][i] > 0) != (d_rec["unseen"][i] > 0)]
     repeats = {n: sum(d is None for d in v) for n, v in departs.items()}
-    steps_off = [d for v in departs.values() for d in v if d is not None]
+    steps_off = [d for v in departs.values() for d in v if isinstance(d, int)]
     reading = (
         f"Against random run on the same machine the form is {mean_se_wins(d_here['seen'])} seen and "
         f"{mean_se_wins(d_here['unseen'])} unseen (on the records at these seeds "

@@ -12,7 +12,7 @@ from envsched_pipeline.analysis.plots import draws_plot
 from envsched_pipeline.analysis.spread import every_seed_chance, every_seed_needs, several_draws
 from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.draws import by_draw
-from sections.records import mean_se_wins, record_of, recorded_seeds
+from sections.records import mean_se_wins, record_of, recorded_seeds, seed_span
 
 KINDS = ("seen", "unseen")
 LABELS = ("records (AVX-512)", "draw 1 (AVX-512)", "re-run on AVX2")
@@ -114,7 +114,7 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
 
     which = ["seen above random in every seed", "unseen above random in every seed"]
     which += [
-        f"best mean held-out, both kinds (of {', '.join(['random', 'the form', *rows])}; seeds {_span(over)})"
+        f"best mean held-out, both kinds (of {', '.join(['random', 'the form', *rows])}; seeds {seed_span(over)})"
         for over, rows in spans
     ]
     which += ["batch variance ≥ 1.5x random", "zero-variance share ≤ 0.6x random"]
@@ -143,19 +143,22 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
     flips = [s for i, s in enumerate(seeds) if (d_here["unseen"][i] > 0) != (d_rec["unseen"][i] > 0)]
     repeats = {n: sum(d is None for d in v) for n, v in departs.items()}
     steps_off = [d for v in departs.values() for d in v if isinstance(d, int)]
+
+    def against_rival(n: str) -> str:
+        """A rival against random at its seeds, and the form against the rival there."""
+        at = sorted(here[n])
+        vs = {k: delta(here, n, k, at) for k in KINDS}
+        ahead = {k: delta(here, form, k, at) - vs[k] for k in KINDS}
+        return (
+            f"{n} {mean_se_wins(vs['seen'])} / {mean_se_wins(vs['unseen'])} at its seeds ({seed_span(at)}), "
+            f"and the form against it there {mean_se_wins(ahead['seen'])} / {mean_se_wins(ahead['unseen'])}; "
+        )
+
     reading = (
         f"Against random run on the same machine the form is {mean_se_wins(d_here['seen'])} seen and "
         f"{mean_se_wins(d_here['unseen'])} unseen (on the records at these seeds "
         f"{mean_se_wins(d_rec['seen'])} / {mean_se_wins(d_rec['unseen'])}); "
-        + "".join(
-            f"{n} {mean_se_wins(delta(here, n, 'seen', sorted(here[n])))} / "
-            f"{mean_se_wins(delta(here, n, 'unseen', sorted(here[n])))} at its seeds "
-            f"({_span(sorted(here[n]))}), and the form against it there "
-            f"{mean_se_wins(delta(here, form, 'seen', sorted(here[n])) - delta(here, n, 'seen', sorted(here[n])))}"
-            f" / {mean_se_wins(delta(here, form, 'unseen', sorted(here[n])) - delta(here, n, 'unseen', sorted(here[n])))}; "
-            for n in rivals
-            if len(here[n]) > 1
-        )
+        + "".join(against_rival(n) for n in rivals if len(here[n]) > 1)
         + f"zero-variance share {ratio(here, form, 'zero_variance_fraction'):.2f}x random's, batch variance "
         f"{ratio(here, form, 'batch_variance'):.2f}x. "
         + (
@@ -178,8 +181,8 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         f"{len(seeds)}"
         + (f"; the rest leave it at steps {min(steps_off)}-{max(steps_off)}" if steps_off else "")
         + "). So random and the recommended form"
-        + f" were run again on one such machine at seeds {_span(seeds)}"
-        + "".join(f", {n} at seeds {_span(sorted(here[n]))}" for n in rivals)
+        + f" were run again on one such machine at seeds {seed_span(seeds)}"
+        + "".join(f", {n} at seeds {seed_span(sorted(here[n]))}" for n in rivals)
         + " (same pool, split, warm "
         "start and held-out samples as the records), and are paired here with each other: a third run "
         "of every seed, and point 4's targets on it (`bench/runs/neural-noforced-avx2/`). Final held-out "
@@ -218,13 +221,6 @@ def _three_runs(seeds: list[int], split: dict) -> str:
     )
 
 
-def _span(seeds: list[int]) -> str:
-    """'0-9' for consecutive seeds, else the list."""
-    if seeds == list(range(seeds[0], seeds[-1] + 1)):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds))
-
-
 def _three_runs_against(rival: str, form: str, seeds: list[int], runs: tuple[dict, dict, dict]) -> str:
     """The form against ``rival``, each seed's difference averaged over the runs of it both have in
     all three (records, draw 1, this machine); mean ± s.e. over those seeds, seeds ahead."""
@@ -238,6 +234,6 @@ def _three_runs_against(rival: str, form: str, seeds: list[int], runs: tuple[dic
             mean_se_wins([np.mean([per[form][s][key] - per[rival][s][key] for per in runs]) for s in both])
         )
     return (
-        f"Against {rival}, each seed's difference averaged over its three runs (seeds {_span(both)}): "
+        f"Against {rival}, each seed's difference averaged over its three runs (seeds {seed_span(both)}): "
         f"{cells[0]} seen, {cells[1]} unseen. "
     )

@@ -22,7 +22,7 @@ from envsched_pipeline.analysis.spread import (
     two_draws,
 )
 from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
-from sections.records import mean_se_wins, recorded_seeds
+from sections.records import mean_se_wins, recorded_seeds, seed_span
 
 
 def by_draw(
@@ -302,7 +302,7 @@ def _draws_against_rivals(
             for k in pooled
         }
         summary.append(
-            f"| {rival} | {_seed_span(both)} | "
+            f"| {rival} | {seed_span(both)} | "
             + " | ".join(
                 f"{wins(g[0, k])} | {wins(g[1, k])} | {pooled[k].mean():+.4f} ± {se[k]:.4f}"
                 + (" (resolved)" if verdict[k] == "resolved" else "")
@@ -372,7 +372,7 @@ def _sixth_target(got: dict, lr: str, second: dict, seeds: list[int]) -> str:
         else f"among the {ran} schedulers that ran it at these seeds (the form included)"
     )
     return (
-        f"The sixth target on draw 1, {among}, over seeds {_seed_span(common)}: the highest mean "
+        f"The sixth target on draw 1, {among}, over seeds {seed_span(common)}: the highest mean "
         f"held-out {best[0]}; {best[1]}."
     )
 
@@ -426,7 +426,7 @@ def _on_records(first: dict, lr: str, rivals: tuple[str, ...]) -> list[str]:
         "Draw 0 (the records: those in `bench/runs/neural-noforced/`, with held-out every 50 steps, and "
         "those recorded later beside the second draws, with held-out at the start and the end), "
         f"{'all ' if set(COMPARED) <= set(rows) else ''}{len(rows) - 1} schedulers and the form over seeds "
-        f"{_seed_span(common)}, final held-out (± standard error over seeds):",
+        f"{seed_span(common)}, final held-out (± standard error over seeds):",
         "",
         *table,
         "",
@@ -442,10 +442,3 @@ def _over_random(draws: tuple[dict, dict], base: tuple[dict, dict], seeds: list[
     return mean_se_wins(
         np.array([np.mean([draws[i][s][key] - base[i]["random"][s][key] for i in (0, 1)]) for s in seeds])
     )
-
-
-def _seed_span(seeds: list[int]) -> str:
-    """``0-9`` for consecutive seeds, else the list."""
-    if seeds == list(range(seeds[0], seeds[-1] + 1)):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds))

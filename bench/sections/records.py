@@ -30,6 +30,13 @@ def mean_se_wins(d) -> str:
     return f"{d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(len(d)):.4f} ({(d > 0).sum()}/{len(d)})"
 
 
+def seed_span(seeds: list[int]) -> str:
+    """``0-9`` for consecutive seeds, else the list."""
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def part_means(xs, parts: int = 4) -> list[float]:
     """The means of a per-step series over ``parts`` equal spans of its steps (quarters by default)."""
     edges = np.linspace(0, len(xs), parts + 1).astype(int)

@@ -123,7 +123,7 @@ def test_max_steps_leaves_the_rest_to_the_sensor(small_pool, dagster_home):
     assert load_run(small_pool).max_steps == 5 and next_action(small_pool) == ("select", 1)
 
 
-def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagster_home, capsys):
+def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagster_home, capsys, tmp_path):
     from envsched_pipeline.run import load_run
 
     lake = small_pool
@@ -138,17 +138,34 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
         "--group-size",
         "4",
     ]
-    # a bad name, bad JSON or an unknown field stops before anything is written, naming the flag
+    # settings may come from a file; its errors name the file too
+    (tmp_path / "rho.json").write_text('{"rho": 2}')
+    (tmp_path / "cut.json").write_text('{"rho":\n')
+    (tmp_path / "list.json").write_text("[0.25]")
+    # a bad name, bad JSON, an unknown field or a missing file stops before anything is written,
+    # naming the flag
     for extra, says in (
         (["--scheduler", "envsched@nope"], "--scheduler: unknown scheduler 'envsched@nope'"),
         (["--scheduler-config", "{rho: 1"], "--scheduler-config: not JSON"),
         (["--scheduler-config", '{"rhoo": 0.2}'], "unknown scheduler config field(s): rhoo"),
         (["--scheduler-config", '{"coverage_pick": "newest"}'], "coverage_pick"),
+        (
+            ["--scheduler-config", f"@{tmp_path / 'rho.json'}"],
+            f"--scheduler-config {tmp_path / 'rho.json'}: scheduler_config.rho: 2 must be",
+        ),
+        (
+            ["--scheduler-config", str(tmp_path / "cut.json")],
+            f"--scheduler-config {tmp_path / 'cut.json'}: not JSON (Expecting value at line 2 column 1)",
+        ),
+        (["--scheduler-config", str(tmp_path / "list.json")], "list.json: a JSON object of settings"),
+        (["--scheduler-config", "@missing.json"], "--scheduler-config missing.json: no such file"),
     ):
         assert main(base + ["--steps", "1"] + extra) == 2
         assert says in capsys.readouterr().err
         assert not lake.has("manifests")
     variant = "envsched@success+adaptive+covscore"
+    good = tmp_path / "overrides.json"
+    good.write_text('{"rho": 0.25}')
     p = envsched(
         *base[2:],
         "--steps",
@@ -156,7 +173,7 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
         "--scheduler",
         variant,
         "--scheduler-config",
-        '{"rho": 0.25}',
+        f"@{good}",
         lake=lake.root,
     )
     assert p.returncode == 0, p.stderr

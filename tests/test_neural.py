@@ -682,6 +682,17 @@ def test_learner_settings_are_checked_before_anything_runs(tmp_path, capsys):
     ):
         assert main([*base, "--learner-config", bad]) == 2
         assert says in capsys.readouterr().err
+    # from a file, each error names it
+    bad_file = tmp_path / "learner.json"
+    bad_file.write_text('{"momentum": 0.9}')
+    for given in (f"@{bad_file}", str(bad_file)):
+        assert main([*base, "--learner-config", given]) == 2
+        assert (
+            f"--learner-config {bad_file}: unknown neural learner setting(s): momentum"
+            in capsys.readouterr().err
+        )
+    assert main([*base, "--learner-config", "@nowhere.json"]) == 2
+    assert "--learner-config nowhere.json: no such file" in capsys.readouterr().err
     assert not out.exists()
 
 

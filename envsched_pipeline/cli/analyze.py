@@ -19,6 +19,7 @@ from envsched_pipeline.cli.common import (
     HelpFormatter,
     UsageError,
     dumps,
+    from_source,
     json_object,
     lake_of,
     names,
@@ -86,7 +87,8 @@ def add_parser(sub) -> None:
         default=None,
         metavar="JSON",
         help='learner settings as a JSON object, e.g. \'{"loss_denominator": "batch"}\' (neural) or '
-        "'{\"env_skill_share\": 0.5}' (simulated); part of each recorded run's key",
+        "'{\"env_skill_share\": 0.5}' (simulated), or a file of them (@settings.json); part of each "
+        "recorded run's key",
     )
     bs.add_argument("--jobs", type=COUNT, default=1, help="(scheduler, seed) runs in parallel processes")
     bs.add_argument("--cache", default=None, help="keep finished runs here; a re-run resumes from them")
@@ -258,6 +260,8 @@ def cmd_bench_scheduler(args) -> int:
             draw=args.draw,
         )
     except ValueError as exc:
+        if "learner setting" in str(exc):  # a bad setting read from a file names the file
+            raise from_source("--learner-config", args.learner_config, exc) from exc
         raise UsageError(str(exc)) from exc
     if not out["schedulers"]:
         raise UsageError(f"no run of {', '.join(chosen)} is recorded in {args.cache}")

@@ -104,16 +104,42 @@ def names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def json_source(text: str) -> Path | None:
+    """The file a JSON flag names (``@settings.json``, or a path ending in .json), or None for
+    inline JSON."""
+    if text.startswith("@"):
+        return Path(text[1:])
+    if not text.lstrip().startswith(("{", "[")) and text.endswith(".json"):
+        return Path(text)
+    return None
+
+
 def json_object(flag: str, text: str, example: str) -> dict:
-    """A flag's JSON object (``--learner-config``, ``--scheduler-config``); a UsageError naming the
-    flag for text that is not JSON or not an object."""
+    """A flag's JSON object (``--learner-config``, ``--scheduler-config``), given inline or as a
+    file (``json_source``); a UsageError naming the flag (and the file) for a missing file, text
+    that is not JSON, or JSON that is not an object."""
+    source, where = json_source(text), f"{flag}:"
+    if source is not None:
+        if not source.is_file():
+            raise UsageError(f"{flag} {source}: no such file (or give the settings inline, e.g. '{example}')")
+        try:
+            text = source.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{flag} {source}: unreadable ({exc})") from exc
+        where = f"{flag} {source}:"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from exc
+        raise UsageError(f"{where} not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
     if not isinstance(value, dict):
-        raise UsageError(f"{flag}: a JSON object of settings, e.g. '{example}'")
+        raise UsageError(f"{where} a JSON object of settings, e.g. '{example}'")
     return value
+
+
+def from_source(flag: str, text: str | None, exc: BaseException) -> UsageError:
+    """A settings error as one line, naming the flag's file when the settings came from one."""
+    source = json_source(text) if text else None
+    return UsageError(f"{flag} {source}: {exc}" if source is not None else str(exc))
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

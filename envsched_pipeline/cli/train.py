@@ -15,12 +15,15 @@ from envsched_pipeline.cli.common import (
     HelpFormatter,
     UsageError,
     dagster_home,
+    from_source,
     json_object,
+    json_source,
     lake_of,
 )
-from envsched_pipeline.core.build import asked_run, new_run, open_run
+from envsched_pipeline.core.build import asked_run, new_run, open_run, scheduler_config
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
 from envsched_pipeline.scheduler import SCHEDULERS
 from envsched_pipeline.scheduler.variants import RECOMMENDED, scheduler_label
@@ -90,8 +93,8 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--scheduler-config",
         default=None,
-        help="scheduler config overrides as JSON, e.g. '{\"rho\": 0.25}' (over a variant's; "
-        "docs/algorithm.md names every field)",
+        help="scheduler config overrides as JSON, e.g. '{\"rho\": 0.25}', or a file of them "
+        "(@overrides.json) (over a variant's; docs/algorithm.md names every field)",
     )
     t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
     t.add_argument(
@@ -216,7 +219,7 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
     # another policy starts from its own defaults, not from the settings of the one it replaces
     kept = base.policy_config if args.policy in (None, base.policy) else {}
     try:
-        return asked_run(
+        spec = asked_run(
             base,
             args.scheduler,
             overrides,
@@ -234,6 +237,12 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
         )
     except ValueError as exc:
         raise UsageError(f"--scheduler: {exc}") from exc
+    if args.scheduler_config and json_source(args.scheduler_config) is not None:
+        try:  # a file's bad field is named with the file (open_run checks it again)
+            scheduler_config(spec)
+        except ConfigError as exc:
+            raise from_source("--scheduler-config", args.scheduler_config, exc) from exc
+    return spec
 
 
 def _fmt(v, width: int = 10) -> str:

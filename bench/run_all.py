@@ -32,6 +32,7 @@ from sections.common import (  # noqa: E402
 from sections.draws import section_draws  # noqa: E402
 from sections.experiments import learner_experiment, section_forced_stop  # noqa: E402
 from sections.infcap import section_infcap  # noqa: E402
+from sections.levers import section_levers  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
 from sections.records import recorded_variants  # noqa: E402
@@ -71,7 +72,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_within_run,neural_valslice,neural_infcap,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -240,6 +241,8 @@ def main() -> int:
         section_draws(args.neural_draws_runs, args.neural_noforced_runs, args.steps)
     if "neural_avx2" in sections:
         section_avx2(args.neural_avx2_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps)
+    if "neural_levers" in sections:
+        section_levers(args.neural_noforced_runs, args.neural_draws_runs, args.neural_avx2_runs, args.steps)
     if "neural_within_run" in sections:
         section_within_run(
             args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps

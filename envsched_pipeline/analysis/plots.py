@@ -405,3 +405,33 @@ def breadth_window_plot(
     right.set_title("Paired difference per seed")
     right.legend(fontsize=8)
     return _written(fig, out_path)
+
+
+def levers_plot(rows: list[dict], fits: dict[str, dict], targets: dict[str, float], out_path: Path) -> str:
+    """Per held-out kind, every paired run's held-out difference against its difference in the
+    zero-variance share (both against random at the same seed and draw), one marker per scheduler,
+    the straight line of ``fits[kind]`` and the difference every seed would need (``targets``)."""
+    fig, axes = _plt().subplots(1, len(fits), figsize=(5 * len(fits) + 3.2, 4.2), squeeze=False)
+    axes = list(axes[0])
+    names = sorted({r["scheduler"] for r in rows})
+    xs = np.array([r["delta"]["zero_variance_fraction"] for r in rows])
+    line = np.linspace(min(xs.min(), 0.0), max(xs.max(), 0.0), 50)
+    for ax, (kind, fit) in zip(axes, fits.items(), strict=True):
+        for i, name in enumerate(names):  # variants share a base hue elsewhere: one marker each here
+            mine = [r for r in rows if r["scheduler"] == name]
+            ax.plot(
+                [r["delta"]["zero_variance_fraction"] for r in mine],
+                [r["delta"][f"heldout_{kind}_final"] for r in mine],
+                "os^Dv<>ph*"[i % 10],
+                color=f"C{i % 10}",
+                ms=3.5,
+                alpha=0.75,
+                label=name.replace("envsched@success+adaptive+covsampled", "envsched@…covsampled"),
+            )
+        ax.plot(line, fit["intercept"] + fit["slope"] * line, "k--", lw=1, label="fitted line")
+        if kind in targets:
+            ax.axhline(targets[kind], color="C3", lw=1, ls=":", label="every seed needs")
+        _difference_axis(ax, kind, "zero-variance share: scheduler - random", "against groups without spread")
+        ax.get_legend().remove()
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _written(fig, out_path)

@@ -242,7 +242,13 @@ def main() -> int:
     if "neural_avx2" in sections:
         section_avx2(args.neural_avx2_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps)
     if "neural_levers" in sections:
-        section_levers(args.neural_noforced_runs, args.neural_draws_runs, args.neural_avx2_runs, args.steps)
+        section_levers(
+            args.neural_noforced_runs,
+            args.neural_draws_runs,
+            args.neural_avx2_runs,
+            args.neural_overrun_runs,
+            args.steps,
+        )
     if "neural_within_run" in sections:
         section_within_run(
             args.neural_every5_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps

@@ -70,8 +70,12 @@ def test_paired_runs_pair_each_run_with_the_baseline_of_its_group_and_seed():
 def test_a_summary_without_a_field_is_named():
     broken = summary(0.4, 0.9, 0.8)
     del broken["max_task_picks"]
+    groups = {"g": {"random": {0: summary(0.7, 0.9, 0.8)}, "x": {0: broken}}}
     with pytest.raises(ValueError, match=r"g/x seed 0: no max_task_picks"):
-        paired_runs({"g": {"random": {0: summary(0.7, 0.9, 0.8)}, "x": {0: broken}}})
+        paired_runs(groups)
+    # an older record without a field pairs on the features it has
+    (row,) = paired_runs(groups, features=("zero_variance_fraction",))
+    assert set(row["delta"]) == {"heldout_seen_final", "heldout_unseen_final", "zero_variance_fraction"}
 
 
 def test_the_fit_recovers_the_line_and_the_correlations_ignore_each_cells_shift():

@@ -28,12 +28,16 @@ FEATURES = (
 )
 
 
-def paired_runs(groups: dict[str, dict[str, dict[int, dict]]], baseline: str = "random") -> list[dict]:
+def paired_runs(
+    groups: dict[str, dict[str, dict[int, dict]]],
+    baseline: str = "random",
+    features: tuple[str, ...] = FEATURES,
+) -> list[dict]:
     """``groups[label][scheduler][seed]``: the bench's per-seed summaries, one label per set of
     runs that share a draw and a machine. One row per run of a scheduler other than ``baseline``
     whose seed the baseline has in the same group: its group, seed and scheduler, and for every
-    held-out kind and feature its value (``value``) and its difference from the baseline's
-    (``delta``)."""
+    held-out kind and each of ``features`` its value (``value``) and its difference from the
+    baseline's (``delta``)."""
     rows = []
     for label, by_name in groups.items():
         base = by_name.get(baseline, {})
@@ -43,7 +47,7 @@ def paired_runs(groups: dict[str, dict[str, dict[int, dict]]], baseline: str = "
             for seed, summary in sorted(by_seed.items()):
                 if seed not in base:
                     continue
-                keys = [f"heldout_{k}_final" for k in KINDS] + list(FEATURES)
+                keys = [f"heldout_{k}_final" for k in KINDS] + list(features)
                 missing = [k for k in keys if summary.get(k) is None or base[seed].get(k) is None]
                 if missing:
                     raise ValueError(f"{label}/{name} seed {seed}: no {', '.join(missing)} in its summary")

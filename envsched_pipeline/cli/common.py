@@ -109,7 +109,7 @@ def json_source(text: str) -> Path | None:
     inline JSON."""
     if text.startswith("@"):
         return Path(text[1:])
-    if not text.lstrip().startswith(("{", "[")) and text.endswith(".json"):
+    if not text.lstrip().startswith(("{", "[")) and text.lower().endswith(".json"):
         return Path(text)
     return None
 
@@ -130,7 +130,10 @@ def json_object(flag: str, text: str, example: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{where} not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+        hint = "" if source is not None else "; a file of settings is given as @FILE"
+        raise UsageError(
+            f"{where} not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){hint}"
+        ) from exc
     if not isinstance(value, dict):
         raise UsageError(f"{where} a JSON object of settings, e.g. '{example}'")
     return value

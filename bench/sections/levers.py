@@ -45,6 +45,12 @@ def _names(*folders: str) -> tuple[str, ...]:
     return ("random", *sorted(found - {"random"}))
 
 
+def _bv_ratio(row: dict) -> float:
+    """A paired run's batch variance over random's in its cell."""
+    mine = row["value"]["batch_variance"]
+    return mine / (mine - row["delta"]["batch_variance"])
+
+
 def section_levers(base_runs: str, draws_runs: str, avx2_runs: str, overrun_runs: str, steps: int) -> None:
     """Paired runs of every scheduler on the default learner's records (``base_runs`` and draw 0 of
     ``draws_runs``), its second draw (``draws_runs``) and the AVX2 machine's re-runs (``avx2_runs``);
@@ -94,15 +100,16 @@ def section_levers(base_runs: str, draws_runs: str, avx2_runs: str, overrun_runs
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rnd = [s for g in groups.values() for s in g.get("random", {}).values()]
-    rnd_bv = float(np.mean([s["batch_variance"] for s in rnd]))
 
-    def stats(runs: list[dict]) -> list[str]:
+    def stats(runs: list[dict], bv_ratio: float) -> list[str]:
+        """Mean levels over ``runs``; batch variance as ``bv_ratio``, its ratio to random's run of
+        the same cell averaged over them."""
         v = {f: float(np.mean([r[f] for r in runs])) for f in FEATURES}
         return [
             f"{v['zero_variance_fraction']:.3f}",
             f"{v['zero_variance_solved']:.3f}",
             f"{v['zero_variance_failed']:.3f}",
-            f"{v['batch_variance'] / rnd_bv:.2f}",
+            f"{bv_ratio:.2f}",
             f"{v['effective_envs']:.1f}",
             f"{v['distinct_tasks']:.0f}",
             f"{v['max_task_picks']:.1f}",
@@ -124,12 +131,12 @@ def section_levers(base_runs: str, draws_runs: str, avx2_runs: str, overrun_runs
                     str(len(mine)),
                     f"{d['seen']:+.4f}",
                     f"{d['unseen']:+.4f}",
-                    *stats([r["value"] for r in mine]),
+                    *stats([r["value"] for r in mine], float(np.mean([_bv_ratio(r) for r in mine]))),
                 ]
             )
             + " |"
         )
-    lines.append(f"| random | {len(rnd)} | — | — | " + " | ".join(stats(rnd)) + " |")
+    lines.append(f"| random | {len(rnd)} | — | — | " + " | ".join(stats(rnd, 1.0)) + " |")
     lines += [
         "",
         "Within a (draw, seed) cell, over the "

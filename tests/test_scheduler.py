@@ -9,7 +9,7 @@ from envs.hack import flag_trajectory, is_identifier, replay
 from envsched_pipeline.scheduler import SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.constraints import BatchConstraints
-from envsched_pipeline.scheduler.envsched import EnvSched
+from envsched_pipeline.scheduler.envsched import EnvSched, _pass_fail_variance, _pass_fail_weight
 from envsched_pipeline.scheduler.graph import TaskGraph
 from envsched_pipeline.scheduler.state import Observations, SchedulerState, align_state
 from envsched_pipeline.scheduler.update import update_state
@@ -327,6 +327,21 @@ def test_success_target_scores_the_pass_fail_variance_of_the_predicted_mean():
     for bad in (0, -1.0, 17, "2", True, float("nan")):
         with pytest.raises(ValueError, match="spread_power"):
             SchedulerConfig(spread_power=bad)
+    # a success peak below 0.5 weighs nearly solved tasks less: w(m) = (m/c)^(2c) ((1-m)/(1-c))^(2(1-c));
+    # at 0.5 it is 4 m (1 - m) to the last bit
+    half = EnvSched(SchedulerConfig(target="success", success_peak=0.5)).informativeness(st_, pred)["u"]
+    assert np.array_equal(half, u)
+    low = EnvSched(SchedulerConfig(target="success", success_peak=0.35)).informativeness(st_, pred)["u"]
+    mm = np.clip(m, 0, 1)
+    assert np.allclose(low, d * (mm / 0.35) ** 0.7 * ((1 - mm) / 0.65) ** 1.3)
+    grid = np.array([0.2, 0.35, 0.5, 0.8, 0.9])
+    w = _pass_fail_weight(grid, 0.35)
+    assert w[1] == pytest.approx(1.0) and w.argmax() == 1
+    assert w[3] < 0.7 * _pass_fail_variance(grid)[3] and w[0] > _pass_fail_variance(grid)[0]
+    assert _pass_fail_weight(np.array([0.0, 1.0]), 0.35).tolist() == [0.0, 0.0]
+    for bad in (0, 1.0, -0.2, "0.3", True, float("nan")):
+        with pytest.raises(ValueError, match="success_peak"):
+            SchedulerConfig(success_peak=bad)
     # the variance target with the same history is calibrated on realized variance
     assert bool(EnvSched(SchedulerConfig()).informativeness(st_, pred)["is_calibrated"][0])
     # Thompson: deterministic given the generator, different draws across generators, in [0, 1]

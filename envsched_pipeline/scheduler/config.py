@@ -59,6 +59,13 @@ class SchedulerConfig:
     # (late in a run most of the pool is solved and the success rate alone ranks the many nearly
     # solved tasks; variant envsched@success+adaptive+covscore+spread2)
     spread_power: float = 1.0
+    # success targets only: the success rate at which the pass/fail term peaks, w(m) = (m / c)^(2c)
+    # ((1 - m) / (1 - c))^(2 (1 - c)), c = success_peak; 0.5 is 4 m (1 - m). Below 0.5 the nearly
+    # solved tasks weigh less: on the default learner the groups a schedule spends without spread are
+    # almost all solved ones (the recommended form: 0.28 of its groups all solved, 0.002 all failed),
+    # and the zero-variance share is what its held-out gain goes with (bench/RESULTS.md, "What in a
+    # schedule goes with its held-out gain")
+    success_peak: float = 0.5
     calibrate: bool = True  # isotonic calibration of u on realized s2
     calib_window: int = 8  # steps of pairs used for calibration and the recent mean
     retire_window: int = 3  # groups all solved / all failed in a row before retirement
@@ -202,6 +209,7 @@ BOUNDS = {
     "success_floor": (0, True, 100),
     "spread_floor": (0, True, 1),
     "spread_power": (0, False, 16),
+    "success_peak": (0, False, 0.99),
     "calib_window": (1, True, BIG),
     "retire_window": (1, True, 1000),
     "retire_solved": (-1, True, 2),

@@ -155,7 +155,7 @@ class EnvSched(Scheduler):
             u = pred["hat_s2"] + c.dispersion_bonus * pred["hat_d"] * recent
         else:
             f = c.success_floor
-            pf = _pass_fail_variance(self._success(state, pred, rng))
+            pf = _pass_fail_weight(self._success(state, pred, rng), c.success_peak)
             d = np.clip(pred["hat_d"], 0.0, 1.0) ** c.spread_power
             spread = c.spread_floor + (1.0 - c.spread_floor) * d
             u = spread * (f + pf) / (1.0 + f)
@@ -509,6 +509,14 @@ def _flat_runs(a: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def _pass_fail_variance(m: np.ndarray) -> np.ndarray:
     """4 m (1 - m): the variance of a pass/fail reward with success rate m, scaled to [0, 1]."""
     return 4.0 * m * (1.0 - m)
+
+
+def _pass_fail_weight(m: np.ndarray, peak: float = 0.5) -> np.ndarray:
+    """The success target's term in m: 1 at m = ``peak``, 0 at m = 0 and 1; at 0.5 exactly
+    :func:`_pass_fail_variance`, else (m / c)^(2c) ((1 - m) / (1 - c))^(2 (1 - c)), c = ``peak``."""
+    if peak == 0.5:
+        return _pass_fail_variance(m)
+    return (m / peak) ** (2.0 * peak) * ((1.0 - m) / (1.0 - peak)) ** (2.0 * (1.0 - peak))
 
 
 def _draw_proportional(

@@ -51,18 +51,24 @@ def _bv_ratio(row: dict) -> float:
     return mine / (mine - row["delta"]["batch_variance"])
 
 
-def section_levers(base_runs: str, draws_runs: str, avx2_runs: str, overrun_runs: str, steps: int) -> None:
-    """Paired runs of every scheduler on the default learner's records (``base_runs`` and draw 0 of
-    ``draws_runs``), its second draw (``draws_runs``) and the AVX2 machine's re-runs (``avx2_runs``);
-    the same statistics on the overrun learner's records (``overrun_runs``) beside them."""
-    form = BESIDE_ORACLE[-1]
-    groups = {
+def default_groups(base_runs: str, draws_runs: str, avx2_runs: str, steps: int) -> dict:
+    """The default learner's runs on record, per set of runs that share a draw and a machine: the
+    records (``base_runs`` and draw 0 of ``draws_runs``), the second draw, the AVX2 re-runs."""
+    return {
         "records (AVX-512)": by_draw(
             _names(base_runs, draws_runs), (base_runs, draws_runs), steps, 0, (50, steps)
         ),
         "draw 1 (AVX-512)": by_draw(_names(draws_runs), draws_runs, steps, 1, (50, steps)),
         "re-runs (AVX2)": by_draw(_names(avx2_runs), avx2_runs, steps, 0, (50, steps)),
     }
+
+
+def section_levers(base_runs: str, draws_runs: str, avx2_runs: str, overrun_runs: str, steps: int) -> None:
+    """Paired runs of every scheduler on the default learner's records (``base_runs`` and draw 0 of
+    ``draws_runs``), its second draw (``draws_runs``) and the AVX2 machine's re-runs (``avx2_runs``);
+    the same statistics on the overrun learner's records (``overrun_runs``) beside them."""
+    form = BESIDE_ORACLE[-1]
+    groups = default_groups(base_runs, draws_runs, avx2_runs, steps)
     rows = paired_runs(groups)
     fitted = [r for r in rows if r["scheduler"] not in LOOKS_FIRST]
     if len({(r["group"], r["seed"]) for r in fitted}) < 5:

@@ -83,7 +83,22 @@ def section_peak(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         f"({dzv.mean():+.3f} of the batch; all-solved groups {solved:+.3f}), batch variance "
         f"{pair.ratio('batch_variance'):.2f}x. The line (fitted on the {len(others)} other paired runs "
         f"on record) predicts from that change {predicted['seen']} seen and {predicted['unseen']} unseen "
-        "(± from the spread of the change over seeds alone). " + against_random + "Verdict: "
+        "(± from the spread of the change over seeds alone); observed minus predicted: "
+        + ", ".join(
+            f"{k} {np.mean(pair.delta[k]) - fits[k]['slope'] * dzv.mean():+.4f} ± {np.std(pair.delta[k], ddof=1) / np.sqrt(len(seeds)):.4f}"
+            for k in KINDS
+        )
+        + (
+            ", each inside two standard errors: the variant moved by about what its change in the share predicts. "
+            if all(
+                abs(np.mean(pair.delta[k]) - fits[k]["slope"] * dzv.mean())
+                < 2 * np.std(pair.delta[k], ddof=1) / np.sqrt(len(seeds))
+                for k in KINDS
+            )
+            else ". "
+        )
+        + against_random
+        + "Verdict: "
         f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
         + provenance_text(pair.provenance),
     ]

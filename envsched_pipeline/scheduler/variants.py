@@ -278,7 +278,10 @@ VARIANTS: dict[str, dict] = {
     # (bench/RESULTS.md, "What in a schedule goes with its held-out gain"), and the form's are almost
     # all solved groups: in its AVX2 traces (seeds 5-9) the exploitation picks it predicted 0.8-0.9
     # solved had spread in 27-48% of groups, those at 0.4-0.5 in 82-86%. The peak at 0.35 halves the
-    # weight of a task predicted 0.8-0.9 solved against one at 0.5
+    # weight of a task predicted 0.8-0.9 solved against one at 0.5. Seeds 0-9 beside the form re-run on
+    # the AVX2 machine: zero-variance -0.025 of the batch (0.94x), held-out +0.0053 ± 0.0040 seen (6/10),
+    # +0.0025 ± 0.0064 unseen (3/10), about what the levers line predicts from that change (+0.0026 /
+    # +0.0023): level with the form, not kept
     "envsched@success+adaptive+covsampled+lr+peak0.35": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",

@@ -281,7 +281,7 @@ VARIANTS: dict[str, dict] = {
     # weight of a task predicted 0.8-0.9 solved against one at 0.5. Seeds 0-9 beside the form re-run on
     # the AVX2 machine: zero-variance -0.025 of the batch (0.94x), held-out +0.0053 ± 0.0040 seen (6/10),
     # +0.0025 ± 0.0064 unseen (3/10), about what the levers line predicts from that change (+0.0026 /
-    # +0.0023): level with the form, not kept
+    # +0.0022): level with the form, not kept
     "envsched@success+adaptive+covsampled+lr+peak0.35": {
         **_SUCCESS_ADAPTIVE,
         "coverage_pick": "sampled",

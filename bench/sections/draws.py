@@ -31,21 +31,29 @@ def by_draw(
     steps: int,
     draw: int,
     evals: tuple[int, ...] = (50,),
+    learner_config: dict | None = None,
 ) -> dict:
-    """The default learner's records of ``names`` in ``runs`` (one directory or several, the first
-    found kept) at one draw (`bench scheduler --draw`), every seed on record: the bench's summary
-    per scheduler and seed. ``evals``: the held-out schedules (`--eval-every`) to look under, the
-    first found kept; evaluating leaves training as it was, so a run's final held-out is the same
-    under each."""
+    """The records of ``names`` in ``runs`` (one directory or several, the first found kept) at one
+    draw (`bench scheduler --draw`), every seed on record: the bench's summary per scheduler and
+    seed. ``evals``: the held-out schedules (`--eval-every`) to look under, the first found kept;
+    evaluating leaves training as it was, so a run's final held-out is the same under each.
+    ``learner_config``: the learner setting the runs were made with (None: the default learner)."""
     out: dict[str, dict] = {}
     for folder in (runs,) if isinstance(runs, str) else runs:
-        for n, by_seed in _by_draw_in(names, folder, steps, draw, evals).items():
+        for n, by_seed in _by_draw_in(names, folder, steps, draw, evals, learner_config).items():
             for s, summary in by_seed.items():
                 out.setdefault(n, {}).setdefault(s, summary)
     return out
 
 
-def _by_draw_in(names: tuple[str, ...], runs: str, steps: int, draw: int, evals: tuple[int, ...]) -> dict:
+def _by_draw_in(
+    names: tuple[str, ...],
+    runs: str,
+    steps: int,
+    draw: int,
+    evals: tuple[int, ...],
+    learner_config: dict | None,
+) -> dict:
     """:func:`by_draw` in one directory."""
     last = max((s for n in names for s in recorded_seeds(runs, n)), default=None)
     out: dict[str, dict] = {}
@@ -63,6 +71,7 @@ def _by_draw_in(names: tuple[str, ...], runs: str, steps: int, draw: int, evals:
             log=lambda _m: None,
             cache_dir=runs,
             draw=draw,
+            learner_config=learner_config,
         )["per_seed"]
         for n, by_seed in found.items():
             for s, summary in by_seed.items():

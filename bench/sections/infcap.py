@@ -72,14 +72,7 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
         f"{pair.over_random(form, 'seen')} seen, {pair.over_random(form, 'unseen')} unseen; the quota "
         f"{pair.over_random(INFCAP, 'seen')} seen, {pair.over_random(INFCAP, 'unseen')} unseen. "
     )
-    if len(pair.random_here) == len(seeds):
-        against_random += (
-            'Against random re-run on this machine (section "The top rows re-run on a CPU without '
-            f'AVX-512"): the form {pair.over_random(form, "seen", here=True)} seen, '
-            f"{pair.over_random(form, 'unseen', here=True)} unseen; the quota "
-            f"{pair.over_random(INFCAP, 'seen', here=True)} seen, {pair.over_random(INFCAP, 'unseen', here=True)} "
-            "unseen. "
-        )
+    against_random += pair.beside_random_here("the quota")
     relax = {name: [per[name][s]["relaxations"] for s in seeds] for name in (form, INFCAP)}
     body = [
         "## Experiment: a useful-breadth quota counted over informative groups (default learner)",

@@ -5,11 +5,11 @@ for the unseen target that the recommended form misses."""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from envsched_pipeline.analysis.bench import run_benchmark
 from envsched_pipeline.analysis.levers import (
     FEATURES,
     KINDS,
@@ -51,9 +51,11 @@ def _bv_ratio(row: dict) -> float:
     return mine / (mine - row["delta"]["batch_variance"])
 
 
+@cache  # sections neural_levers and neural_peak read the same records in one `make bench`
 def default_groups(base_runs: str, draws_runs: str, avx2_runs: str, steps: int) -> dict:
     """The default learner's runs on record, per set of runs that share a draw and a machine: the
-    records (``base_runs`` and draw 0 of ``draws_runs``), the second draw, the AVX2 re-runs."""
+    records (``base_runs`` and draw 0 of ``draws_runs``), the second draw, the AVX2 re-runs. Read
+    once per process; no caller changes it."""
     return {
         "records (AVX-512)": by_draw(
             _names(base_runs, draws_runs), (base_runs, draws_runs), steps, 0, (50, steps)
@@ -242,22 +244,8 @@ def _overrun(runs: str, steps: int, corr: dict, fits: dict) -> list[str]:
     """The same correlations and line on the overrun learner's records, beside the default
     learner's (only the differences every record there carries: its older records have no split
     of the zero-variance share into solved and failed groups)."""
-    names = [n for n in _names(runs) if n not in LOOKS_FIRST]
-    last = max((s for n in names for s in recorded_seeds(runs, n)), default=None)
-    if last is None:
-        return []
-    per = run_benchmark(
-        names,
-        steps=steps,
-        seed=0,
-        seeds=last + 1,
-        learner="neural",
-        eval_every=50,
-        recorded_only=True,
-        log=lambda _m: None,
-        cache_dir=runs,
-        learner_config=OVERRUN.config,
-    )["per_seed"]
+    names = tuple(n for n in _names(runs) if n not in LOOKS_FIRST)
+    per = by_draw(names, runs, steps, 0, learner_config=OVERRUN.config)
     every = tuple(f for f in FEATURES if all(f in x for by in per.values() for x in by.values()))
     rows = paired_runs({"overrun": per}, features=every)
     if len({r["seed"] for r in rows}) < 5:

@@ -45,6 +45,19 @@ class Paired:
         d = [self.per[name][s][f"heldout_{kind}_final"] - base[s][f"heldout_{kind}_final"] for s in seeds]
         return mean_se_wins(d) if len(d) > 1 else "—"
 
+    def beside_random_here(self, label: str) -> str:
+        """The form and the variant (``label``) against random re-run on this machine, a sentence;
+        empty unless random was re-run at every seed of the pair."""
+        if not all(s in self.random_here for s in self.seeds):
+            return ""
+        return (
+            'Against random re-run on this machine (section "The top rows re-run on a CPU without '
+            f'AVX-512"): the form {self.over_random(self.form, "seen", here=True)} seen, '
+            f"{self.over_random(self.form, 'unseen', here=True)} unseen; {label} "
+            f"{self.over_random(self.variant, 'seen', here=True)} seen, "
+            f"{self.over_random(self.variant, 'unseen', here=True)} unseen. "
+        )
+
     def ratio(self, metric: str) -> float:
         """The variant's ``metric`` over the form's, averaged over seeds."""
         return float(

@@ -50,22 +50,15 @@ def section_peak(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
     dzv = np.array(
         [per[PEAK][s]["zero_variance_fraction"] - per[form][s]["zero_variance_fraction"] for s in seeds]
     )
-    predicted = {
-        k: f"{fits[k]['slope'] * dzv.mean():+.4f} ± {abs(fits[k]['slope']) * dzv.std(ddof=1) / np.sqrt(len(dzv)):.4f}"
-        for k in KINDS
-    }
+    # what the line predicts for the variant against the form (the intercept cancels), and the
+    # observed difference's distance from it with its standard error over seeds
+    predicted = {k: fits[k]["slope"] * float(dzv.mean()) for k in KINDS}
+    predicted_se = {k: abs(fits[k]["slope"]) * dzv.std(ddof=1) / np.sqrt(len(dzv)) for k in KINDS}
+    off = {k: float(np.mean(pair.delta[k])) - predicted[k] for k in KINDS}
+    off_se = {k: np.std(pair.delta[k], ddof=1) / np.sqrt(len(seeds)) for k in KINDS}
     solved = np.mean(
         [per[PEAK][s]["zero_variance_solved"] - per[form][s]["zero_variance_solved"] for s in seeds]
     )
-    against_random = ""
-    if all(s in pair.random_here for s in seeds):
-        against_random = (
-            'Against random re-run on this machine (section "The top rows re-run on a CPU without '
-            f'AVX-512"): the form {pair.over_random(form, "seen", here=True)} seen, '
-            f"{pair.over_random(form, 'unseen', here=True)} unseen; the variant "
-            f"{pair.over_random(PEAK, 'seen', here=True)} seen, {pair.over_random(PEAK, 'unseen', here=True)} "
-            "unseen. "
-        )
     body = [
         "## Experiment: the success term peaking at 0.35 (default learner)",
         "",
@@ -82,22 +75,16 @@ def section_peak(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         + f"; zero-variance share {pair.ratio('zero_variance_fraction'):.2f}x the form's "
         f"({dzv.mean():+.3f} of the batch; all-solved groups {solved:+.3f}), batch variance "
         f"{pair.ratio('batch_variance'):.2f}x. The line (fitted on the {len(others)} other paired runs "
-        f"on record) predicts from that change {predicted['seen']} seen and {predicted['unseen']} unseen "
-        "(± from the spread of the change over seeds alone); observed minus predicted: "
-        + ", ".join(
-            f"{k} {np.mean(pair.delta[k]) - fits[k]['slope'] * dzv.mean():+.4f} ± {np.std(pair.delta[k], ddof=1) / np.sqrt(len(seeds)):.4f}"
-            for k in KINDS
-        )
+        "on record) predicts from that change "
+        + " and ".join(f"{predicted[k]:+.4f} ± {predicted_se[k]:.4f} {k}" for k in KINDS)
+        + " (± from the spread of the change over seeds alone); observed minus predicted: "
+        + ", ".join(f"{k} {off[k]:+.4f} ± {off_se[k]:.4f}" for k in KINDS)
         + (
             ", each inside two standard errors: the variant moved by about what its change in the share predicts. "
-            if all(
-                abs(np.mean(pair.delta[k]) - fits[k]["slope"] * dzv.mean())
-                < 2 * np.std(pair.delta[k], ddof=1) / np.sqrt(len(seeds))
-                for k in KINDS
-            )
+            if all(abs(off[k]) < 2 * off_se[k] for k in KINDS)
             else ". "
         )
-        + against_random
+        + pair.beside_random_here("the variant")
         + "Verdict: "
         f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
         + provenance_text(pair.provenance),

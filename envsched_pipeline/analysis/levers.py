@@ -38,6 +38,7 @@ def paired_runs(
     whose seed the baseline has in the same group: its group, seed and scheduler, and for every
     held-out kind and each of ``features`` its value (``value``) and its difference from the
     baseline's (``delta``)."""
+    keys = [f"heldout_{k}_final" for k in KINDS] + list(features)
     rows = []
     for label, by_name in groups.items():
         base = by_name.get(baseline, {})
@@ -47,7 +48,6 @@ def paired_runs(
             for seed, summary in sorted(by_seed.items()):
                 if seed not in base:
                     continue
-                keys = [f"heldout_{k}_final" for k in KINDS] + list(features)
                 missing = [k for k in keys if summary.get(k) is None or base[seed].get(k) is None]
                 if missing:
                     raise ValueError(f"{label}/{name} seed {seed}: no {', '.join(missing)} in its summary")

@@ -312,3 +312,14 @@ def test_every_integer_option_refuses_what_it_cannot_mean(tmp_path, capsys):
     assert not (tmp_path / "lake").exists()
     with pytest.raises(ConfigError, match="seed must be >= 0, got -1"):
         RunSpec(seed=-1).validate()  # a run asked for from Python or the Dagster launchpad
+
+
+def test_train_on_an_unknown_pool_writes_nothing(tmp_path, capsys):
+    """A pool that is neither registered nor in the lake is refused in one line naming it and the
+    pools there are, before run.json or any table is written (no Dagster job starts)."""
+    lake = tmp_path / "lake"
+    assert main(["--lake", str(lake), "train", "--pool", "nope", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "pool 'nope' is neither in" in err
+    assert "synthetic" in err and "Traceback" not in err
+    assert not lake.exists()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from envsched_pipeline.errors import ConfigError
+from envs.registry import POOLS
+from envsched_pipeline.errors import ConfigError, PoolError
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
@@ -67,8 +68,15 @@ def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = No
 
 
 def open_run(lake: Lake, spec: RunSpec, allow_config_change: bool = False) -> RunSpec:
-    """Start (or resume) the lake's run after validating every setting, the scheduler config
-    included: a refused command writes nothing."""
+    """Start (or resume) the lake's run after validating every setting, the scheduler config and
+    the pool included (a registered pool is imported by the caller): a refused command writes
+    nothing."""
     spec.validate(SCHEDULERS)
     scheduler_config(spec)
+    if spec.pool not in POOLS and not lake.has("tasks", pool=spec.pool):
+        raise PoolError(
+            f"pool {spec.pool!r} is neither in {lake.root} nor a registered pool "
+            f"({', '.join(sorted(POOLS))}): `envsched pool create` or `envsched pool import` adds it, "
+            "`envsched pool list` shows what there is"
+        )
     return start_run(lake, spec, SCHEDULERS, allow_config_change=allow_config_change)

@@ -49,6 +49,19 @@ def _pick(rec: dict, *names, default=None):
     return default
 
 
+def _text_field(rec: dict, where: str, names: tuple[str, ...], what: str = "") -> str:
+    """The first of ``names`` the record gives, which must be a non-empty string; the error says
+    whether the field is missing or holds something else."""
+    value = _pick(rec, *names)
+    label = f"field {names[0]!r}" + (f" ({what})" if what else "")
+    if value is None:
+        raise PoolFormatError(f"{where}: missing {label}")
+    if not isinstance(value, str) or not value.strip():
+        shown = type(value).__name__ if not isinstance(value, str) else "an empty string"
+        raise PoolFormatError(f"{where}: {label} must be a non-empty string, got {shown}")
+    return value
+
+
 def parse_env_metadata(path: Path) -> list[dict]:
     data = _load_json(path)
     if isinstance(data, dict):
@@ -62,16 +75,14 @@ def parse_env_metadata(path: Path) -> list[dict]:
         where = f"{path}: environment {env_id!r}" if env_id else f"{path}: environment #{pos}"
         if not isinstance(rec, dict):
             raise PoolFormatError(f"{where}: expected an object, got {type(rec).__name__}")
-        if not env_id or not isinstance(env_id, str):
+        if env_id is None:
             raise PoolFormatError(f"{where}: missing field 'env_id'")
-        code = _pick(rec, "env_class_code", "code", "class_code")
-        name = _pick(rec, "env_class_name", "class_name")
-        if not isinstance(code, str) or not code.strip():
-            raise PoolFormatError(
-                f"{where}: missing field 'env_class_code' (the environment's Python class source)"
-            )
-        if not isinstance(name, str) or not name:
-            raise PoolFormatError(f"{where}: missing field 'env_class_name'")
+        if not isinstance(env_id, str) or not env_id.strip():
+            raise PoolFormatError(f"{where}: field 'env_id' must be a non-empty string")
+        code = _text_field(
+            rec, where, ("env_class_code", "code", "class_code"), "the environment's Python class source"
+        )
+        name = _text_field(rec, where, ("env_class_name", "class_name"))
         tools = _pick(rec, "tools", default=[])
         if isinstance(tools, str):
             try:
@@ -121,14 +132,10 @@ def parse_scenarios(path: Path, env_ids: set[str], env_class: dict[str, str]) ->
         where = f"{path}: record {j}"
         if not isinstance(rec, dict):
             raise PoolFormatError(f"{where}: expected an object, got {type(rec).__name__}")
-        env_id = rec.get("env_id")
-        if not isinstance(env_id, str):
-            raise PoolFormatError(f"{where}: missing field 'env_id'")
+        env_id = _text_field(rec, where, ("env_id",))
         if env_id not in env_ids:
             raise PoolFormatError(f"{where}: env_id {env_id!r} is not in the environment metadata")
-        instr = _pick(rec, "task", "instruction", "query")
-        if not isinstance(instr, str):
-            raise PoolFormatError(f"{where}: missing field 'task' (the instruction text)")
+        instr = _text_field(rec, where, ("task", "instruction", "query"), "the instruction text")
         init = rec.get("init_config", {})
         if not isinstance(init, dict):
             raise PoolFormatError(f"{where}: field 'init_config' must be an object")

@@ -126,6 +126,7 @@ def test_restarted_trainer_continues(two_lakes):
         ),
         ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollo', "line 2: invalid JSON"),
         ('{"task_id": "@T", "reward": 0.5}', "line 1: missing field\\(s\\) rollout"),
+        ("", "no rollouts given"),
     ],
 )
 def test_ingest_refusals_name_the_line_and_write_nothing(two_lakes, tmp_path, capsys, bad, match):

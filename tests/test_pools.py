@@ -249,6 +249,24 @@ def test_envscaler_import_and_env_run_semantics(tmp_path):
             ),
             "field 'tools' is a string but not valid JSON",
         ),
+        (
+            lambda s, m: (
+                s.write_text(
+                    json.dumps(
+                        [{"env_id": "shop", "task": ["x"], "init_config": {}, "checklist_with_func": []}]
+                    )
+                ),
+                None,
+            ),
+            r"record 0: field 'task' \(the instruction text\) must be a non-empty string, got list",
+        ),
+        (
+            lambda s, m: (
+                m.write_text(json.dumps({"shop": {"env_class_name": 5, "env_class_code": "x"}})),
+                None,
+            ),
+            "environment 'shop': field 'env_class_name' must be a non-empty string, got int",
+        ),
     ],
 )
 def test_malformed_envscaler_files_are_refused_and_nothing_written(tmp_path, mutate, match):

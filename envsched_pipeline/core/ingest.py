@@ -236,7 +236,7 @@ def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, p
                 f"step {step}: {len(rows)} rollouts, but this step can have at most {max_rows} (B x G)"
             )
     if not rows:
-        raise StepError(f"step {step}: no rollouts given")
+        raise StepError(f"{source}: no rollouts given")
     out, seen = [], set()
     for r in rows:
         where = r.pop("_where")

@@ -538,6 +538,31 @@ def test_ingest_refuses_unsafe_rows_and_writes_nothing(tmp_path, mutate, match):
     assert not run.lake.has("rollouts", step=0) and not run.lake.has("statistics", step=0)
 
 
+def test_numpy_scalars_from_a_trainer_are_ingested_as_plain_numbers(tmp_path):
+    """Rewards, rollout ids, token counts and flags computed with numpy are numbers like any other
+    (a numpy boolean is still refused as a reward); the lake stores them as plain floats and ints."""
+    import numpy as np  # only this test builds numpy rows
+
+    run = external(tmp_path)
+    rows = [
+        dict(
+            r,
+            reward=np.float32(r["reward"]),
+            rollout=np.int64(r["rollout"]),
+            tokens=np.int32(7),
+            hack_flag=np.bool_(False),
+        )
+        for r in good_rollouts(run, 0)
+    ]
+    with pytest.raises(StepError, match="is not a finite number"):
+        run.observe(0, [dict(rows[0], reward=np.bool_(True))] + rows[1:])
+    assert not run.lake.has("rollouts", step=0)
+    run.observe(0, rows)
+    stored = run.lake.read("rollouts", step=0).to_pylist()
+    assert sorted(r["reward"] for r in stored) == sorted(float(r["reward"]) for r in rows)
+    assert {r["tokens"] for r in stored} == {7} and not any(r["hack_flag"] for r in stored)
+
+
 def test_partial_groups_are_explicit_marked_and_left_out_of_the_statistics(tmp_path):
     run = external(tmp_path)
     rows = good_rollouts(run, 0)

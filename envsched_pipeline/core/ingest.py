@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,11 +88,14 @@ def load_rollout_file(path, max_rows: int | None = None) -> list[dict]:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer, a numpy one included (a trainer's counters often are); never a boolean."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite real number, numpy scalars included (rewards computed with numpy are np.float32 or
+    np.float64); never a boolean or a string."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def validate_row(r: dict, where: str, env_of: dict[str, str], step: int = 0) -> dict:
@@ -112,6 +117,7 @@ def validate_row(r: dict, where: str, env_of: dict[str, str], step: int = 0) -> 
     if not isinstance(err, str) or err not in ERROR_CLASSES:
         raise StepError(f"{where}: error_class {err!r} is not one of {', '.join(ERROR_CLASSES)}")
     hack = r.get("hack_flag", False)
+    hack = bool(hack) if isinstance(hack, np.bool_) else hack
     if not isinstance(hack, bool):
         raise StepError(f"{where}: hack_flag must be true or false (a JSON boolean), got {hack!r}")
     tokens = r.get("tokens", 0)

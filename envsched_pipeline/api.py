@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from envsched_pipeline.core.build import asked_run, new_run, scheduler_config
+from envsched_pipeline.core.build import asked_run, check_run, new_run
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
@@ -26,7 +26,6 @@ from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import load_run, start_run
-from envsched_pipeline.scheduler import SCHEDULERS
 
 
 class ExternalRun:
@@ -69,8 +68,7 @@ class ExternalRun:
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        spec.validate(SCHEDULERS)
-        scheduler_config(spec)  # unknown or ill-typed overrides: refused before anything is written
+        check_run(self.lake, spec)  # a bad setting or prior lake: refused before anything is written
         if spec.pool == "synthetic":
             ensure_pool(self.lake, spec.pool)  # the built-in pool is created on first use
         if not self.lake.has("tasks", pool=spec.pool):

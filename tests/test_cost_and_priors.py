@@ -73,3 +73,23 @@ def test_run_started_from_a_previous_lake(tmp_path):
     assert st0.arrays["W"].sum() > 0 and st0.extra["prior"]["discount"] == 0.5
     out = select_manifest(b, 0)
     assert {p.half for p in out["picks"]} <= {"coverage", "exploit"}  # no cold start: it has estimates
+
+
+def test_a_prior_lake_that_cannot_serve_is_refused_before_anything_is_written(tmp_path):
+    """A missing directory, a lake without scheduler state, or the run's own lake as its prior:
+    refused by the API (and `envsched train --prior-lake`, which shares the check) naming the prior
+    lake, with the new lake left unwritten."""
+    from envsched_pipeline.api import ExternalRun  # only this test opens runs through the API
+    from envsched_pipeline.errors import StepError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (tmp_path / "nowhere", "nowhere: no such directory"),
+        (empty, "has no scheduler state to start from"),
+        (tmp_path / "new", "is this run's own lake"),
+    ]
+    for prior, match in cases:
+        with pytest.raises(StepError, match=match):
+            ExternalRun(lake=tmp_path / "new", prior_lake=str(prior), batch_size=8, group_size=2)
+        assert not (tmp_path / "new").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from envs.registry import POOLS
+from envsched_pipeline.core.state_store import prior_source
 from envsched_pipeline.errors import ConfigError, PoolError
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
@@ -67,12 +68,20 @@ def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = No
     return make_scheduler(spec.scheduler, scheduler_config(spec), graph=graph)
 
 
+def check_run(lake: Lake, spec: RunSpec) -> None:
+    """Every setting of a run about to start or resume on ``lake``, checked without writing: the
+    spec's own fields, its scheduler config and, for a run not started yet, its prior lake."""
+    spec.validate(SCHEDULERS)
+    scheduler_config(spec)
+    if spec.prior_lake and not lake.steps("manifests"):
+        prior_source(lake, spec)
+
+
 def open_run(lake: Lake, spec: RunSpec, allow_config_change: bool = False) -> RunSpec:
     """Start (or resume) the lake's run after validating every setting, the scheduler config and
     the pool included (a registered pool is imported by the caller): a refused command writes
     nothing."""
-    spec.validate(SCHEDULERS)
-    scheduler_config(spec)
+    check_run(lake, spec)
     if spec.pool not in POOLS and not lake.has("tasks", pool=spec.pool):
         raise PoolError(
             f"pool {spec.pool!r} is neither in {lake.root} nor a registered pool "

@@ -52,7 +52,7 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     hashes = tasks.column("content_hash").to_pylist()
     if step < 0:
         if spec.prior_lake:
-            return prior_state(spec, ids, envs, hashes)
+            return prior_state(lake, spec, ids, envs, hashes)
         return SchedulerState.new(ids, envs, hashes)
     state = read_state(lake, step)
     stored = state.arrays.get("content_hash")
@@ -67,9 +67,21 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     return state
 
 
-def prior_state(spec: RunSpec, ids, envs, hashes) -> SchedulerState:
+def prior_source(lake: Lake, spec: RunSpec) -> tuple[Lake, int]:
+    """The lake and step whose scheduler state a run's cross-run prior starts from: the prior
+    lake's last step with a state. Refused (naming the prior lake) when it is the run's own lake,
+    is not there, or holds no scheduler state."""
     prev = Lake(spec.prior_lake)
+    if prev.root == lake.root:
+        raise StepError(f"prior lake {prev.root} is this run's own lake: name another run's lake")
+    if not prev.root.is_dir():
+        raise StepError(f"prior lake {prev.root}: no such directory")
     done = [s for s in prev.steps("statistics") if has_state(prev, s)]
     if not done:
         raise StepError(f"prior lake {prev.root} has no scheduler state to start from")
-    return prior_from(read_state(prev, done[-1]), ids, envs, hashes, spec.prior_discount)
+    return prev, done[-1]
+
+
+def prior_state(lake: Lake, spec: RunSpec, ids, envs, hashes) -> SchedulerState:
+    prev, step = prior_source(lake, spec)
+    return prior_from(read_state(prev, step), ids, envs, hashes, spec.prior_discount)

@@ -1,6 +1,7 @@
 """Asset checks next to the assets they guard. Blocking where a bad result must stop the loop:
 a downstream step never runs on a manifest or rollouts that fail these."""
 
+import warnings
 from collections import Counter
 
 import dagster as dg
@@ -10,6 +11,13 @@ from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import load_run
+
+# The per-step checks are partitioned like the assets they guard, which Dagster marks as a preview
+# feature; we rely on it knowingly (a check's result must belong to its step), so the code server
+# and `dagster dev` do not print the notice each time the definitions load.
+warnings.filterwarnings(
+    "ignore", message="Specifying a partitions_def on an AssetCheckSpec", category=dg.PreviewWarning
+)
 
 
 @dg.asset_check(

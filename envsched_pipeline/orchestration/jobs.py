@@ -1,15 +1,13 @@
-"""Jobs the loop runs, one partition (= training step) per run."""
+"""Jobs the loop runs, one partition (= training step) per run: the step jobs take the
+``training_steps`` partitions of the assets they select."""
 
 import os
 
 import dagster as dg
 
-from envsched_pipeline.orchestration.partitions import training_steps
-
 select_job = dg.define_asset_job(
     "select_job",
     selection=dg.AssetSelection.assets("batch_manifest"),
-    partitions_def=training_steps,
     description="Materialize the manifest of step t (the scheduler's selection).",
 )
 # Run-level config for the K8sRunLauncher (read from the run's tags): the run pod of a training step
@@ -28,7 +26,6 @@ train_job = dg.define_asset_job(
     "train_job",
     tags={"dagster-k8s/config": K8S_TRAIN_CONFIG},
     selection=dg.AssetSelection.assets("training_step", "reward_statistics"),
-    partitions_def=training_steps,
     description="Run the GRPO step t (through Pipes) and update the reward statistics.",
 )
 pool_job = dg.define_asset_job(

@@ -323,3 +323,30 @@ def test_train_on_an_unknown_pool_writes_nothing(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "pool 'nope' is neither in" in err
     assert "synthetic" in err and "Traceback" not in err
     assert not lake.exists()
+
+
+def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_path, capsys):
+    """Every flag that names where a command writes (--json, --cache, --trace, --out) is checked
+    before the command runs anything: a file where a folder goes, a folder where a file goes, or a
+    place under a file is one line naming the flag, exit code 2, no traceback and nothing written."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    bench = ["bench", "scheduler", "--steps", "1", "--schedulers", "random", "--envs", "2", "--tasks", "2"]
+    cases = [
+        ([*bench, "--json", str(a_file / "out.json")], "--json: cannot write " + str(a_file / "out.json")),
+        ([*bench, "--json", str(tmp_path)], "--json: " + str(tmp_path) + " is a folder"),
+        ([*bench, "--cache", str(a_file)], "--cache: " + str(a_file) + " is a file"),
+        ([*bench, "--trace", str(a_file / "t")], "--trace: cannot write into"),
+        (["bench", "replay", "--json", str(a_file / "r.json")], "is a file"),
+        (
+            ["deploy", "render", "--target", "docker", "--out", str(a_file)],
+            "--out: " + str(a_file) + " is a file",
+        ),
+        (["bench", "scheduler", "--schedulers", ""], "--schedulers names no scheduler"),
+    ]
+    for argv, expected in cases:
+        code = main(["--lake", str(tmp_path / "lake"), *argv])
+        captured = capsys.readouterr()
+        assert code == 2 and expected in captured.err, (argv, captured.err)
+        assert len(captured.err.strip().splitlines()) == 1 and "benchmark (" not in captured.out, argv
+    assert a_file.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import duckdb
 
@@ -24,6 +23,8 @@ from envsched_pipeline.cli.common import (
     lake_of,
     names,
     sql_error,
+    writable_dir,
+    writable_file,
 )
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import resume
@@ -204,14 +205,7 @@ def cmd_resume(args) -> int:
 
 def cmd_report(args) -> int:
     lake = lake_of(args).require()
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".envsched-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
+    out = writable_dir("--out", args.out)
     index = build_report(
         lake, out, baselines=not args.no_baselines, log=lambda m: print(m, file=sys.stderr, flush=True)
     )
@@ -221,11 +215,15 @@ def cmd_report(args) -> int:
 
 def cmd_bench_scheduler(args) -> int:
     default = ALL if args.learner == "simulated" else ALL.removesuffix(",oracle")
-    chosen = names(args.schedulers or default)
+    chosen = names(default if args.schedulers is None else args.schedulers)
     if not chosen:
         raise UsageError("--schedulers names no scheduler")
     if args.recorded_only and not args.cache:
         raise UsageError("--recorded-only reads the runs recorded in --cache DIR: name it")
+    json_out = writable_file("--json", args.json) if args.json else None  # before hours of runs
+    for flag, folder in (("--cache", args.cache), ("--trace", args.trace)):
+        if folder and not args.recorded_only:
+            writable_dir(flag, folder)
     learner_config = None
     if args.learner_config:
         learner_config = json_object("--learner-config", args.learner_config, '{"loss_denominator": "batch"}')
@@ -276,9 +274,8 @@ def cmd_bench_scheduler(args) -> int:
     for key in ("probes", "traces"):
         if out.get(key):
             doc[key] = out[key]
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(dumps(doc, indent=2))
+    if json_out:
+        json_out.write_text(dumps(doc, indent=2))
     base = out["schedulers"].get("random")
     print(
         f"{'scheduler':<16} {'seeds':>5} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} "
@@ -300,6 +297,7 @@ def cmd_bench_scheduler(args) -> int:
 
 
 def cmd_bench_trace(args) -> int:
+    json_out = writable_file("--json", args.json) if args.json and not args.sql else None
     try:
         if args.sql:
             print_table(query_traces(args.files, args.sql), args.format)
@@ -309,9 +307,8 @@ def cmd_bench_trace(args) -> int:
         raise UsageError(str(exc)) from exc
     except duckdb.Error as exc:
         raise sql_error(exc) from exc
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(dumps(summary, indent=2))
+    if json_out:
+        json_out.write_text(dumps(summary, indent=2))
     print(trace_tables(summary))
     return 0
 
@@ -327,6 +324,7 @@ def cmd_bench_variants(args) -> int:
 
 
 def cmd_bench_replay(args) -> int:
+    json_out = writable_file("--json", args.json) if args.json else None
     out = replay(
         lake_of(args).require(),
         names(args.schedulers),
@@ -334,7 +332,7 @@ def cmd_bench_replay(args) -> int:
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     text = dumps(out, indent=2)
-    if args.json:
-        Path(args.json).write_text(text)
+    if json_out:
+        json_out.write_text(text)
     print(text)
     return 0

@@ -145,6 +145,35 @@ def from_source(flag: str, text: str | None, exc: BaseException) -> UsageError:
     return UsageError(f"{flag} {source}: {exc}" if source is not None else str(exc))
 
 
+def writable_dir(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` as a folder this command can write into, made if missing; a path that is a file,
+    sits under one, or may not be written is a UsageError naming the flag, raised before the
+    command spends any work."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag}: {out} is a file; name a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".envsched-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot write into {out}: {exc.strerror or exc}") from exc
+    return out
+
+
+def writable_file(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` as a file this command can write when it is done (its folder made now; a folder in
+    its place is refused), checked before any work."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{flag}: {out} is a folder; name a file")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UsageError(f"{flag}: cannot write {out}: {out.parent} is a file")
+    writable_dir(flag, out.parent)
+    return out
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every command's help: each flag's default, except where there is none to show (a None
     default means the flag's help says what stands in: a resumed run's own setting, a policy's)."""

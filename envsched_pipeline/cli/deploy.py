@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from envsched_pipeline.cli.common import HelpFormatter
+from envsched_pipeline.cli.common import HelpFormatter, writable_dir
 from envsched_pipeline.deploy import TARGETS, render
 
 
@@ -22,6 +20,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_render(args) -> int:
-    for path in render(args.target, Path(args.out)):
+    for path in render(args.target, writable_dir("--out", args.out)):
         print(path)
     return 0

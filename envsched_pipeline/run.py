@@ -205,9 +205,9 @@ class PolicyConfig:
         if problem := overrun_penalty_problem(self.overrun_penalty):
             raise ConfigError(f"policy_config.overrun_penalty {problem}")
         check_settings(self, "policy_config.", POLICY_BOUNDS, POLICY_CHOICES, error=ConfigError)
-        if policy == "hf" and not self.model_path:
+        if policy in ("hf", "vllm") and not self.model_path:
             raise ConfigError(
-                "policy hf needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
+                f"policy {policy} needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
             )
         if policy == "openai" and not self.base_url:
             raise ConfigError(
@@ -298,6 +298,12 @@ class RunSpec:
             raise ConfigError(
                 f"pool name {self.pool!r} is not a valid name (letters, digits, '_' and '-', "
                 "starting with a letter or digit, at most 64 characters)"
+            )
+        if self.trainer != "external" and self.policy == "external":
+            raise ConfigError(
+                "policy 'external' is trained outside envsched: drive its run with `envsched step "
+                "select` / `step ingest` or ExternalRun; envsched's own trainer runs "
+                + ", ".join(p for p in POLICIES if p != "external")
             )
         if self.trainer != "external":
             self.policy_settings().validate(self.policy)

@@ -350,3 +350,28 @@ def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_pat
         assert code == 2 and expected in captured.err, (argv, captured.err)
         assert len(captured.err.strip().splitlines()) == 1 and "benchmark (" not in captured.out, argv
     assert a_file.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_train_refuses_a_policy_this_machine_cannot_run_before_writing(tmp_path, capsys):
+    """`envsched train` runs the trainer here: a vllm or hf policy without a checkpoint folder, vLLM
+    missing (CI has no `gpu` extra; the vLLM case checks what this machine lacks), or the external
+    policy (trained outside envsched) are refused in one line; no run.json, no pool, no retries."""
+    import importlib.util  # only this test asks what is installed
+
+    lake = tmp_path / "lake"
+    base = ["--lake", str(lake), "train", "--steps", "1", "--batch-size", "4", "--group-size", "2"]
+    cases = [
+        (["--policy", "vllm"], "policy vllm needs model_path"),
+        (["--policy", "hf", "--model-path", str(tmp_path / "none")], "is not a folder"),
+        (["--policy", "external"], "argument --policy: invalid choice: 'external'"),
+    ]
+    if importlib.util.find_spec("vllm") is None:
+        cases.append((["--policy", "vllm", "--model-path", str(tmp_path)], "needs vllm, which this machine"))
+    for extra, expected in cases:
+        assert main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1, (extra, err)
+    assert not lake.exists()
+    with pytest.raises(ConfigError, match="policy 'external' is trained outside envsched"):
+        RunSpec(policy="external", trainer="subprocess").validate()  # the Dagster launchpad's path
+    RunSpec(policy="external", trainer="external").validate()  # what ExternalRun and `step` start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 import time
@@ -65,7 +66,7 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--policy",
         default=None,
-        choices=POLICIES,
+        choices=tuple(p for p in POLICIES if p != "external"),  # an external trainer uses `step`
         help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai; new run: "
         "simulated",
     )
@@ -278,6 +279,26 @@ def row(r: dict, wall: float | None = None, training: bool = False) -> str:
     return " ".join(_fmt(r.get(c)) for c in cols)
 
 
+def require_local_packages(spec: RunSpec) -> None:
+    """`envsched train` runs the trainer on this machine, so what the run's policy imports must be
+    here: the checkpoint folder of ``--model-path``, vLLM for ``--policy vllm``, DeepSpeed for
+    ``deepspeed``. A missing one is refused before anything is written (it used to fail inside
+    three retries of step 0 and halt the run)."""
+    settings = spec.policy_settings()
+    if settings.model_path and not Path(settings.model_path).is_dir():
+        raise UsageError(f"--model-path: {settings.model_path} is not a folder (a local Qwen3 checkpoint)")
+    need = ["vllm"] if spec.policy == "vllm" else []
+    if settings.deepspeed:
+        need.append("deepspeed")
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"policy {spec.policy} needs {' and '.join(missing)}, which this machine does not have: "
+            "install the `gpu` extra on a CUDA machine (pip install -e '.[gpu]'), or run the trainer "
+            "there (a GPU-backed Dagster agent, docs/deployment.md)"
+        )
+
+
 def run(args) -> int:
     from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
         materialize_pool,
@@ -286,6 +307,8 @@ def run(args) -> int:
 
     lake = lake_of(args)
     spec = requested_run(args, load_run(lake))
+    spec.validate(SCHEDULERS)  # a bad setting is named before what it needs is looked for
+    require_local_packages(spec)
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
     dagster_home()
     if not lake.has("tasks", pool=spec.pool):

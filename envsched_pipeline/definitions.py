@@ -4,6 +4,7 @@ import dagster as dg
 
 from envsched_pipeline.assets import features, graph, manifest, pool, topologies, training
 from envsched_pipeline.orchestration.checks import ALL_CHECKS
+from envsched_pipeline.orchestration.console import LOGGERS
 from envsched_pipeline.orchestration.jobs import pool_job, select_job, train_job
 from envsched_pipeline.orchestration.schedules import ALL_SCHEDULES
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
@@ -17,5 +18,6 @@ defs = dg.Definitions(
     jobs=[select_job, train_job, pool_job],
     sensors=[training_loop_sensor],
     schedules=ALL_SCHEDULES,
+    loggers=LOGGERS,
     resources={"lake": LakeResource(), "trainer": TrainerLauncher(), "llm": LLMResource()},
 )

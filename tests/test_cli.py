@@ -375,3 +375,40 @@ def test_train_refuses_a_policy_this_machine_cannot_run_before_writing(tmp_path,
     with pytest.raises(ConfigError, match="policy 'external' is trained outside envsched"):
         RunSpec(policy="external", trainer="subprocess").validate()  # the Dagster launchpad's path
     RunSpec(policy="external", trainer="external").validate()  # what ExternalRun and `step` start
+
+
+def test_a_failing_training_step_reads_as_lines_naming_its_cause(small_pool, dagster_home, tmp_path):
+    """A trainer that fails inside the step (here: an hf checkpoint folder without config.json,
+    found only when the trainer loads it) costs one line per attempt naming the cause, and the halt
+    names it too; no Dagster stack trace or Python traceback reaches the terminal, while the run's
+    event log keeps the trainer's exception with its traceback for the UI."""
+    empty = tmp_path / "ckpt"
+    empty.mkdir()
+    p = envsched(
+        "train",
+        "--steps",
+        "1",
+        "--policy",
+        "hf",
+        "--model-path",
+        str(empty),
+        "--batch-size",
+        "4",
+        "--group-size",
+        "2",
+        lake=small_pool.root,
+    )
+    assert p.returncode == 2, p.stderr
+    cause = "not a local model folder (no config.json)"
+    attempts = [line for line in p.stderr.splitlines() if line.startswith("step 0 (train) failed, attempt")]
+    assert len(attempts) == 3 and all(cause in line for line in attempts), p.stderr
+    assert "Traceback" not in p.stderr and "Stack Trace" not in p.stderr and "dagster._core" not in p.stderr
+    halt = p.stderr.strip().splitlines()[-1]
+    assert halt.startswith("envsched: error: the run is halted at step 0") and cause in halt
+    import dagster as dg  # the instance this run wrote to
+
+    with dg.DagsterInstance.from_config(str(dagster_home)) as inst:
+        run = inst.get_run_records(limit=1)[0].dagster_run
+        events = [r.dagster_event for r in inst.all_logs(run.run_id) if r.dagster_event is not None]
+        reported = [e.engine_event_data.error for e in events if "closed with exception" in (e.message or "")]
+        assert reported and "FileNotFoundError" in reported[0].to_string()

@@ -303,15 +303,24 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # running without dagster-pipes installed: a plain process
         under_pipes = False
     if under_pipes:
-        with open_dagster_pipes() as pipes:
-            metrics = run_step(lake, args.step, log=pipes.log.info)
-            pipes.report_asset_materialization(
-                metadata={
-                    k: v
-                    for k, v in metrics.items()
-                    if isinstance(v, (int, float, str)) and not (isinstance(v, float) and np.isnan(v))
-                },
+        try:
+            with open_dagster_pipes() as pipes:
+                metrics = run_step(lake, args.step, log=pipes.log.info)
+                pipes.report_asset_materialization(
+                    metadata={
+                        k: v
+                        for k, v in metrics.items()
+                        if isinstance(v, (int, float, str)) and not (isinstance(v, float) and np.isnan(v))
+                    },
+                )
+        except Exception as exc:  # the pipes context sent it to the Dagster run with its traceback
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print(
+                f"trainer: step {args.step} failed: {type(exc).__name__}: {first} "
+                "(its traceback is in the Dagster run's logs)",
+                file=sys.stderr,
             )
+            return 1
     else:
         try:
             metrics = run_step(lake, args.step)

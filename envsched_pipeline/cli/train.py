@@ -347,7 +347,9 @@ def run(args) -> int:
         if step in rows:
             print(row(rows[step], seconds, training) + eta, flush=True)
 
-    run_loop(lake, args.steps, on_step=on_step)
+    run_loop(
+        lake, args.steps, on_step=on_step, on_failure=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     print(
         f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
         f'`envsched sql "select * from step_summary"`',

@@ -18,7 +18,13 @@ from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.orchestration.partitions import training_steps
-from envsched_pipeline.orchestration.plan import IN_FLIGHT, next_request, runs_of
+from envsched_pipeline.orchestration.plan import (
+    IN_FLIGHT,
+    MAX_ATTEMPTS,
+    failure_message,
+    next_request,
+    runs_of,
+)
 from envsched_pipeline.run import require_run
 
 POOL_OPS = ("pool_tables", "topologies", "features", "task_graph")
@@ -26,7 +32,7 @@ POOL_OPS = ("pool_tables", "topologies", "features", "task_graph")
 
 def _run_config(lake: Lake, quiet: bool) -> dict:
     return {
-        "loggers": {"console": {"config": {"log_level": "WARNING" if quiet else "INFO"}}},
+        "loggers": {"envsched_console": {"config": {"log_level": "WARNING" if quiet else "INFO"}}},
         "resources": {"lake": {"config": {"root": str(lake.root)}}},
     }
 
@@ -37,9 +43,11 @@ def run_loop(
     instance: dg.DagsterInstance | None = None,
     on_step: Callable[[int, float], None] | None = None,
     quiet: bool = True,
+    on_failure: Callable[[str], None] | None = None,
 ) -> None:
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
-    ``on_step(step, seconds)`` is called after each completed training step."""
+    ``on_step(step, seconds)`` is called after each completed training step, ``on_failure(line)``
+    after each failed job with one line naming the step, the attempt and its cause."""
     instance = instance or get_instance()
     spec = require_run(lake)
     flying = runs_of(instance, spec.run_id, IN_FLIGHT)
@@ -77,6 +85,20 @@ def run_loop(
                 _cancel_runs_of(instance, req)
                 raise
             if not result.success:
+                if on_failure is not None:
+                    attempts = len(
+                        runs_of(
+                            instance,
+                            spec.run_id,
+                            [dg.DagsterRunStatus.FAILURE],
+                            step=req.step,
+                            kind=req.kind,
+                        )
+                    )
+                    on_failure(
+                        f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
+                        f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"
+                    )
                 continue  # the next request is the retry, or the halt after MAX_ATTEMPTS failures
             if req.kind in ("train", "stats") and on_step is not None:
                 on_step(req.step, time.perf_counter() - step_t0[req.step])

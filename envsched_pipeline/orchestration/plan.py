@@ -110,11 +110,25 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
 
 
 def failure_message(instance: dg.DagsterInstance, dagster_run_id: str) -> str:
-    """The first line of a failed run's error (or where to look)."""
+    """What made a failed run fail, in one line: the exception the trainer process reported through
+    Pipes when there is one (a step's own failure only says the process exited with code 1), else
+    the innermost cause of the step's error, else where to look."""
+    reported = failed = None
     for record in instance.all_logs(dagster_run_id):
         event = record.dagster_event
-        if event is not None and event.event_type == dg.DagsterEventType.STEP_FAILURE:
-            err = event.step_failure_data.error
-            if err is not None:
-                return err.message.strip().splitlines()[0][:300]
-    return "see the run's logs in the Dagster UI"
+        if event is None:
+            continue
+        if event.event_type == dg.DagsterEventType.STEP_FAILURE and event.step_failure_data.error:
+            failed = failed or event.step_failure_data.error
+        elif (
+            event.event_type == dg.DagsterEventType.ENGINE_EVENT
+            and "closed with exception" in (event.message or "")
+            and event.engine_event_data.error is not None
+        ):
+            reported = event.engine_event_data.error
+    err = reported or failed
+    if err is None:
+        return "see the run's logs in the Dagster UI"
+    while err.cause is not None and reported is None:
+        err = err.cause
+    return (err.message.strip().splitlines() or [err.cls_name])[0][:300]

@@ -412,3 +412,18 @@ def test_a_failing_training_step_reads_as_lines_naming_its_cause(small_pool, dag
         events = [r.dagster_event for r in inst.all_logs(run.run_id) if r.dagster_event is not None]
         reported = [e.engine_event_data.error for e in events if "closed with exception" in (e.message or "")]
         assert reported and "FileNotFoundError" in reported[0].to_string()
+
+
+def test_a_failed_pool_import_names_its_cause(tmp_path, dagster_home, capsys):
+    """The pool job's failure is reported by its innermost cause (the op's own exception), in one
+    line, with nothing of Dagster's stack trace on the terminal."""
+    from envsched_pipeline.errors import StepError  # the driver's user error
+    from envsched_pipeline.lake import Lake
+    from envsched_pipeline.orchestration.driver import materialize_pool  # Dagster: this test only
+
+    with pytest.raises(
+        StepError, match=r"importing pool nope failed \(Dagster run \w+\): KeyError: .unknown pool"
+    ):
+        materialize_pool("nope", Lake(tmp_path / "lake"))
+    captured = capsys.readouterr()
+    assert "Stack Trace" not in captured.err + captured.out and "Traceback" not in captured.err

@@ -140,12 +140,14 @@ def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None 
     job = defs.resolve_job_def("pool_job")
     cfg = _run_config(lake, quiet=True)
     cfg["ops"] = {name: {"config": {"pool": pool}} for name in POOL_OPS}
+    instance = instance or get_instance()
     res = job.execute_in_process(
-        instance=instance or get_instance(),
+        instance=instance,
         run_config=cfg,
         tags={"envsched/lake": str(lake.root), "envsched/pool": pool},
         raise_on_error=False,
     )
     if not res.success:
-        msgs = [e.message for e in res.all_events if e.is_failure]
-        raise StepError(f"importing pool {pool} failed: {msgs[-1] if msgs else res.run_id}")
+        raise StepError(
+            f"importing pool {pool} failed (Dagster run {res.run_id[:8]}): {failure_message(instance, res.run_id)}"
+        )

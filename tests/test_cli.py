@@ -384,20 +384,8 @@ def test_a_failing_training_step_reads_as_lines_naming_its_cause(small_pool, dag
     event log keeps the trainer's exception with its traceback for the UI."""
     empty = tmp_path / "ckpt"
     empty.mkdir()
-    p = envsched(
-        "train",
-        "--steps",
-        "1",
-        "--policy",
-        "hf",
-        "--model-path",
-        str(empty),
-        "--batch-size",
-        "4",
-        "--group-size",
-        "2",
-        lake=small_pool.root,
-    )
+    argv = ["train", "--steps", "1", "--policy", "hf", "--model-path", str(empty)]
+    p = envsched(*argv, "--batch-size", "4", "--group-size", "2", lake=small_pool.root)
     assert p.returncode == 2, p.stderr
     cause = "not a local model folder (no config.json)"
     attempts = [line for line in p.stderr.splitlines() if line.startswith("step 0 (train) failed, attempt")]

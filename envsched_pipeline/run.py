@@ -409,6 +409,24 @@ def start_run(
     return spec
 
 
+# policies that act only in some kinds of environment (the neural learner's pointer policy makes
+# tool calls on a stateful EnvScaler-style class); the others run in every kind
+POLICY_ENVIRONMENT_KINDS = {"neural": ("envscaler",)}
+
+
+def environment_kinds_problem(policy: str, pool: str, kinds: typing.Iterable[str]) -> str | None:
+    """Why ``policy`` cannot act in a pool whose environments (training and evaluation) are of
+    ``kinds``, or None when it can."""
+    allowed = POLICY_ENVIRONMENT_KINDS.get(policy)
+    other = sorted(set(kinds) - set(allowed or ()))
+    if allowed is None or not other:
+        return None
+    return (
+        f"the {policy} learner acts in EnvScaler-style environments (tool calls on a stateful class); "
+        f"pool {pool!r} has {other}: use --policy simulated or an LM policy"
+    )
+
+
 def step_rng(spec: RunSpec, step: int, salt: int = 0) -> np.random.Generator:
     """The randomness of one step (selection salt 0, rollouts salt 1): fixed by (seed, step)."""
     return np.random.default_rng([spec.seed, step, salt])

@@ -415,3 +415,32 @@ def test_a_failed_pool_import_names_its_cause(tmp_path, dagster_home, capsys):
         materialize_pool("nope", Lake(tmp_path / "lake"))
     captured = capsys.readouterr()
     assert "Stack Trace" not in captured.err + captured.out and "Traceback" not in captured.err
+
+
+def test_a_policy_that_cannot_act_in_the_pools_environments_is_refused_before_any_step(
+    tmp_path, dagster_home, capsys
+):
+    """The neural learner acts only in EnvScaler-style environments: on a reasoning-gym pool it is
+    refused in one line before any step runs (it used to fail three tries of step 0 and halt)."""
+    from envs.registry import load_pool  # this test's pool only
+    from envsched_pipeline.core.pools import import_pool
+    from envsched_pipeline.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    import_pool(lake, load_pool("reasoning_gym"))
+    argv = [
+        "--lake",
+        str(lake.root),
+        "train",
+        "--pool",
+        "reasoning_gym",
+        "--policy",
+        "neural",
+        "--steps",
+        "1",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--policy neural: the neural learner acts in EnvScaler-style environments" in err
+    assert "['reasoning_gym']" in err and len(err.strip().splitlines()) == 1
+    assert lake.steps("manifests") == [] and lake.steps("rollouts") == []

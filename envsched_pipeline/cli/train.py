@@ -23,9 +23,15 @@ from envsched_pipeline.cli.common import (
 )
 from envsched_pipeline.core.build import asked_run, new_run, open_run, scheduler_config
 from envsched_pipeline.core.loop import step_summary
-from envsched_pipeline.core.pools import ensure_pool
+from envsched_pipeline.core.pools import ensure_pool, environment_kinds
 from envsched_pipeline.errors import ConfigError
-from envsched_pipeline.run import LOSS_DENOMINATORS, POLICIES, RunSpec, load_run
+from envsched_pipeline.run import (
+    LOSS_DENOMINATORS,
+    POLICIES,
+    RunSpec,
+    environment_kinds_problem,
+    load_run,
+)
 from envsched_pipeline.scheduler import SCHEDULERS
 from envsched_pipeline.scheduler.variants import RECOMMENDED, scheduler_label
 
@@ -315,6 +321,8 @@ def run(args) -> int:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
         materialize_pool(spec.pool, lake)
         ensure_pool(lake, spec.pool)
+    if problem := environment_kinds_problem(spec.policy, spec.pool, environment_kinds(lake, spec.pool)):
+        raise UsageError(f"--policy {spec.policy}: {problem}")  # before any step: not three failed tries
     shown = scheduler_label(spec.scheduler, spec.scheduler_config)
     print(
         f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={shown} "

@@ -79,6 +79,17 @@ def ensure_pool(lake: Lake, name: str) -> None:
         import_pool(lake, data)
 
 
+def environment_kinds(lake: Lake, pool: str) -> set[str]:
+    """The kinds of the pool's environments, its evaluation-only ones included (an EnvScaler class
+    unless a row says otherwise)."""
+    kinds = set()
+    for table in ("environments", "eval_environments"):
+        t = lake.read(table, pool=pool)
+        rows = t.column("kind").to_pylist() if "kind" in t.column_names else [None] * t.num_rows
+        kinds.update(k or "envscaler" for k in rows)
+    return kinds
+
+
 def pool_tasks(lake: Lake, pool: str) -> pa.Table:
     t = lake.read("tasks", pool=pool)
     if t.num_rows == 0:

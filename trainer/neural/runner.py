@@ -18,7 +18,7 @@ from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
-from envsched_pipeline.run import RunSpec
+from envsched_pipeline.run import RunSpec, environment_kinds_problem
 from trainer.grpo import group_advantages
 from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
@@ -43,11 +43,8 @@ def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
     envs = {e["env_id"]: e for e in lake.read("environments", pool=spec.pool).to_pylist()}
     envs.update({e["env_id"]: e for e in lake.read("eval_environments", pool=spec.pool).to_pylist()})
     kinds = {e.get("kind") or "envscaler" for e in envs.values()}
-    if kinds != {"envscaler"}:
-        raise StepError(
-            f"the neural learner acts in EnvScaler-style environments (tool calls on a stateful class); "
-            f"pool {spec.pool!r} has {sorted(kinds)}: use --policy simulated or an LM policy"
-        )
+    if problem := environment_kinds_problem("neural", spec.pool, kinds):
+        raise StepError(problem)
     learner = NeuralLearner(envs, _config(spec), seed=spec.seed)
     if step > 0:
         prev = lake.read_bytes(_checkpoint(step - 1))

@@ -808,3 +808,25 @@ def test_two_experiments_on_one_instance_keep_their_partitions(tmp_path):
 
 def test_envsched_errors_are_one_line(tmp_path, capsys):
     assert issubclass(StepError, EnvschedError) and issubclass(LakeError, EnvschedError)
+
+
+def test_a_failure_is_named_by_its_class_without_the_module_and_never_by_a_wrapper():
+    """The line a halt and the driver print for a failed job: a Pipes report's qualified class is
+    shortened to the class, a message that merely contains dots keeps them, long ones are cut."""
+    from dagster._utils.error import SerializableErrorInfo  # the error record Dagster stores
+
+    from envsched_pipeline.orchestration.plan import error_line  # the Dagster layer's helper
+
+    def err(message, cls_name):
+        return SerializableErrorInfo(message=message, stack=[], cls_name=cls_name)
+
+    assert error_line(err("envsched_pipeline.errors.StepError: checkpoint missing\n", "StepError")) == (
+        "StepError: checkpoint missing"
+    )
+    assert error_line(err("FileNotFoundError: /tmp/a.b: no config.json\n", "FileNotFoundError")) == (
+        "FileNotFoundError: /tmp/a.b: no config.json"
+    )
+    assert (
+        error_line(err("scenarios.json: invalid JSON\nmore", "PoolError")) == "scenarios.json: invalid JSON"
+    )
+    assert error_line(err("x" * 500, None)) == "x" * 300

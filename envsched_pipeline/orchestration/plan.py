@@ -8,6 +8,7 @@ already in flight and how often a step's job has failed. Every run carries the t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import dagster as dg
@@ -131,4 +132,14 @@ def failure_message(instance: dg.DagsterInstance, dagster_run_id: str) -> str:
         return "see the run's logs in the Dagster UI"
     while err.cause is not None and reported is None:
         err = err.cause
-    return (err.message.strip().splitlines() or [err.cls_name])[0][:300]
+    return error_line(err)
+
+
+def error_line(err) -> str:
+    """An error's first line with its class named without its module (a Pipes report spells it
+    ``envsched_pipeline.errors.StepError: ...``), at most 300 characters."""
+    line = (err.message.strip().splitlines() or [err.cls_name or ""])[0]
+    qualified = (
+        re.match(rf"(?:[A-Za-z_]\w*\.)+(?={re.escape(err.cls_name)}:)", line) if err.cls_name else None
+    )
+    return line[qualified.end() if qualified else 0 :][:300]

@@ -443,4 +443,4 @@ def test_a_policy_that_cannot_act_in_the_pools_environments_is_refused_before_an
     err = capsys.readouterr().err
     assert "--policy neural: the neural learner acts in EnvScaler-style environments" in err
     assert "['reasoning_gym']" in err and len(err.strip().splitlines()) == 1
-    assert lake.steps("manifests") == [] and lake.steps("rollouts") == []
+    assert lake.steps("manifests") == [] and not (lake.root / "run.json").exists()

@@ -305,6 +305,13 @@ def require_local_packages(spec: RunSpec) -> None:
         )
 
 
+def require_fitting_pool(lake, spec: RunSpec) -> None:
+    """The run's policy can act in every environment of its pool (the neural learner only in
+    EnvScaler-style ones), else a UsageError naming the flag."""
+    if problem := environment_kinds_problem(spec.policy, spec.pool, environment_kinds(lake, spec.pool)):
+        raise UsageError(f"--policy {spec.policy}: {problem}")
+
+
 def run(args) -> int:
     from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
         materialize_pool,
@@ -315,14 +322,16 @@ def run(args) -> int:
     spec = requested_run(args, load_run(lake))
     spec.validate(SCHEDULERS)  # a bad setting is named before what it needs is looked for
     require_local_packages(spec)
+    imported = lake.has("tasks", pool=spec.pool)
+    if imported:  # a pool already here: the policy must fit it before anything is written
+        require_fitting_pool(lake, spec)
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
     dagster_home()
-    if not lake.has("tasks", pool=spec.pool):
+    if not imported:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
         materialize_pool(spec.pool, lake)
         ensure_pool(lake, spec.pool)
-    if problem := environment_kinds_problem(spec.policy, spec.pool, environment_kinds(lake, spec.pool)):
-        raise UsageError(f"--policy {spec.policy}: {problem}")  # before any step: not three failed tries
+        require_fitting_pool(lake, spec)  # before any step: not three failed tries of step 0
     shown = scheduler_label(spec.scheduler, spec.scheduler_config)
     print(
         f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={shown} "

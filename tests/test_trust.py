@@ -169,6 +169,46 @@ def test_sensor_retries_a_failed_step_with_new_keys_then_halts(small_run):
         del spec
 
 
+def test_a_run_halted_by_failed_attempts_gets_them_again_after_resume(small_run):
+    """A halt after a job failed every attempt is resumable (it used to raise KeyError): resume
+    records the failed Dagster runs as answered, the sensor asks again under a run key never used
+    before, and three new failures halt the run again, naming only those."""
+    from envsched_pipeline.core.gates import resume, retried_runs  # this test's subject
+    from envsched_pipeline.orchestration.plan import halted_job_runs
+
+    lake = small_run
+    select_manifest(lake, 0)
+
+    def fail(instance, req, n):
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="train_job",
+                run_id=f"failed{n:024d}",
+                tags=req.tags,
+                status=dg.DagsterRunStatus.FAILURE,
+            )
+        )
+
+    with dg.instance_for_test() as instance:
+        keys = []
+        for n in range(3):
+            req = sensor(lake, instance).run_requests[0]
+            keys.append(req.run_key)
+            fail(instance, req, n)
+        assert "failed 3 times" in sensor(lake, instance).skip_message
+        first = halted_job_runs(lake, instance)
+        assert sorted(first) == [f"failed{n:024d}" for n in range(3)]
+        out = resume(lake, failed_runs=first)
+        assert out["resumed"] and retried_runs(lake) == set(first) and halted(lake) is None
+        for n in range(3, 6):
+            req = sensor(lake, instance).run_requests[0]
+            assert req.run_key not in keys  # a run key the sensor never used, so Dagster launches it
+            keys.append(req.run_key)
+            fail(instance, req, n)
+        assert "failed 3 times" in sensor(lake, instance).skip_message
+        assert sorted(halted(lake)["failed_runs"]) == [f"failed{n:024d}" for n in range(3, 6)]
+
+
 def test_no_request_while_a_run_of_the_same_run_is_in_flight(small_run):
     lake = small_run
     spec = load_run(lake)

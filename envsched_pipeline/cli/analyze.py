@@ -17,6 +17,7 @@ from envsched_pipeline.cli.common import (
     INDEX,
     HelpFormatter,
     UsageError,
+    dagster_home,
     dumps,
     from_source,
     json_object,
@@ -193,8 +194,12 @@ def cmd_status(args) -> int:
 
 
 def cmd_resume(args) -> int:
+    from envsched_pipeline.orchestration.driver import get_instance  # Dagster: only here
+    from envsched_pipeline.orchestration.plan import halted_job_runs  # Dagster: only here
+
     lake = lake_of(args).require()
-    out = resume(lake, redo=args.redo)
+    dagster_home()
+    out = resume(lake, redo=args.redo, failed_runs=halted_job_runs(lake, get_instance()))
     if not out["resumed"]:
         print(out["reason"])
         return 0

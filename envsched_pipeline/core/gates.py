@@ -22,6 +22,7 @@ from envsched_pipeline.run import RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
 
 HALT_FILE = "halt.json"
+RETRIED_FILE = "retried_runs.json"  # failed attempts a resume answered (see retried_runs)
 
 
 # ---------------------------------------------------------------------------- manifests
@@ -186,11 +187,20 @@ def check_rollouts(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------- halt
-def halt(lake: Lake, step: int, gate: str, problems: list[str]) -> dict:
-    """Record that the run stopped at ``step`` because ``gate`` failed."""
+def halt(lake: Lake, step: int, gate: str, problems: list[str], failed_runs: list[str] = ()) -> dict:
+    """Record that the run stopped at ``step`` because ``gate`` failed: a blocking check, or a
+    step's job that failed every attempt (``failed_runs``: their Dagster run ids)."""
     record = {"step": int(step), "gate": gate, "problems": list(problems), "at": time.time()}
+    if failed_runs:
+        record["failed_runs"] = list(failed_runs)
     lake.write_json(HALT_FILE, record)
     return record
+
+
+def retried_runs(lake: Lake) -> set[str]:
+    """Dagster run ids of failed attempts that an `envsched resume` has already answered: they no
+    longer count towards halting the run again."""
+    return set(lake.read_json(RETRIED_FILE) or [])
 
 
 def halted(lake: Lake) -> dict | None:
@@ -214,21 +224,26 @@ def require_not_halted(lake: Lake) -> None:
 GATES = {"manifest_is_valid": check_manifest, "rollouts_are_complete": check_rollouts}
 
 
-def resume(lake: Lake, redo: bool = False) -> dict:
-    """Clear the halt if its gate passes now. ``redo`` first drops the failed partition (the
+def resume(lake: Lake, redo: bool = False, failed_runs: list[str] | None = None) -> dict:
+    """Clear the halt if its gate passes now; a halt after a job failed every attempt is cleared
+    and the job gets its attempts again (its failed runs, ``failed_runs`` or the halt's own record
+    of them, are kept in ``retried_runs.json``). ``redo`` first drops the failed partition (the
     manifest, or the step's rollouts and metrics) so the loop redoes that step."""
     record = halted(lake)
     if record is None:
         return {"resumed": False, "reason": "the run is not halted"}
     step, gate = record["step"], record["gate"]
+    selection = gate == "manifest_is_valid" or gate.endswith("(select)")
     if redo:
-        tables = (
-            ("manifests", "audits") if gate == "manifest_is_valid" else ("rollouts", "train_metrics", "evals")
-        )
+        tables = ("manifests", "audits") if selection else ("rollouts", "train_metrics", "evals")
         for table in tables:
             lake.delete_partition(table, step=step)
+    if gate not in GATES:  # a job that failed every attempt: the fix is outside the lake, so try again
+        answered = set(record.get("failed_runs", [])) | set(failed_runs or ())
+        lake.write_json(RETRIED_FILE, sorted(retried_runs(lake) | answered))
+    if redo or gate not in GATES:
         lake.delete(HALT_FILE)
-        return {"resumed": True, "step": step, "redo": list(tables)}
+        return {"resumed": True, "step": step, "redo": list(tables) if redo else []}
     result = GATES[gate](lake, step)
     if not result["passed"]:
         raise StepError(f"{gate} still fails at step {step}: {'; '.join(result['problems'][:3])}")

@@ -21,6 +21,7 @@ from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.plan import (
     IN_FLIGHT,
     MAX_ATTEMPTS,
+    counted_failures,
     failure_message,
     next_request,
     runs_of,
@@ -86,15 +87,10 @@ def run_loop(
                 raise
             if not result.success:
                 if on_failure is not None:
-                    attempts = len(
-                        runs_of(
-                            instance,
-                            spec.run_id,
-                            [dg.DagsterRunStatus.FAILURE],
-                            step=req.step,
-                            kind=req.kind,
-                        )
+                    failed = runs_of(
+                        instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=req.step, kind=req.kind
                     )
+                    attempts = len(counted_failures(lake, failed))
                     on_failure(
                         f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
                         f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"

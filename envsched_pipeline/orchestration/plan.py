@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from envsched_pipeline.core.gates import halt
+from envsched_pipeline.core.gates import halt, halted, retried_runs
 from envsched_pipeline.core.loop import explain, next_action
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import current, describe
@@ -91,13 +91,15 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
     if kind == "wait":
         return f"waiting for the external trainer to ingest rollouts of step {step}"
     failed = runs_of(instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=step, kind=kind)
-    if len(failed) >= MAX_ATTEMPTS:
-        reason = failure_message(instance, failed[0].run_id)
+    counted = counted_failures(lake, failed)
+    if len(counted) >= MAX_ATTEMPTS:
+        reason = failure_message(instance, counted[0].run_id)
         record = halt(
             lake,
             step,
             f"{JOB_OF[kind]} ({kind})",
-            [f"failed {len(failed)} times; last Dagster run {failed[0].run_id[:8]}: {reason}"],
+            [f"failed {len(counted)} times; last Dagster run {counted[0].run_id[:8]}: {reason}"],
+            failed_runs=[r.run_id for r in counted],
         )
         return explain(lake, ("halted", record["step"]))
     return Request(
@@ -105,9 +107,28 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
         step=step,
         job=JOB_OF[kind],
         partition=partition_key(spec.run_id, step),
-        attempt=len(failed),
+        attempt=len(failed),  # every attempt ever, so a run key is never reused after a resume
         tags=run_tags(lake, spec, step, kind, driver),
     )
+
+
+def halted_job_runs(lake: Lake, instance: dg.DagsterInstance) -> list[str]:
+    """The failed Dagster runs behind a halt that a job's failures caused (gate ``"<job> (<kind>)"``),
+    read from the instance: what `envsched resume` answers, for halts recorded before the halt
+    itself listed them. Empty for a check's halt or no halt."""
+    record = halted(lake)
+    spec = load_run(lake)
+    kind = (record or {}).get("gate", "").rpartition("(")[2].rstrip(")")
+    if record is None or spec is None or kind not in JOB_OF:
+        return []
+    failed = runs_of(instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=record["step"], kind=kind)
+    return [r.run_id for r in failed]
+
+
+def counted_failures(lake: Lake, failed: list) -> list:
+    """The failed runs that count towards halting: those no `envsched resume` has answered yet."""
+    retried = retried_runs(lake)
+    return [r for r in failed if r.run_id not in retried]
 
 
 def failure_message(instance: dg.DagsterInstance, dagster_run_id: str) -> str:

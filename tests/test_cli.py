@@ -444,3 +444,17 @@ def test_a_policy_that_cannot_act_in_the_pools_environments_is_refused_before_an
     assert "--policy neural: the neural learner acts in EnvScaler-style environments" in err
     assert "['reasoning_gym']" in err and len(err.strip().splitlines()) == 1
     assert lake.steps("manifests") == [] and not (lake.root / "run.json").exists()
+
+
+def test_an_unknown_scheduler_or_variant_is_refused_by_every_bench_command(small_run, capsys):
+    """`bench scheduler` used to run `envsched@<anything>` as the paper's envsched under that name,
+    and `bench replay` died with a traceback on an unknown name: both are one line now."""
+    lake = str(small_run.root)
+    cases = [
+        (["bench", "scheduler", "--steps", "1", "--schedulers", "random,envsched@bogus"], "envsched@bogus"),
+        (["bench", "replay", "--schedulers", "random,nope"], "unknown scheduler 'nope'"),
+    ]
+    for argv, expected in cases:
+        assert main(["--lake", lake, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

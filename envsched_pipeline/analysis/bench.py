@@ -904,10 +904,16 @@ def run_benchmark(
     pool, split and warm start, with other rollout-sampling and selection streams (0: the recorded
     runs; part of the key only when not 0; traces get a ``-d<draw>`` suffix): how much a schedule's
     held-out varies from run to run at one seed."""
-    unknown = [s for s in schedulers if s.split("@")[0] not in SCHEDULERS and s != "oracle"]
+    unknown = [
+        s
+        for s in schedulers
+        if s not in (*SCHEDULERS, "oracle")
+        and not (s.split("@")[0] in SCHEDULERS and (s in VARIANTS or s in (overrides or {})))
+    ]  # a variant name must be a known variant (or given its overrides), never a bare label
     if unknown:
         raise ValueError(
-            f"unknown scheduler(s): {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}, oracle"
+            f"unknown scheduler(s): {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}, oracle, "
+            "and the named variants (`envsched bench variants`)"
         )
     if learner not in LEARNERS:
         raise ValueError(f"unknown learner {learner!r}; choose one of {', '.join(LEARNERS)}")

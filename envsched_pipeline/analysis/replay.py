@@ -34,6 +34,8 @@ from envsched_pipeline.scheduler.variants import resolve, scheduler_label
 
 
 def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dict:
+    for name in schedulers:
+        resolve(name)  # an unknown name is named before the lake is read (ValueError)
     spec = require_run(lake)
     steps = [s for s in lake.steps("statistics") if lake.has("manifests", step=s)]
     if not steps:

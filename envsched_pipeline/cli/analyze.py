@@ -330,12 +330,15 @@ def cmd_bench_variants(args) -> int:
 
 def cmd_bench_replay(args) -> int:
     json_out = writable_file("--json", args.json) if args.json else None
-    out = replay(
-        lake_of(args).require(),
-        names(args.schedulers),
-        window=args.window,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    try:
+        out = replay(
+            lake_of(args).require(),
+            names(args.schedulers),
+            window=args.window,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except ValueError as exc:  # an unknown scheduler, a lake without completed steps
+        raise UsageError(str(exc)) from exc
     text = dumps(out, indent=2)
     if json_out:
         json_out.write_text(text)

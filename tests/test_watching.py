@@ -115,6 +115,10 @@ def test_rollouts_show_prints_actions_outputs_and_checks(small_pool, capsys):
     )
     out = capsys.readouterr().out
     assert "actions (simulated):" in out and "->" in out
+    show = ["--lake", str(small_pool.root), "rollouts", "show", "--step", "0", "--rollout", "9"]
+    assert main(show) == 2 and "no rollout 9 at step 0 (rollouts 0..1)" in capsys.readouterr().err
+    assert main([*show, "--task", acted["task_id"]]) == 2
+    assert f"no rollout 9 of task {acted['task_id']!r} at step 0" in capsys.readouterr().err
     assert set(samples(rows)) >= {"best", "worst"}
     assert "[pass]" in render(rows[0]) or "[FAIL]" in render(rows[0])
 

@@ -38,9 +38,13 @@ def cmd_show(args) -> int:
         if not rows:
             raise UsageError(f"task {args.task!r} was not rolled out at step {args.step}")
     if args.rollout is not None:
+        ids = sorted({r["rollout"] for r in rows})
         rows = [r for r in rows if r["rollout"] == args.rollout]
         if not rows:
-            raise UsageError(f"no rollout {args.rollout} of that task at step {args.step}")
+            whose = f"of task {args.task!r} " if args.task is not None else ""
+            raise UsageError(
+                f"no rollout {args.rollout} {whose}at step {args.step} (rollouts {ids[0]}..{ids[-1]})"
+            )
     rows.sort(key=lambda r: (r["task_id"], r["rollout"]))
     tasks = {
         t["task_id"]: t

@@ -32,7 +32,7 @@ class _BelowError(logging.Filter):
 )
 def envsched_console(init_context: dg.InitLoggerContext) -> logging.Logger:
     level = logging.getLevelName(init_context.logger_config["log_level"].upper())
-    logger = logging.getLogger(f"envsched.dagster.{init_context.run_id}")
+    logger = logging.getLogger("envsched.dagster")  # one object for every run: runs here are sequential
     logger.propagate = False
     logger.setLevel(level if isinstance(level, int) else logging.WARNING)
     handler = logging.StreamHandler(sys.stderr)

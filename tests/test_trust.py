@@ -870,3 +870,16 @@ def test_a_failure_is_named_by_its_class_without_the_module_and_never_by_a_wrapp
         error_line(err("scenarios.json: invalid JSON\nmore", "PoolError")) == "scenarios.json: invalid JSON"
     )
     assert error_line(err("x" * 500, None)) == "x" * 300
+
+
+def test_the_terminal_logger_of_envsched_train_prints_warnings_in_one_line_and_no_errors(capsys):
+    """`envsched train`'s in-process runs: a warning is one line naming its step; an error (with
+    its stack trace) is left to the driver's own one-line report and the event log."""
+    from envsched_pipeline.orchestration.console import envsched_console  # the logger under test
+
+    logger = envsched_console.logger_fn(dg.build_init_logger_context(logger_config={"log_level": "WARNING"}))
+    meta = {"step_key": "batch_manifest", "orig_message": "plot skipped: no data\nmore detail"}
+    logger.warning("train_job - run - plot skipped: no data\nmore detail", extra={"dagster_meta": meta})
+    logger.error("STEP_FAILURE\nTraceback (most recent call last):\n  ...", extra={"dagster_meta": meta})
+    logger.info("an info line")
+    assert capsys.readouterr().err == "[batch_manifest] warning: plot skipped: no data\n"

@@ -35,7 +35,7 @@ from sections.infcap import section_infcap  # noqa: E402
 from sections.levers import section_levers  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
-from sections.peak import section_peak  # noqa: E402
+from sections.peak import section_peak, section_peak_overrun  # noqa: E402
 from sections.records import recorded_variants  # noqa: E402
 from sections.simulated import (  # noqa: E402
     section_cost,
@@ -73,7 +73,7 @@ def main() -> int:
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
-        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,kernels,neural_traces,neural_forced_stop,neural_noforced,"
+        "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
     ap.add_argument("--steps", type=int, default=200)
@@ -144,6 +144,12 @@ def main() -> int:
             "neural-noforced-avx2",
             "default-learner runs of random, the recommended form, its variants and rivals on one "
             "AVX2-only machine, with pick traces (sections neural_avx2, neural_valslice, neural_infcap, neural_peak)",
+        ),
+        (
+            "--neural-overrun-avx2-runs",
+            "neural-overrun-avx2",
+            "overrun-learner runs of random, the recommended form and its success-peak variant on one "
+            "AVX2-only machine (section neural_peak_overrun)",
         ),
         (
             "--neural-updates-runs",
@@ -260,6 +266,8 @@ def main() -> int:
         section_infcap(args.neural_avx2_runs, args.neural_noforced_runs, args.steps)
     if "neural_peak" in sections:
         section_peak(args.neural_avx2_runs, args.neural_noforced_runs, args.neural_draws_runs, args.steps)
+    if "neural_peak_overrun" in sections:
+        section_peak_overrun(args.neural_overrun_avx2_runs, args.neural_overrun_runs, args.steps)
     if "kernels" in sections:
         section_kernels()
     if "neural_forced_stop" in sections:

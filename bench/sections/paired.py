@@ -89,15 +89,19 @@ class Paired:
         )
 
 
-def paired_with_form(runs: str, base_runs: str, variant: str, steps: int) -> Paired | None:
+def paired_with_form(
+    runs: str, base_runs: str, variant: str, steps: int, learner_config: dict | None = None
+) -> Paired | None:
     """``variant`` and the recommended form, both recorded in ``runs``, at the seeds both have (None
     when they share none); ``base_runs``: the form's own records, to say whether this machine
-    repeats them."""
+    repeats them; ``learner_config``: the learner setting the runs were made under (default: the
+    default learner)."""
     form = BESIDE_ORACLE[-1]
     seeds = sorted(set(recorded_seeds(runs, form)) & set(recorded_seeds(runs, variant)))
     if not seeds:
         return None
-    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
+    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True}
+    kw["learner_config"] = dict(learner_config or {})
     kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
     out = run_benchmark([form, variant], cache_dir=runs, **kw)
     per = out["per_seed"]

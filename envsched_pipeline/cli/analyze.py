@@ -28,7 +28,7 @@ from envsched_pipeline.cli.common import (
     writable_file,
 )
 from envsched_pipeline.cli.sql import print_table
-from envsched_pipeline.core.gates import resume
+from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import next_action, status
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
@@ -198,8 +198,12 @@ def cmd_resume(args) -> int:
     from envsched_pipeline.orchestration.plan import halted_job_runs  # Dagster: only here
 
     lake = lake_of(args).require()
-    dagster_home()
-    out = resume(lake, redo=args.redo, failed_runs=halted_job_runs(lake, get_instance()))
+    record = halted(lake)
+    failed = []
+    if record is not None and record["gate"] not in GATES:  # a job's failures: ask the instance
+        dagster_home()
+        failed = halted_job_runs(lake, get_instance())
+    out = resume(lake, redo=args.redo, failed_runs=failed)
     if not out["resumed"]:
         print(out["reason"])
         return 0

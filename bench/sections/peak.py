@@ -4,6 +4,8 @@ the levers section's line predicts from its change in the zero-variance share.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from envsched_pipeline.analysis.bench import provenance_text
@@ -123,7 +125,7 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
         "## Experiment: the success term peaking at 0.35 on the overrun learner",
         "",
         f'`{PEAK}` (section "Experiment: the success term peaking at 0.35") on the overrun learner '
-        f"(`{OVERRUN.config}`), where the recommended form misses one target of issue 17, the "
+        f"(`{json.dumps(OVERRUN.config)}`), where the recommended form misses one target of issue 17, the "
         "zero-variance share (<= 0.6x random's; the form 0.68x on the records, the oracle 0.70x). "
         "The main tables' records were made on CPUs with AVX-512 and do not repeat on this one, so "
         f"random, the form and the variant were run here at seeds {', '.join(map(str, seeds))} "
@@ -142,6 +144,7 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
         f"{pair.over_random(PEAK, 'seen', here=True)} / {pair.over_random(PEAK, 'unseen', here=True)}. "
         "Verdict: "
         f"**{pair.verdict()}** (kept only if ahead of the form on both kinds beyond two standard errors). "
-        + provenance_text(pair.provenance),
+        + provenance_text(pair.provenance)
+        + f" Random's {len(seeds)} runs beside them are in the same folder, made in the same environment.",
     ]
     write_section("neural_peak_overrun", "\n".join(body), after="neural_peak")

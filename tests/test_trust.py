@@ -143,6 +143,15 @@ def test_rollouts_that_fail_their_check_are_never_folded_in(small_run):
 
 
 # ---------------------------------------------------------------------------- 2 stalls and doubles
+def record_failed_run(instance, req, n: int) -> None:
+    """A failed Dagster run of the sensor's request ``req`` (run id ``failed<n>``), as a crash leaves."""
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="train_job", run_id=f"failed{n:024d}", tags=req.tags, status=dg.DagsterRunStatus.FAILURE
+        )
+    )
+
+
 def test_sensor_retries_a_failed_step_with_new_keys_then_halts(small_run):
     lake = small_run
     spec = load_run(lake)
@@ -154,14 +163,7 @@ def test_sensor_retries_a_failed_step_with_new_keys_then_halts(small_run):
             req = sensor(lake, instance).run_requests[0]
             assert req.job_name == "train_job" and req.tags["envsched/step"] == "0"
             keys.append(req.run_key)
-            instance.add_run(
-                dg.DagsterRun(
-                    job_name="train_job",
-                    run_id=f"failed{attempt:024d}",
-                    tags=req.tags,
-                    status=dg.DagsterRunStatus.FAILURE,
-                )
-            )
+            record_failed_run(instance, req, attempt)
         assert len(set(keys)) == 3 and keys[-1].endswith("train-0-a2")
         skip = sensor(lake, instance)
         assert isinstance(skip, dg.SkipReason) and "failed 3 times" in skip.skip_message
@@ -178,23 +180,12 @@ def test_a_run_halted_by_failed_attempts_gets_them_again_after_resume(small_run)
 
     lake = small_run
     select_manifest(lake, 0)
-
-    def fail(instance, req, n):
-        instance.add_run(
-            dg.DagsterRun(
-                job_name="train_job",
-                run_id=f"failed{n:024d}",
-                tags=req.tags,
-                status=dg.DagsterRunStatus.FAILURE,
-            )
-        )
-
     with dg.instance_for_test() as instance:
         keys = []
         for n in range(3):
             req = sensor(lake, instance).run_requests[0]
             keys.append(req.run_key)
-            fail(instance, req, n)
+            record_failed_run(instance, req, n)
         assert "failed 3 times" in sensor(lake, instance).skip_message
         first = halted_job_runs(lake, instance)
         assert sorted(first) == [f"failed{n:024d}" for n in range(3)]
@@ -204,7 +195,7 @@ def test_a_run_halted_by_failed_attempts_gets_them_again_after_resume(small_run)
             req = sensor(lake, instance).run_requests[0]
             assert req.run_key not in keys  # a run key the sensor never used, so Dagster launches it
             keys.append(req.run_key)
-            fail(instance, req, n)
+            record_failed_run(instance, req, n)
         assert "failed 3 times" in sensor(lake, instance).skip_message
         assert sorted(halted(lake)["failed_runs"]) == [f"failed{n:024d}" for n in range(3, 6)]
 

@@ -45,14 +45,23 @@ class Paired:
         d = [self.per[name][s][f"heldout_{kind}_final"] - base[s][f"heldout_{kind}_final"] for s in seeds]
         return mean_se_wins(d) if len(d) > 1 else "—"
 
-    def beside_random_here(self, label: str) -> str:
-        """The form and the variant (``label``) against random re-run on this machine, a sentence;
-        empty unless random was re-run at every seed of the pair."""
-        if not all(s in self.random_here for s in self.seeds):
+    @property
+    def random_at_every_seed(self) -> bool:
+        """Whether random was re-run on this machine at every seed of the pair."""
+        return all(s in self.random_here for s in self.seeds)
+
+    def beside_random_here(
+        self, label: str, section: str | None = "The top rows re-run on a CPU without AVX-512"
+    ) -> str:
+        """The form and the variant (``label``) against random re-run on this machine, a sentence
+        naming the RESULTS ``section`` those runs of random come from (None: none to name); empty
+        unless random was re-run at every seed of the pair."""
+        if not self.random_at_every_seed:
             return ""
+        where = f' (section "{section}")' if section else ""
         return (
-            'Against random re-run on this machine (section "The top rows re-run on a CPU without '
-            f'AVX-512"): the form {self.over_random(self.form, "seen", here=True)} seen, '
+            f"Against random re-run on this machine{where}: the form "
+            f"{self.over_random(self.form, 'seen', here=True)} seen, "
             f"{self.over_random(self.form, 'unseen', here=True)} unseen; {label} "
             f"{self.over_random(self.variant, 'seen', here=True)} seen, "
             f"{self.over_random(self.variant, 'unseen', here=True)} unseen. "

@@ -99,7 +99,7 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
     (the form 0.68x random's on the records): the variant, the form and random run on one machine
     (``runs``) and paired seed by seed; ``base_runs``: the overrun learner's records."""
     pair = paired_with_form(runs, base_runs, PEAK, steps, learner_config=OVERRUN.config)
-    if pair is None or len(pair.seeds) < 2 or not all(s in pair.random_here for s in pair.seeds):
+    if pair is None or len(pair.seeds) < 2 or not pair.random_at_every_seed:
         return
     seeds, per, form, rnd = pair.seeds, pair.per, pair.form, pair.random_here
     rows = [
@@ -107,8 +107,8 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
         "all solved: random | form | peak0.35 | batch var: random | form | peak0.35 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in seeds:
-        cells = [f"{pair.delta[k][seeds.index(s)]:+.4f}" for k in KINDS]
+    for i, s in enumerate(seeds):
+        cells = [f"{pair.delta[k][i]:+.4f}" for k in KINDS]
         for metric, nd in (("zero_variance_fraction", 3), ("zero_variance_solved", 3), ("batch_variance", 4)):
             cells += [f"{x[s][metric]:.{nd}f}" for x in (rnd, per[form], per[PEAK])]
         rows.append(f"| {s} | {' | '.join(cells)} |")
@@ -139,10 +139,9 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
         f"**{'met' if zv[form] <= 0.6 else 'missed'}** by the form); batch variance {bv[form]:.2f}x / "
         f"{bv[PEAK]:.2f}x. "
         + pair.summary("The variant")
-        + f"; against random here the form {pair.over_random(form, 'seen', here=True)} seen, "
-        f"{pair.over_random(form, 'unseen', here=True)} unseen, the variant "
-        f"{pair.over_random(PEAK, 'seen', here=True)} / {pair.over_random(PEAK, 'unseen', here=True)}. "
-        "Verdict: "
+        + ". "
+        + pair.beside_random_here("the variant", section=None)
+        + "Verdict: "
         f"**{pair.verdict()}** (kept only if ahead of the form on both kinds beyond two standard errors). "
         + provenance_text(pair.provenance)
         + f" Random's {len(seeds)} runs beside them are in the same folder, made in the same environment.",

@@ -14,9 +14,8 @@ import dagster as dg
 class _FirstLine(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         meta = getattr(record, "dagster_meta", None) or {}
-        text = (record.getMessage().strip().splitlines() or [""])[0]
-        if meta.get("orig_message"):
-            text = str(meta["orig_message"]).strip().splitlines()[0]
+        source = str(meta.get("orig_message") or record.getMessage())  # Dagster's own text, unprefixed
+        text = (source.strip().splitlines() or [""])[0]
         where = meta.get("step_key") or meta.get("job_name") or "dagster"
         return f"[{where}] {record.levelname.lower()}: {text}"
 

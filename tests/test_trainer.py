@@ -505,3 +505,17 @@ def test_deepspeed_config_is_generated_from_the_trainer_config():
     )  # 64 per rank / 4
     assert ds["train_batch_size"] == 4 * 16 * 8 and ds["gradient_clipping"] == 0.5
     assert ds["optimizer"]["params"]["lr"] == 2e-6 and ds["optimizer"]["params"]["weight_decay"] == 0.01
+
+
+def test_an_interrupted_trainer_step_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or Dagster forwarding a canceled run's SIGINT) used to print torch's import traceback;
+    the trainer process now says which step stopped, and exits 130."""
+    from trainer import step as step_mod  # this test's subject
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("DAGSTER_PIPES_CONTEXT", raising=False)
+    monkeypatch.setattr(step_mod, "run_step", interrupted)
+    assert step_mod.main(["--lake", str(tmp_path / "lake"), "--step", "4"]) == 130
+    assert capsys.readouterr().err == "trainer: step 4 interrupted\n"

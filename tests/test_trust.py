@@ -9,6 +9,7 @@ tests/test_sandbox_reach.py.)
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -198,6 +199,37 @@ def test_a_run_halted_by_failed_attempts_gets_them_again_after_resume(small_run)
             record_failed_run(instance, req, n)
         assert "failed 3 times" in sensor(lake, instance).skip_message
         assert sorted(halted(lake)["failed_runs"]) == [f"failed{n:024d}" for n in range(3, 6)]
+
+
+def test_a_run_canceled_in_dagster_pauses_the_loop_until_resumed(small_run, capsys):
+    """Terminating a sensor-launched step in the UI used to stall the loop for good: the sensor asked
+    again under the canceled run's key, which Dagster never launches twice. Now the cancel halts the
+    run with its reason; `envsched resume` answers it and the step is asked for under a new key.
+    A run canceled by `envsched train`'s own Ctrl-C halts nothing."""
+    lake = small_run
+    select_manifest(lake, 0)
+    with dg.instance_for_test() as instance:
+        req = sensor(lake, instance).run_requests[0]
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="train_job", run_id="c" * 32, tags=req.tags, status=dg.DagsterRunStatus.CANCELED
+            )
+        )
+        skip = sensor(lake, instance)
+        assert isinstance(skip, dg.SkipReason) and "canceled in Dagster (run cccccccc)" in skip.skip_message
+        assert halted(lake)["canceled"] and halted(lake)["failed_runs"] == ["c" * 32]
+        assert main(["resume"]) == 0 and halted(lake) is None
+        assert "resumed at step 0" in capsys.readouterr().out
+        again = sensor(lake, instance).run_requests[0]
+        assert again.run_key != req.run_key and again.run_key.endswith("train-0-a1")
+        own = dict(again.tags, **{"envsched/driver": "cli:somebody"})
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="train_job", run_id="d" * 32, tags=own, status=dg.DagsterRunStatus.CANCELED
+            )
+        )
+        after_ctrl_c = sensor(lake, instance).run_requests[0]
+        assert after_ctrl_c.run_key.endswith("train-0-a2") and halted(lake) is None
 
 
 def test_no_request_while_a_run_of_the_same_run_is_in_flight(small_run):
@@ -468,6 +500,46 @@ def test_a_resident_worker_writes_only_while_its_client_holds_the_step(small_run
         lake.write_bytes("checkpoints/x", b"z")  # outside the block: unfenced again
     with pytest.raises(StepError, match="removed"):
         holder_check(lake, lock.name, lock.id)()
+
+
+def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
+    """Ctrl-C in the middle of a step's Dagster job used to be swallowed by Dagster: the job failed,
+    the driver retried it and went on (three Ctrl-C's halted the run as failed). Now it stops with
+    one line naming where, the job's run is canceled (never a failed attempt), and `envsched train`
+    continues the run to its end."""
+    home, root = tmp_path / "dh", tmp_path / "lake"
+    home.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "ENVSCHED_LAKE": str(root)}
+    cli = [sys.executable, "-m", "envsched_pipeline.cli"]
+    made = subprocess.run(
+        cli + ["pool", "create", "synthetic", "--name", "mini", "--envs", "4", "--tasks-per-env", "6"],
+        env=env,
+    )
+    assert made.returncode == 0
+    train = cli + ["train", "--pool", "mini", "--batch-size", "4", "--group-size", "2", "--steps"]
+    proc = subprocess.Popen(
+        train + ["30"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        deadline = time.time() + 180
+        started = []
+        while not started and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            started = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+        assert started, "no step job ever started"
+        proc.send_signal(signal.SIGINT)  # inside a Dagster job: the case Dagster used to swallow
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-2000:]
+        assert "envsched: interrupted " in err and "`envsched train --steps 30` continues the run" in err
+        assert "failed, attempt" not in err and "Traceback" not in err
+        statuses = [r.status for r in instance.get_runs()]
+        assert dg.DagsterRunStatus.FAILURE not in statuses
+        assert load_run(Lake(root)).max_steps == 30 and current(Lake(root)) is None  # lease released
+        held = Lake(root).read("manifests").num_rows // 4
+        assert held < 30
+    done = subprocess.run(train + ["3"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Lake(root).read("manifests").num_rows == max(held, 3) * 4
 
 
 def test_two_train_processes_on_one_lake(tmp_path):

@@ -291,6 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lake", required=True)
     ap.add_argument("--step", type=int, required=True)
     args = ap.parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # Ctrl-C, or Dagster forwarding its run's cancel: one line, no traceback
+        print(f"trainer: step {args.step} interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
     lake = Lake(args.lake)
     try:
         from dagster_pipes import (  # optional: plain runs need no Dagster

@@ -312,8 +312,21 @@ def require_fitting_pool(lake, spec: RunSpec) -> None:
         raise UsageError(f"--policy {spec.policy}: {problem}")
 
 
+def interrupted_line(stop, summary: list[dict], steps: int) -> str:
+    """What Ctrl-C left: where it stopped, what the lake holds, and the command that continues."""
+    where = (
+        f"after step {stop.step} ({stop.kind})"
+        if stop.done
+        else f"at step {stop.step} ({stop.kind})"
+        + (f"; its Dagster run {stop.dagster_run_id[:8]} is marked canceled" if stop.dagster_run_id else "")
+    )
+    held = f"the lake holds steps 0..{summary[-1]['step']}" if summary else "the lake holds no trained step"
+    return f"envsched: interrupted {where}; {held}. `envsched train --steps {steps}` continues the run"
+
+
 def run(args) -> int:
     from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
+        Interrupted,
         materialize_pool,
         run_loop,
     )
@@ -364,9 +377,16 @@ def run(args) -> int:
         if step in rows:
             print(row(rows[step], seconds, training) + eta, flush=True)
 
-    run_loop(
-        lake, args.steps, on_step=on_step, on_failure=lambda line: print(line, file=sys.stderr, flush=True)
-    )
+    try:
+        run_loop(
+            lake,
+            args.steps,
+            on_step=on_step,
+            on_failure=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except Interrupted as stop:
+        print(interrupted_line(stop, step_summary(lake), args.steps), file=sys.stderr, flush=True)
+        return 130
     print(
         f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
         f'`envsched sql "select * from step_summary"`',

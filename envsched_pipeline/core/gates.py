@@ -187,12 +187,17 @@ def check_rollouts(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------- halt
-def halt(lake: Lake, step: int, gate: str, problems: list[str], failed_runs: list[str] = ()) -> dict:
+def halt(
+    lake: Lake, step: int, gate: str, problems: list[str], failed_runs: list[str] = (), canceled: bool = False
+) -> dict:
     """Record that the run stopped at ``step`` because ``gate`` failed: a blocking check, or a
-    step's job that failed every attempt (``failed_runs``: their Dagster run ids)."""
+    step's job that failed every attempt (``failed_runs``: their Dagster run ids), or whose run a
+    person canceled (``canceled``; ``failed_runs`` then names the canceled run)."""
     record = {"step": int(step), "gate": gate, "problems": list(problems), "at": time.time()}
     if failed_runs:
         record["failed_runs"] = list(failed_runs)
+    if canceled:
+        record["canceled"] = True
     lake.write_json(HALT_FILE, record)
     return record
 
@@ -208,6 +213,11 @@ def halted(lake: Lake) -> dict | None:
 
 
 def halt_message(record: dict) -> str:
+    if record.get("canceled"):
+        return (
+            f"the run is halted at step {record['step']}: {record['problems'][0]}. `envsched resume` "
+            "continues it (the step's job runs again)"
+        )
     return (
         f"the run is halted at step {record['step']}: {record['gate']} failed ("
         f"{'; '.join(record['problems'][:3])}). Fix it, then `envsched resume` (or `envsched resume --redo` "

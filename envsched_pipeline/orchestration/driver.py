@@ -7,9 +7,12 @@ step's job up to ``MAX_ATTEMPTS`` times, and stops with the reason when the run 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 
@@ -29,6 +32,47 @@ from envsched_pipeline.orchestration.plan import (
 from envsched_pipeline.run import require_run
 
 POOL_OPS = ("pool_tables", "topologies", "features", "task_graph")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped the driver at ``step``'s ``kind`` job: after it (``done``), or
+    in the middle of it, whose Dagster run is then marked canceled, so it never counts as a failed
+    attempt."""
+
+    def __init__(self, step: int, kind: str, dagster_run_id: str | None, done: bool):
+        super().__init__(f"step {step} ({kind})")
+        self.step, self.kind, self.dagster_run_id, self.done = step, kind, dagster_run_id, done
+
+
+@contextlib.contextmanager
+def stop_signals_seen() -> Iterator[Callable[[], bool]]:
+    """Yields ``seen()``: whether SIGINT or SIGTERM reached this process since the block began.
+    Dagster's in-process execution swallows them (its own handler turns one into a failed step,
+    which the loop would retry), but every caught signal is also written to the wakeup fd whatever
+    Python handler is installed, so this sees it. Outside the main thread signals cannot reach
+    the driver's code, and ``seen()`` is always false."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    got: set[int] = set()
+
+    def seen() -> bool:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read, 512):
+                got.update(chunk)
+        return any(s in got for s in STOP_SIGNALS)
+
+    try:
+        yield seen
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
 
 
 def _run_config(lake: Lake, quiet: bool) -> dict:
@@ -48,7 +92,8 @@ def run_loop(
 ) -> None:
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
     ``on_step(step, seconds)`` is called after each completed training step, ``on_failure(line)``
-    after each failed job with one line naming the step, the attempt and its cause."""
+    after each failed job with one line naming the step, the attempt and its cause. Ctrl-C or
+    SIGTERM stops it with :class:`Interrupted` (the job's run canceled, not failed)."""
     instance = instance or get_instance()
     spec = require_run(lake)
     flying = runs_of(instance, spec.run_id, IN_FLIGHT)
@@ -59,7 +104,7 @@ def run_loop(
         )
     jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
     step_t0: dict[int, float] = {}
-    with Lease(lake) as lease:
+    with Lease(lake) as lease, stop_signals_seen() as stopped:
         while True:
             lease.check()  # taken over while this driver was paused: stop, never drive beside it
             req = next_request(lake, instance, driver=f"cli:{lease.id}")
@@ -73,6 +118,7 @@ def run_loop(
                 instance.add_dynamic_partitions(training_steps.name, [req.partition])
             step_t0.setdefault(req.step, time.perf_counter())
             kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if req.kind == "stats" else {}
+            result = None
             try:
                 result = jobs[req.job].execute_in_process(
                     partition_key=req.partition,
@@ -82,22 +128,25 @@ def run_loop(
                     raise_on_error=False,
                     **kw,
                 )
-            except KeyboardInterrupt:
-                _cancel_runs_of(instance, req)
-                raise
-            if not result.success:
-                if on_failure is not None:
-                    failed = runs_of(
-                        instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=req.step, kind=req.kind
-                    )
-                    attempts = len(counted_failures(lake, failed))
-                    on_failure(
-                        f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
-                        f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"
-                    )
-                continue  # the next request is the retry, or the halt after MAX_ATTEMPTS failures
-            if req.kind in ("train", "stats") and on_step is not None:
-                on_step(req.step, time.perf_counter() - step_t0[req.step])
+                if result.success and req.kind in ("train", "stats") and on_step is not None:
+                    on_step(req.step, time.perf_counter() - step_t0[req.step])
+                if stopped():  # Dagster took the signal (its run failed, or finished first)
+                    raise KeyboardInterrupt
+            except KeyboardInterrupt as exc:
+                done = result is not None and result.success
+                if not done:
+                    _cancel_runs_of(instance, req)
+                raise Interrupted(req.step, req.kind, result and result.run_id, done=done) from exc
+            if not result.success and on_failure is not None:
+                failed = runs_of(
+                    instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=req.step, kind=req.kind
+                )
+                attempts = len(counted_failures(lake, failed))
+                on_failure(
+                    f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
+                    f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"
+                )
+            # after a failure the next request is the retry, or the halt after MAX_ATTEMPTS failures
 
 
 def _cancel_runs_of(instance: dg.DagsterInstance, req) -> None:

@@ -28,6 +28,7 @@ IN_FLIGHT = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
+ENDED_BADLY = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 JOB_OF = {"select": "select_job", "train": "train_job", "stats": "train_job"}
 
 
@@ -90,8 +91,18 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
         return explain(lake, action)
     if kind == "wait":
         return f"waiting for the external trainer to ingest rollouts of step {step}"
-    failed = runs_of(instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=step, kind=kind)
-    counted = counted_failures(lake, failed)
+    tried = runs_of(instance, spec.run_id, ENDED_BADLY, step=step, kind=kind)
+    if canceled := stopped_by_hand(lake, tried):
+        record = halt(
+            lake,
+            step,
+            f"{JOB_OF[kind]} ({kind})",
+            [f"its {JOB_OF[kind]} ({kind}) run was canceled in Dagster (run {canceled[0].run_id[:8]})"],
+            failed_runs=[r.run_id for r in canceled],
+            canceled=True,
+        )
+        return explain(lake, ("halted", record["step"]))
+    counted = counted_failures(lake, [r for r in tried if r.status == dg.DagsterRunStatus.FAILURE])
     if len(counted) >= MAX_ATTEMPTS:
         reason = failure_message(instance, counted[0].run_id)
         record = halt(
@@ -107,7 +118,7 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
         step=step,
         job=JOB_OF[kind],
         partition=partition_key(spec.run_id, step),
-        attempt=len(failed),  # every attempt ever, so a run key is never reused after a resume
+        attempt=len(tried),  # every attempt ever ended, so a run key is never reused after a resume
         tags=run_tags(lake, spec, step, kind, driver),
     )
 
@@ -121,8 +132,26 @@ def halted_job_runs(lake: Lake, instance: dg.DagsterInstance) -> list[str]:
     kind = (record or {}).get("gate", "").rpartition("(")[2].rstrip(")")
     if record is None or spec is None or kind not in JOB_OF:
         return []
+    if "failed_runs" in record:  # the halt names them itself (and a cancel's halt names the cancel)
+        return list(record["failed_runs"])
     failed = runs_of(instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=record["step"], kind=kind)
     return [r.run_id for r in failed]
+
+
+def stopped_by_hand(lake: Lake, ended: list) -> list:
+    """The sensor's runs among ``ended`` that someone canceled (Terminate in the Dagster UI) and no
+    `envsched resume` has answered: a cancel pauses the loop until a person resumes it, where
+    requesting the step again would undo the cancel (and, under the canceled run's key, would never
+    launch). Runs that `envsched train` canceled on Ctrl-C are its own driver's; the next driver
+    simply goes on."""
+    answered = retried_runs(lake)
+    return [
+        r
+        for r in ended
+        if r.status == dg.DagsterRunStatus.CANCELED
+        and r.tags.get("envsched/driver") == "sensor"
+        and r.run_id not in answered
+    ]
 
 
 def counted_failures(lake: Lake, failed: list) -> list:

@@ -502,11 +502,8 @@ def test_a_resident_worker_writes_only_while_its_client_holds_the_step(small_run
         holder_check(lake, lock.name, lock.id)()
 
 
-def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
-    """Ctrl-C in the middle of a step's Dagster job used to be swallowed by Dagster: the job failed,
-    the driver retried it and went on (three Ctrl-C's halted the run as failed). Now it stops with
-    one line naming where, the job's run is canceled (never a failed attempt), and `envsched train`
-    continues the run to its end."""
+def _mini_train(tmp_path, steps: int):
+    """A fresh lake with a tiny pool, and `envsched train --steps <steps>` started on it."""
     home, root = tmp_path / "dh", tmp_path / "lake"
     home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(home), "ENVSCHED_LAKE": str(root)}
@@ -518,15 +515,28 @@ def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
     assert made.returncode == 0
     train = cli + ["train", "--pool", "mini", "--batch-size", "4", "--group-size", "2", "--steps"]
     proc = subprocess.Popen(
-        train + ["30"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        train + [str(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    return proc, train, env, home, root
+
+
+def _wait_for_a_started_job(instance, proc) -> None:
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+            return
+        time.sleep(0.05)
+    raise AssertionError("no step job ever started")
+
+
+def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
+    """Ctrl-C in the middle of a step's Dagster job used to be swallowed by Dagster: the job failed,
+    the driver retried it and went on (three Ctrl-C's halted the run as failed). Now it stops with
+    one line naming where, the job's run is canceled (never a failed attempt), and `envsched train`
+    continues the run to its end."""
+    proc, train, env, home, root = _mini_train(tmp_path, 30)
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        deadline = time.time() + 180
-        started = []
-        while not started and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-            started = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-        assert started, "no step job ever started"
+        _wait_for_a_started_job(instance, proc)
         proc.send_signal(signal.SIGINT)  # inside a Dagster job: the case Dagster used to swallow
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err[-2000:]
@@ -540,6 +550,24 @@ def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
     done = subprocess.run(train + ["3"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert Lake(root).read("manifests").num_rows == max(held, 3) * 4
+
+
+def test_a_killed_train_leaves_no_run_that_blocks_the_next(tmp_path):
+    """`kill -9` of `envsched train` in the middle of a job left its Dagster run "started" for good,
+    and every later `envsched train` was refused as "driven by the loop sensor". An in-process run
+    cannot outlive its driver: once the driver's lease is gone the run is marked canceled and the
+    next driver goes on."""
+    proc, train, env, home, root = _mini_train(tmp_path, 30)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        _wait_for_a_started_job(instance, proc)
+        proc.kill()
+        proc.communicate(timeout=60)
+        orphan = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+        assert len(orphan) == 1
+        done = subprocess.run(train + ["2"], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert instance.get_run_by_id(orphan[0].run_id).status == dg.DagsterRunStatus.CANCELED
+    assert Lake(root).read("manifests").num_rows >= 2 * 4
 
 
 def test_two_train_processes_on_one_lake(tmp_path):

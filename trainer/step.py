@@ -10,9 +10,21 @@ so it replaces the partitions with the same rows: never a duplicate.
 
 from __future__ import annotations
 
+import sys
+
+
+def _one_line_interrupt(kind, value, tb) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        print("trainer: interrupted while starting", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, value, tb)
+
+
+if __name__ == "__main__":  # Ctrl-C while the imports below load (seconds, with torch): no traceback
+    sys.excepthook = _one_line_interrupt
+
 import argparse
 import json
-import sys
 import time
 
 import numpy as np

@@ -26,6 +26,7 @@ from envsched_pipeline.orchestration.plan import (
     MAX_ATTEMPTS,
     counted_failures,
     failure_message,
+    in_flight,
     next_request,
     runs_of,
 )
@@ -96,7 +97,12 @@ def run_loop(
     SIGTERM stops it with :class:`Interrupted` (the job's run canceled, not failed)."""
     instance = instance or get_instance()
     spec = require_run(lake)
-    flying = runs_of(instance, spec.run_id, IN_FLIGHT)
+    # another live `envsched train` is refused by the lease below, which names it
+    flying = [
+        r
+        for r in in_flight(lake, instance, spec.run_id)
+        if not r.tags.get("envsched/driver", "").startswith("cli:")
+    ]
     if flying:
         raise StepError(
             f"run {spec.run_id} is being driven by the loop sensor (Dagster run {flying[0].run_id[:8]} "
@@ -105,21 +111,24 @@ def run_loop(
     jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
     step_t0: dict[int, float] = {}
     with Lease(lake) as lease, stop_signals_seen() as stopped:
-        while True:
-            lease.check()  # taken over while this driver was paused: stop, never drive beside it
-            req = next_request(lake, instance, driver=f"cli:{lease.id}")
-            if req is None:
-                return
-            if isinstance(req, str):
-                raise StepError(req)
-            if req.step >= target_steps:
-                return
-            if not instance.has_dynamic_partition(training_steps.name, req.partition):
-                instance.add_dynamic_partitions(training_steps.name, [req.partition])
-            step_t0.setdefault(req.step, time.perf_counter())
-            kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if req.kind == "stats" else {}
-            result = None
-            try:
+        req = result = None  # the job asked for last, and its result once it ended
+        try:
+            while True:
+                if stopped():  # between two jobs, where a library may have swallowed the KeyboardInterrupt
+                    raise KeyboardInterrupt
+                lease.check()  # taken over while this driver was paused: stop, never drive beside it
+                asked = next_request(lake, instance, driver=f"cli:{lease.id}")
+                if asked is None:
+                    return
+                if isinstance(asked, str):
+                    raise StepError(asked)
+                if asked.step >= target_steps:
+                    return
+                req, result = asked, None
+                if not instance.has_dynamic_partition(training_steps.name, req.partition):
+                    instance.add_dynamic_partitions(training_steps.name, [req.partition])
+                step_t0.setdefault(req.step, time.perf_counter())
+                kw = {"asset_selection": [dg.AssetKey("reward_statistics")]} if req.kind == "stats" else {}
                 result = jobs[req.job].execute_in_process(
                     partition_key=req.partition,
                     instance=instance,
@@ -128,25 +137,36 @@ def run_loop(
                     raise_on_error=False,
                     **kw,
                 )
-                if result.success and req.kind in ("train", "stats") and on_step is not None:
-                    on_step(req.step, time.perf_counter() - step_t0[req.step])
                 if stopped():  # Dagster took the signal (its run failed, or finished first)
                     raise KeyboardInterrupt
-            except KeyboardInterrupt as exc:
-                done = result is not None and result.success
-                if not done:
-                    _cancel_runs_of(instance, req)
-                raise Interrupted(req.step, req.kind, result and result.run_id, done=done) from exc
-            if not result.success and on_failure is not None:
-                failed = runs_of(
-                    instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=req.step, kind=req.kind
-                )
-                attempts = len(counted_failures(lake, failed))
-                on_failure(
-                    f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
-                    f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"
-                )
-            # after a failure the next request is the retry, or the halt after MAX_ATTEMPTS failures
+                if result.success and req.kind in ("train", "stats") and on_step is not None:
+                    on_step(req.step, time.perf_counter() - step_t0[req.step])
+                if not result.success and on_failure is not None:
+                    failed = runs_of(
+                        instance, spec.run_id, [dg.DagsterRunStatus.FAILURE], step=req.step, kind=req.kind
+                    )
+                    attempts = len(counted_failures(lake, failed))
+                    on_failure(
+                        f"step {req.step} ({req.kind}) failed, attempt {attempts} of {MAX_ATTEMPTS} "
+                        f"(Dagster run {result.run_id[:8]}): {failure_message(instance, result.run_id)}"
+                    )
+                # after a failure the next request is the retry, or the halt after MAX_ATTEMPTS failures
+        except BaseException as exc:
+            # DuckDB turns a KeyboardInterrupt inside a query into a RuntimeError: the signal decides
+            if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, Exception) and stopped()):
+                raise _interrupted(instance, req, result) from exc
+            raise
+
+
+def _interrupted(instance: dg.DagsterInstance, req, result) -> KeyboardInterrupt:
+    """What Ctrl-C stopped: no job yet, a job that ended (``result``), or one that did not, whose
+    Dagster run is then marked canceled."""
+    if req is None:
+        return KeyboardInterrupt()
+    done = result is not None and result.success
+    if not done:
+        _cancel_runs_of(instance, req)
+    return Interrupted(req.step, req.kind, result and result.run_id, done=done)
 
 
 def _cancel_runs_of(instance: dg.DagsterInstance, req) -> None:
@@ -186,12 +206,19 @@ def materialize_pool(pool: str, lake: Lake, instance: dg.DagsterInstance | None 
     cfg = _run_config(lake, quiet=True)
     cfg["ops"] = {name: {"config": {"pool": pool}} for name in POOL_OPS}
     instance = instance or get_instance()
-    res = job.execute_in_process(
-        instance=instance,
-        run_config=cfg,
-        tags={"envsched/lake": str(lake.root), "envsched/pool": pool},
-        raise_on_error=False,
-    )
+    with stop_signals_seen() as stopped:
+        res = job.execute_in_process(
+            instance=instance,
+            run_config=cfg,
+            tags={"envsched/lake": str(lake.root), "envsched/pool": pool},
+            raise_on_error=False,
+        )
+        if stopped():  # Ctrl-C: an interruption, not a failed import
+            if not res.success:
+                instance.report_run_canceled(
+                    instance.get_run_by_id(res.run_id), message="interrupted (Ctrl-C)"
+                )
+            raise KeyboardInterrupt
     if not res.success:
         raise StepError(
             f"importing pool {pool} failed (Dagster run {res.run_id[:8]}): {failure_message(instance, res.run_id)}"

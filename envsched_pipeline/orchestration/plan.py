@@ -68,6 +68,23 @@ def runs_of(
     return list(instance.get_runs(filters=dg.RunsFilter(tags=tags, statuses=statuses or [])))
 
 
+def in_flight(lake: Lake, instance: dg.DagsterInstance, run_id: str) -> list:
+    """The run's Dagster runs that are queued or running. A run `envsched train` started in-process
+    cannot outlive its driver: one whose driver no longer holds the lake's lease (killed, crashed,
+    its machine lost) is marked canceled here, where it used to read as running forever and block
+    every later driver."""
+    live = current(lake)
+    driving = f"cli:{live['id']}" if live else None
+    flying = []
+    for run in runs_of(instance, run_id, IN_FLIGHT):
+        driver = run.tags.get("envsched/driver", "")
+        if driver.startswith("cli:") and driver != driving:
+            instance.report_run_canceled(run, message="its driver (envsched train) is gone")
+        else:
+            flying.append(run)
+    return flying
+
+
 def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Request | str | None:
     """The next run to request, a reason to wait (str), or None when the run is complete."""
     spec = load_run(lake)
@@ -76,7 +93,7 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
     lease = current(lake)
     if lease is not None and driver == "sensor":
         return f"run {spec.run_id} is being driven by {describe(lease)}"
-    flying = runs_of(instance, spec.run_id, IN_FLIGHT)
+    flying = in_flight(lake, instance, spec.run_id)
     if flying:
         r = flying[0]
         return (

@@ -196,7 +196,9 @@ def validate_buildable(data: PoolData, pool=None) -> dict:
 
     own = pool is None
     pool = pool or SandboxPool(workers=2)
-    bar = tqdm(total=len(jobs), desc="building environments", unit="env", leave=False)
+    bar = tqdm(
+        total=len(jobs), desc="building environments", unit="env", leave=False, disable=None
+    )  # None: no bar off a terminal
     try:
         results = pool.map_episodes(jobs, progress=lambda done, total: bar.update(done - bar.n))
     finally:

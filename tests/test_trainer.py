@@ -519,3 +519,26 @@ def test_an_interrupted_trainer_step_says_so_in_one_line(tmp_path, monkeypatch, 
     monkeypatch.setattr(step_mod, "run_step", interrupted)
     assert step_mod.main(["--lake", str(tmp_path / "lake"), "--step", "4"]) == 130
     assert capsys.readouterr().err == "trainer: step 4 interrupted\n"
+
+
+def test_a_trainer_step_off_a_terminal_writes_no_progress_bar(small_pool):
+    """Off a terminal (a pipe, a CI log, Dagster's compute log) a step's stderr carries no progress
+    bar: its redraws used to land between `envsched train`'s rows. The progress lines go to the log."""
+    from envsched_pipeline.core.select import select_manifest  # the step needs its manifest
+    from envsched_pipeline.run import RunSpec, start_run
+
+    spec = RunSpec(  # real verifiers behind the simulated learner: the bar's path
+        pool="synthetic",
+        scheduler="random",
+        seed=1,
+        batch_size=8,
+        group_size=4,
+        policy_config={"mode": "real"},
+    )
+    start_run(small_pool, spec)
+    select_manifest(small_pool, 0)
+    cmd = [sys.executable, "-m", "trainer.step", "--lake", str(small_pool.root), "--step", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["sim_mode"] == "real" and "rollouts 32/32" in done.stdout
+    assert "synthetic rollouts" not in done.stderr and "\r" not in done.stderr

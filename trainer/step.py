@@ -77,7 +77,9 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         prev = lake.read_bytes(_checkpoint(step - 1, "policy.json"))
         if prev is None:
             where = lake.where(_checkpoint(step - 1, "policy.json"))
-            raise StepError(f"policy checkpoint of step {step - 1} is missing ({where}); re-run that step")
+            raise StepError(
+                f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step - 1}` redoes that step (or names the steps it can go back to)"
+            )
         learner.load_bytes(prev)
     rng = step_rng(spec, step, salt=1)
     t0 = time.perf_counter()

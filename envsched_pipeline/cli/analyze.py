@@ -29,8 +29,10 @@ from envsched_pipeline.cli.common import (
     write_output,
 )
 from envsched_pipeline.cli.sql import print_table
-from envsched_pipeline.core.gates import GATES, halted, resume
-from envsched_pipeline.core.loop import next_action, status
+from envsched_pipeline.core.gates import GATES, halted, resume, rewind
+from envsched_pipeline.core.loop import explain, next_action, status
+from envsched_pipeline.lease import Lease
+from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
 F = HelpFormatter
@@ -51,6 +53,20 @@ def add_parser(sub) -> None:
         help="drop the failed step's manifest (or rollouts) so the loop redoes that step",
     )
     rs.set_defaults(func=cmd_resume)
+
+    rw = sub.add_parser(
+        "rewind",
+        help="take the run back to a step and redo it from there (later steps are archived, not deleted)",
+        formatter_class=F,
+    )
+    rw.add_argument(
+        "--to",
+        type=INDEX,
+        required=True,
+        help="the first step to redo; the policy after the step before it must be on disk (a bad "
+        "checkpoint, a diverged run, a missing partition: go back to before it)",
+    )
+    rw.set_defaults(func=cmd_rewind)
 
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
     rp.add_argument("--out", required=True, help="output folder")
@@ -209,7 +225,47 @@ def cmd_resume(args) -> int:
         print(out["reason"])
         return 0
     redo = f"; dropped {', '.join(out['redo'])} of step {out['step']}" if out["redo"] else ""
-    print(f"resumed at step {out['step']}{redo}; next: {next_action(lake)}")
+    print(f"resumed at step {out['step']}{redo}; next: {next_in_words(lake)}")
+    return 0
+
+
+def next_in_words(lake) -> str:
+    action = next_action(lake)
+    return "nothing, the run is complete" if action is None else explain(lake, action)
+
+
+def cmd_rewind(args) -> int:
+    from envsched_pipeline.orchestration.driver import get_instance  # Dagster: only here
+    from envsched_pipeline.orchestration.plan import ENDED_BADLY, in_flight, runs_of  # Dagster: only here
+
+    lake = lake_of(args).require()
+    spec = require_run(lake)
+    dagster_home()
+    instance = get_instance()
+    with Lease(lake, kind="envsched rewind"):  # no driver may run beside it
+        flying = in_flight(lake, instance, spec.run_id)
+        if flying:
+            raise UsageError(
+                f"step {flying[0].tags.get('envsched/step')} of the run is being run by Dagster run "
+                f"{flying[0].run_id[:8]} ({flying[0].status.value.lower()}); stop the sensor and wait for it"
+            )
+        ended = [
+            r.run_id
+            for r in runs_of(instance, spec.run_id, ENDED_BADLY)
+            if int(r.tags.get("envsched/step", -1)) >= args.to
+        ]
+        out = rewind(lake, args.to, answered_runs=ended)
+    steps = sorted({s for v in out["moved"].values() for s in v})
+    span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing"
+    halt = "; the halt is cleared" if out["halt_cleared"] else ""
+    again = (
+        f"your trainer goes on with `envsched step select --step {args.to}`"
+        if spec.trainer == "external"
+        else f"`envsched train --steps {spec.max_steps}` redoes them"
+    )
+    print(
+        f"rewound to step {args.to}: {span} moved to {out['archive']}{halt}. Next: {next_in_words(lake)}; {again}"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ again (after a fix, or with ``--redo`` after dropping the failed partition so th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -259,3 +260,60 @@ def resume(lake: Lake, redo: bool = False, failed_runs: list[str] | None = None)
         raise StepError(f"{gate} still fails at step {step}: {'; '.join(result['problems'][:3])}")
     lake.delete(HALT_FILE)
     return {"resumed": True, "step": step, "redo": []}
+
+
+# ---------------------------------------------------------------------------- rewind
+def checkpointed_steps(lake: Lake) -> set[int]:
+    """Steps after which the policy is on disk: a per-step checkpoint (the simulated and neural
+    learners' in the lake, a language model's periodic one in the lake's local folder) or the LM
+    trainer's rolling ``latest``."""
+    found = set(lake.artifact_steps("checkpoints"))
+    if lake.local != lake.root:  # a remote lake keeps model checkpoints on local disk
+        for path in (lake.local / "checkpoints").glob("step=*/*"):
+            with contextlib.suppress(ValueError):
+                found.add(int(path.parent.name.split("=", 1)[1]))
+    latest = lake.local / "checkpoints" / "latest" / "trainer.json"
+    if latest.exists():
+        found.add(int(json.loads(latest.read_text())["step"]))
+    return found
+
+
+def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
+    """Take the run back to ``step``: every partition and artifact of ``step`` and later (manifests,
+    rollouts, metrics, evals, statistics, scheduler state, plots, checkpoints) moves to
+    ``archive/rewind-to-step<step>-<ms>/``, so the loop redoes the run from there with the policy
+    and scheduler state after ``step - 1``, which must be on disk. A halt at ``step`` or later is
+    cleared, and ``answered_runs`` (the Dagster runs of those steps that failed or were canceled)
+    stop counting as attempts."""
+    spec = require_run(lake)
+    held = set(lake.steps("manifests")) | set(lake.steps("rollouts")) | set(lake.steps("statistics"))
+    if not held:
+        raise StepError(f"nothing to rewind: the run in {lake.root} holds no step yet")
+    last = max(held)
+    if not 0 <= step <= last:
+        raise StepError(f"--to {step}: the run holds steps 0..{last}; rewind to one of them")
+    record = halted(lake)
+    if record is not None and record["step"] < step:
+        raise StepError(
+            f"the run is halted at step {record['step']}, before step {step}: rewind to step "
+            f"{record['step']} or earlier, or fix it and `envsched resume`"
+        )
+    if step > 0 and spec.trainer != "external" and spec.policy != "openai":
+        have = checkpointed_steps(lake)
+        if step - 1 not in have:
+            ok = sorted({0} | {c + 1 for c in have if c < last})
+            raise StepError(
+                f"--to {step}: the policy after step {step - 1} is not on disk; rewind to a step after "
+                f"one that is: {', '.join(map(str, ok[-12:]))}"
+            )
+    moved = lake.archive(f"rewind-to-step{step}", lambda kind, s: s >= step)
+    if record is not None:
+        lake.delete(HALT_FILE)
+    if answered_runs:
+        lake.write_json(RETRIED_FILE, sorted(retried_runs(lake) | set(answered_runs)))
+    return {
+        "step": step,
+        "archive": moved["archive"],
+        "moved": moved["moved"],
+        "halt_cleared": record is not None,
+    }

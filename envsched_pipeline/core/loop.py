@@ -96,8 +96,8 @@ def explain(lake: Lake, action: tuple[str, int]) -> str:
         return halt_message(halted(lake))
     if kind == "broken":
         return (
-            f"the lake is inconsistent ({'; '.join(consistency_problems(lake)[:3])}); restore the partitions "
-            "or start a new run in another lake"
+            f"the lake is inconsistent ({'; '.join(consistency_problems(lake)[:3])}); restore the partitions, "
+            f"or `envsched rewind --to {step}` to redo the run from there"
         )
     return f"{kind} step {step}"
 

@@ -50,7 +50,9 @@ def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
         prev = lake.read_bytes(_checkpoint(step - 1))
         if prev is None:
             where = lake.where(_checkpoint(step - 1))
-            raise StepError(f"neural checkpoint of step {step - 1} is missing ({where}); re-run that step")
+            raise StepError(
+                f"neural checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step - 1}` redoes that step (or names the steps it can go back to)"
+            )
         learner.load_bytes(prev)
         return learner
     warm = warmstart_pool(spec.seed, TestbedConfig())

@@ -95,3 +95,25 @@ def test_a_killed_worker_resumes_from_the_checkpoint_with_a_consistent_lake(lake
     assert archived, "the dead worker's step 2 was archived, not mixed"
     st = status(lake)
     assert st["consistent"] and st["halted"] is None
+
+
+def test_a_rewind_makes_the_live_worker_reload_the_policy_it_goes_back_to(lake, capsys):
+    """The worker outlives `envsched train`; after `envsched rewind --to 2` it used to train step 2
+    again on its in-memory policy, which had already learned from steps 2 and 3. It now reloads the
+    checkpoint after step 1, and the redone step 2 repeats the first one's rollouts."""
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "4", "--max-steps", "6"]) == 0
+    pid = read_info(lake)["pid"]
+    key = ["task_id", "rollout"]
+    first = (
+        lake.read("rollouts", step=2).sort_by([(k, "ascending") for k in key]).column("reward").to_pylist()
+    )
+    assert main(["--lake", str(lake.root), "rewind", "--to", "2"]) == 0
+    assert "rewound to step 2: steps 2..3 moved to" in capsys.readouterr().out
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "4"]) == 0
+    rows = metrics(lake)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and {r["worker_pid"] for r in rows} == {pid}
+    assert [r["model_loads"] for r in rows] == [1, 1, 2, 2]  # reloaded once, at the redone step 2
+    again = (
+        lake.read("rollouts", step=2).sort_by([(k, "ascending") for k in key]).column("reward").to_pylist()
+    )
+    assert again == first

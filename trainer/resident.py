@@ -87,6 +87,7 @@ class Worker:
         self.spec = require_run(lake)
         self.token = secrets.token_hex(16)
         self.session = None
+        self.next_step: int | None = None  # the step the in-memory policy is ready for
         self.loads = 0
         self.steps_done: list[int] = []
         self.last_work = time.time()
@@ -95,7 +96,15 @@ class Worker:
     def _session(self, step: int, log):
         """The in-memory policy; built once from the newest checkpoint before ``step``. When the
         lake holds steps that checkpoint does not cover (a previous worker died), those steps are
-        archived and the request is refused, so the loop redoes them with this policy."""
+        archived and the request is refused, so the loop redoes them with this policy. A request for
+        any step but the one after the policy's last (`envsched rewind`, `resume --redo`, a retry
+        after a failure inside a step) reloads from the checkpoint before it, never trains on a
+        policy that already saw later steps."""
+        if self.session is not None and step != self.next_step:
+            log(
+                f"step {step} is not the step after the in-memory policy's: reloading from the checkpoint before it"
+            )
+            self._drop()
         if self.session is not None:
             return self.session
         from trainer.policy_step import PolicySession, latest_checkpoint  # torch: the worker's whole purpose
@@ -109,8 +118,20 @@ class Worker:
                 f"{moved['archive']}; the loop redoes them from step {ckpt_step + 1}"
             )
         self.session = PolicySession(self.lake, self.spec, step, log, resident=True)
+        self.next_step = step
         self.loads += 1
         return self.session
+
+    def _drop(self) -> None:
+        """Forget the in-memory policy (its state is not the lake's); the next request reloads."""
+        import gc  # only when a policy is dropped
+
+        import torch  # the worker's sessions need it anyway; here only their GPU memory is freed
+
+        self.session, self.next_step = None, None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def handle(self, conn: socket.socket) -> None:
         with conn:
@@ -131,11 +152,14 @@ class Worker:
                     metrics = {**result["metrics"], "model_loads": self.loads, "worker_pid": os.getpid()}
                     self.lake.write("train_metrics", [metrics], step=step)
                     self.steps_done.append(step)
+                    self.next_step = step + 1
                     self._publish()
                     _send(conn, {"result": metrics})
                 except StepError as exc:
+                    self._drop()  # the step may have updated the policy before it failed
                     _send(conn, {"error": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - reported to the client, the worker goes on
+                    self._drop()
                     _send(conn, {"error": f"{type(exc).__name__}: {exc}"})
                 finally:
                     self.last_work = time.time()

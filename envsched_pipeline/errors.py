@@ -3,6 +3,10 @@ and exits with code 2; every other exception is a bug and keeps its traceback.""
 
 from __future__ import annotations
 
+# set by `envsched train`'s driver, which prints one line per failed step: the trainer process it
+# starts (inheriting it) then leaves that line to the driver instead of printing its own as well
+DRIVER_REPORTS_FAILURES = "ENVSCHED_DRIVER_REPORTS_FAILURES"
+
 
 class EnvschedError(Exception):
     """Base of every user-facing error: the message names the input (file, field, step) and what

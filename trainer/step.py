@@ -25,6 +25,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load (seconds, with
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -34,7 +35,7 @@ from tqdm import tqdm
 from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.rollout_backend import episode_pool
-from envsched_pipeline.errors import StepError
+from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import STALE_SECONDS, step_lock
 from envsched_pipeline.run import RunSpec, require_run, step_rng
@@ -342,11 +343,12 @@ def _main(args) -> int:
                 )
         except Exception as exc:  # the pipes context sent it to the Dagster run with its traceback
             first = (str(exc).strip().splitlines() or [""])[0]
-            print(
-                f"trainer: step {args.step} failed: {type(exc).__name__}: {first} "
-                "(its traceback is in the Dagster run's logs)",
-                file=sys.stderr,
-            )
+            if os.environ.get(DRIVER_REPORTS_FAILURES) != "1":  # else the driver prints this line
+                print(
+                    f"trainer: step {args.step} failed: {type(exc).__name__}: {first} "
+                    "(its traceback is in the Dagster run's logs)",
+                    file=sys.stderr,
+                )
             return 1
     else:
         try:

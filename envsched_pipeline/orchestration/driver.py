@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 
 from envsched_pipeline.definitions import defs
-from envsched_pipeline.errors import StepError
+from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.orchestration.partitions import training_steps
@@ -83,6 +83,21 @@ def _run_config(lake: Lake, quiet: bool) -> dict:
     }
 
 
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block (the trainer processes it starts inherit them)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_loop(
     lake: Lake,
     target_steps: int,
@@ -110,7 +125,8 @@ def run_loop(
         )
     jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
     step_t0: dict[int, float] = {}
-    with Lease(lake) as lease, stop_signals_seen() as stopped:
+    reporting = {DRIVER_REPORTS_FAILURES: "1"} if on_failure is not None else {}
+    with Lease(lake) as lease, stop_signals_seen() as stopped, environment(reporting):
         req = result = None  # the job asked for last, and its result once it ended
         try:
             while True:

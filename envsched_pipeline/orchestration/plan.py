@@ -85,6 +85,19 @@ def in_flight(lake: Lake, instance: dg.DagsterInstance, run_id: str) -> list:
     return flying
 
 
+def _halt_job(lake: Lake, step: int, kind: str, problem: str, runs: list, canceled: bool = False) -> str:
+    """Halt the run at ``step`` because of its ``kind`` job's Dagster ``runs``; the halt in words."""
+    record = halt(
+        lake,
+        step,
+        f"{JOB_OF[kind]} ({kind})",
+        [problem],
+        failed_runs=[r.run_id for r in runs],
+        canceled=canceled,
+    )
+    return explain(lake, ("halted", record["step"]))
+
+
 def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Request | str | None:
     """The next run to request, a reason to wait (str), or None when the run is complete."""
     spec = load_run(lake)
@@ -110,26 +123,13 @@ def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Reque
         return f"waiting for the external trainer to ingest rollouts of step {step}"
     tried = runs_of(instance, spec.run_id, ENDED_BADLY, step=step, kind=kind)
     if canceled := stopped_by_hand(lake, tried):
-        record = halt(
-            lake,
-            step,
-            f"{JOB_OF[kind]} ({kind})",
-            [f"its {JOB_OF[kind]} ({kind}) run was canceled in Dagster (run {canceled[0].run_id[:8]})"],
-            failed_runs=[r.run_id for r in canceled],
-            canceled=True,
-        )
-        return explain(lake, ("halted", record["step"]))
+        problem = f"its {JOB_OF[kind]} ({kind}) run was canceled in Dagster (run {canceled[0].run_id[:8]})"
+        return _halt_job(lake, step, kind, problem, canceled, canceled=True)
     counted = counted_failures(lake, [r for r in tried if r.status == dg.DagsterRunStatus.FAILURE])
     if len(counted) >= MAX_ATTEMPTS:
         reason = failure_message(instance, counted[0].run_id)
-        record = halt(
-            lake,
-            step,
-            f"{JOB_OF[kind]} ({kind})",
-            [f"failed {len(counted)} times; last Dagster run {counted[0].run_id[:8]}: {reason}"],
-            failed_runs=[r.run_id for r in counted],
-        )
-        return explain(lake, ("halted", record["step"]))
+        problem = f"failed {len(counted)} times; last Dagster run {counted[0].run_id[:8]}: {reason}"
+        return _halt_job(lake, step, kind, problem, counted)
     return Request(
         kind=kind,
         step=step,

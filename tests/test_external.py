@@ -95,6 +95,8 @@ def test_cli_protocol_matches_python_api(two_lakes, tmp_path, capsys):
     assert {h for m in api_manifests[1:] for _, h, _ in m} <= {"coverage", "exploit"}
     code, out, _ = cli(b, "step", "status", "--pool", "mini", capsys=capsys)
     assert json.loads(out)["last_selected"] == 4 and json.loads(out)["last_ingested"] == 4
+    assert cli(b, "step", "status", capsys=capsys)[1] == out  # --pool only checks; the run names it
+    assert cli(b, "step", "status", "--pool", "other", capsys=capsys)[0] == 2
     # re-selecting an existing step returns the stored manifest unchanged
     before = Lake(b).read("manifests", step=2).to_pylist()
     cli(b, "step", "select", "--pool", "mini", "--step", "2", capsys=capsys)

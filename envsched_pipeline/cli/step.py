@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     )
     ing.set_defaults(func=cmd_ingest)
     sst = ssub.add_parser("status", help="last selected and last ingested step", formatter_class=F)
-    sst.add_argument("--pool", required=True, help="pool name")
+    sst.add_argument("--pool", default=None, help="pool name, checked against the run's when given")
     sst.set_defaults(func=cmd_status)
 
 
@@ -129,7 +129,7 @@ def cmd_ingest(args) -> int:
 def cmd_status(args) -> int:
     lake = lake_of(args).require()
     st = status(lake)
-    if st["run"] and st["run"]["pool"] != args.pool:
+    if args.pool and st["run"] and st["run"]["pool"] != args.pool:
         raise UsageError(f"{lake.root} holds a run on pool {st['run']['pool']!r}, not {args.pool!r}")
     print(dumps({k: st[k] for k in ("last_selected", "last_ingested", "last_statistics")}))
     return 0

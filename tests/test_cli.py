@@ -463,3 +463,21 @@ def test_an_unknown_scheduler_or_variant_is_refused_by_every_bench_command(small
         assert main(["--lake", lake, *argv]) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_place_the_machine_refuses_to_write_is_one_line_before_the_run_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    """A lake or $DAGSTER_HOME the machine will not let envsched write (here sysfs; a read-only
+    mount or a full disk alike) is one line naming the path and the system's reason, exit code 2
+    (it was a PermissionError traceback); a $DAGSTER_HOME that cannot be made is found before the
+    run's run.json is written."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    assert main(["--lake", "/sys/envsched-lake", "train", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "envsched: error: /sys/envsched-lake: Operation not permitted\n"
+    monkeypatch.setenv("DAGSTER_HOME", "/sys/envsched-dagster-home")
+    lake = tmp_path / "lake"
+    assert main(["--lake", str(lake), "train", "--steps", "1"]) == 2
+    assert capsys.readouterr().err == "envsched: error: /sys/envsched-dagster-home: Operation not permitted\n"
+    assert not lake.exists()

@@ -5,16 +5,18 @@
     envsched pool list | create | import;  envsched env run
     envsched step select | ingest | status                          the external-trainer protocol
     envsched rollouts show --step T [--task ID]                      what a rollout did
-    envsched status;  envsched resume;  envsched report;  envsched bench scheduler | replay
+    envsched status;  envsched resume;  envsched rewind;  envsched report;  envsched bench ...
 
 Every command takes the global ``--lake DIR`` (default ``$ENVSCHED_LAKE`` or ``warehouse/lake``).
 A user error (any :class:`envsched_pipeline.errors.EnvschedError`) prints one line on stderr and
-exits with code 2; anything else is a bug and keeps its traceback.
+exits with code 2, as does a write the machine refuses (a read-only place, a full disk: the path and
+the system's reason); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import warnings
@@ -23,6 +25,8 @@ from envsched_pipeline import __version__
 from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, train
 from envsched_pipeline.cli.common import HelpFormatter, Parser
 from envsched_pipeline.errors import EnvschedError
+
+MACHINE_REFUSALS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("envsched: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # where the machine refuses a write (a read-only place, a full disk): one line
+        if exc.errno not in MACHINE_REFUSALS:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"envsched: error: {where}{exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -338,8 +338,8 @@ def run(args) -> int:
     imported = lake.has("tasks", pool=spec.pool)
     if imported:  # a pool already here: the policy must fit it before anything is written
         require_fitting_pool(lake, spec)
+    dagster_home()  # before the run is written: a $DAGSTER_HOME that cannot be made stops it here
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
-    dagster_home()
     if not imported:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
         materialize_pool(spec.pool, lake)

@@ -50,6 +50,9 @@ def test_train_resumes_without_duplicates(small_pool, dagster_home):
     p = envsched("train", "--steps", "5", lake=lake.root)  # no flags: the run's own settings
     assert p.returncode == 0, p.stderr
     assert "scheduler=random B=8 G=4" in p.stdout
+    p = envsched("train", "--steps", "2", lake=lake.root)  # fewer than it holds: said, not "continuing"
+    assert p.returncode == 0 and "the lake holds steps 0..4 (mean batch variance" in p.stdout
+    assert "as many as --steps 2 asks for or more: nothing to do" in p.stdout and "continuing" not in p.stdout
     p = envsched("train", "--steps", "6", "--seed", "6", lake=lake.root)  # a changed setting: refused
     assert p.returncode == 2 and "seed: lake has 5, asked 6" in p.stderr
     q = envsched(

@@ -359,9 +359,17 @@ def run(args) -> int:
     before = step_summary(lake)
     if before:
         bv = sum(r["batch_variance"] for r in before) / len(before)
+        last = before[-1]["step"]
+        if len(before) >= args.steps:
+            print(
+                f"the lake holds steps 0..{last} (mean batch variance {bv:.4f}), as many as --steps "
+                f"{args.steps} asks for or more: nothing to do. `envsched train --steps {last + 2}` goes on; "
+                "`envsched rewind --to K` takes the run back to step K"
+            )
+            return 0
         print(
-            f"the lake holds steps 0..{before[-1]['step']} (mean batch variance {bv:.4f}); continuing at step "
-            f'{before[-1]["step"] + 1}: `envsched sql "select * from step_summary"` shows them all'
+            f"the lake holds steps 0..{last} (mean batch variance {bv:.4f}); continuing at step "
+            f'{last + 1}: `envsched sql "select * from step_summary"` shows them all'
         )
     todo = max(0, args.steps - len(before))
     training = spec.policy != "simulated"

@@ -53,6 +53,7 @@ from sections.system import (  # noqa: E402
     section_latency,
     section_pools,
     section_resident,
+    section_resident_neural,
 )
 from sections.traces import section_traces  # noqa: E402
 from sections.unseen import section_patterns, section_unseen_split  # noqa: E402
@@ -207,6 +208,8 @@ def main() -> int:
         section_incremental([int(x) for x in args.inc_sizes.split(",")])
     if "resident" in sections:
         section_resident()
+    if "resident_neural" in sections:
+        section_resident_neural()
     if "backends" in sections:
         section_backends()
     if "sim_sweep" in sections:

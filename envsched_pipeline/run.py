@@ -177,6 +177,7 @@ class PolicyConfig:
             "warm_start_steps",
             "temperature",
             "max_actions",
+            "resident",
         ),
         "hf-tiny": LM_SETTINGS,
         "hf": LM_SETTINGS + ("model_path",),

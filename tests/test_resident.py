@@ -117,3 +117,30 @@ def test_a_rewind_makes_the_live_worker_reload_the_policy_it_goes_back_to(lake, 
         lake.read("rollouts", step=2).sort_by([(k, "ascending") for k in key]).column("reward").to_pylist()
     )
     assert again == first
+
+
+def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_step(tmp_path, monkeypatch):
+    """`--policy neural --resident`: one worker keeps the learner (its torch model, optimizer and
+    environment processes) across steps, loaded once, and every step's numbers equal those of the
+    one-process-per-step run: rewards, loss, held-out."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    base = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "2", "--group-size", "2"]
+    lakes = {}
+    for mode in ("resident", "per-step"):
+        root = tmp_path / mode
+        pool = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
+        assert main(["--lake", str(root), *pool]) == 0
+        extra = ["--resident"] if mode == "resident" else []
+        assert main(["--lake", str(root), *base, *extra, "--steps", "3"]) == 0
+        lakes[mode] = Lake(root)
+    rows = (
+        lakes["resident"].sql("select model_loads, worker_pid from train_metrics order by step").to_pylist()
+    )
+    assert [r["model_loads"] for r in rows] == [1, 1, 1] and len({r["worker_pid"] for r in rows}) == 1
+    assert read_info(lakes["resident"]) is None  # the run is complete: the worker exited
+    for q in (
+        "select step, task_id, rollout, reward from rollouts order by 1, 2, 3",
+        "select step, loss::varchar as loss, grad_norm::varchar as g from train_metrics order by 1",  # NaN: text
+        "select step, benchmark, score from evals order by 1, 2",
+    ):
+        assert lakes["resident"].sql(q).to_pylist() == lakes["per-step"].sql(q).to_pylist(), q

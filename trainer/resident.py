@@ -1,5 +1,7 @@
 """The resident policy worker: one long-lived process per run that keeps the model, the optimizer
-and the rollout engine in memory across steps (``policy_config.resident``, ``--resident``).
+and the rollout engine in memory across steps (``policy_config.resident``, ``--resident``): a
+language model's :class:`trainer.policy_step.PolicySession`, or the neural learner's
+:class:`trainer.neural.runner.NeuralSession` (which checkpoints every step).
 
     python -m trainer.resident --lake DIR          (started on demand by trainer.step; detached)
 
@@ -107,6 +109,13 @@ class Worker:
             self._drop()
         if self.session is not None:
             return self.session
+        if self.spec.policy == "neural":  # a checkpoint every step: it loads the one before `step`
+            from trainer.neural.runner import NeuralSession  # torch: the worker's whole purpose
+
+            self.session = NeuralSession(self.lake, self.spec, step, log)
+            self.next_step = step
+            self.loads += 1
+            return self.session
         from trainer.policy_step import PolicySession, latest_checkpoint  # torch: the worker's whole purpose
 
         _, ckpt_step = latest_checkpoint(self.lake, step)
@@ -128,6 +137,8 @@ class Worker:
 
         import torch  # the worker's sessions need it anyway; here only their GPU memory is freed
 
+        if self.session is not None and hasattr(self.session, "close"):
+            self.session.close()  # the neural learner's environment processes
         self.session, self.next_step = None, None
         gc.collect()
         if torch.cuda.is_available():
@@ -140,6 +151,7 @@ class Worker:
                 _send(conn, {"error": "bad token"})
                 return
             step = int(req["step"])
+            self.spec = require_run(self.lake)  # the run's length may have grown since the worker started
             fence = holder_check(self.lake, *req["fence"]) if req.get("fence") else None
             with self.lock, self.lake.fenced(fence) if fence else contextlib.nullcontext():
                 try:
@@ -198,6 +210,7 @@ class Worker:
                     continue
                 self.handle(conn)
         finally:
+            self._drop()  # the neural learner's environment processes end with the worker
             srv.close()
             info = read_info(self.lake)
             if info and info.get("pid") == os.getpid():

@@ -166,7 +166,8 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--resident",
         action="store_true",
-        help="LM policies: one worker process keeps model, optimizer and engine across steps",
+        help="neural and LM policies: one worker process keeps the policy, its optimizer and its "
+        "environments or engine across steps (no per-step process start and reload)",
     )
     t.add_argument(
         "--checkpoint-every",

@@ -18,7 +18,7 @@ from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
-from envsched_pipeline.run import RunSpec, environment_kinds_problem
+from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
 from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
@@ -69,102 +69,135 @@ def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
 
 
 def run_neural(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
-    learner = _learner(lake, spec, step, log)
+    """One-process-per-step mode: load the learner, run the step, close it."""
+    session = NeuralSession(lake, spec, step, log)
     try:
-        task_ids = manifest.column("task_id").to_pylist()
-        env_ids = manifest.column("env_id").to_pylist()
-        rows = {
-            r["task_id"]: r
-            for r in lake.read("tasks", pool=spec.pool).to_pylist()
-            if r["task_id"] in set(task_ids)
-        }
-        g = spec.group_size
-        out = learner.rollout(
-            [rows[t] for t in task_ids],
-            g,
-            seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
-        )
-        traces = learner.last["traces"]
-        rewards = out["reward"]
-        version = learner.version
-        info = learner.learn()
-        lake.write_bytes(_checkpoint(step), learner.state_bytes())
-        old = step - 2  # keep the two newest (a retried step needs its predecessor) and every KEEP_EVERY-th
-        if old >= 0 and old % KEEP_EVERY:
-            lake.delete(_checkpoint(old))
-        n = len(task_ids)
-        flags = [
-            bool(
-                t.result.get("reward", 0) > 0
-                and flag_trajectory(
-                    [{**c, "output": o} for c, o in zip(t.calls, t.outputs, strict=False)],
-                    json.loads(rows[task_ids[j // g]].get("init_state") or "{}"),
-                    rows[task_ids[j // g]].get("instruction", ""),
-                )
-            )
-            for j, t in enumerate(traces)
-        ]
-        rollouts = table(
-            {
-                "step": np.full(n * g, step),
-                "task_id": np.repeat(task_ids, g),
-                "rollout": np.tile(np.arange(g), n),
-                "env_id": np.repeat(env_ids, g),
-                "reward": rewards.reshape(-1),
-                "advantage": group_advantages(rewards).reshape(-1),
-                "checks_passed": out["checks_passed"].reshape(-1),
-                "checks_total": out["n_checks"].reshape(-1),
-                "turns": np.ones(n * g, dtype=np.int64),
-                "tool_calls": out["tool_calls"].reshape(-1),
-                "truncated": np.array([len(t.tool_choice) > learner.config.max_actions for t in traces]),
-                "error_class": out["error_class"].reshape(-1),
-                "error_message": out["error_message"].reshape(-1),
-                "hack_flag": np.array(flags),
-                "seconds": out["seconds"].reshape(-1),
-                "policy_version": np.full(n * g, version),
-                "trajectory": out["trajectory"].reshape(-1),
-            },
-            n * g,
-        )
-        metrics = {
-            "step": step,
-            "policy": "neural",
-            **batch_metrics(rewards),
-            "envs_touched": len(set(env_ids)),
-            "rollouts": n * g,
-            "tokens": 0,
-            "seconds": out["rollout_seconds"] + info["update_seconds"],
-            "rollout_seconds": out["rollout_seconds"],
-            "errors": int((out["error_class"] != "none").sum()),
-            "parameters": learner.parameters,
-            **{
-                k: info[k]
-                for k in (
-                    "loss",
-                    *UPDATE_DIAGNOSTICS,
-                    "lr",
-                    "update_seconds",
-                    "trained_groups",
-                    "loss_scale",
-                    "skipped_updates",
-                    "forced_stop_share",
-                )
-            },
-        }
-        evals = []
-        last = step + 1 >= spec.max_steps
-        if step % EVAL_EVERY == 0 or last:
-            ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
-            for split in ("seen", "unseen"):
-                rows_ = [r for r in ev if r.get("split") == split]
-                if rows_:
-                    res = learner.evaluate(rows_, EVAL_SAMPLES, seed=spec.seed * 1000 + step)
-                    evals.append(
-                        {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
-                    )
-                    log(
-                        f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
-                    )
-        return {"rollouts": rollouts, "metrics": metrics, "evals": evals}
+        return session.step(step, manifest, log)
     finally:
-        learner.close()
+        session.close()
+
+
+class NeuralSession:
+    """The neural learner loaded once from the checkpoint before ``step`` (or warm-started at step
+    0): what the resident worker (``--resident``, :mod:`trainer.resident`) keeps in memory across
+    steps, saving each step the process start, torch's imports and the environments' build. Every
+    step still writes its checkpoint, so a restarted worker or `envsched rewind` loads the step
+    before the one it is asked for."""
+
+    def __init__(self, lake: Lake, spec: RunSpec, step: int, log=print):
+        self.lake, self.spec = lake, spec
+        self.learner = _learner(lake, spec, step, log)
+
+    def step(self, step: int, manifest: pa.Table, log=print) -> dict:
+        env_ids = manifest.column("env_id").to_pylist()
+        if missing := sorted(set(env_ids) - set(self.learner.envs)):
+            raise StepError(
+                f"environments {missing[:3]} of step {step} are not in the loaded learner (the pool "
+                "changed under it); the retry reloads it"
+            )
+        spec = require_run(self.lake)  # today's: a later `--steps` moves the run's last step (its held-out)
+        return _neural_step(self.lake, spec, self.learner, step, manifest, log)
+
+    def close(self) -> None:
+        self.learner.close()
+
+
+def _neural_step(
+    lake: Lake, spec: RunSpec, learner: NeuralLearner, step: int, manifest: pa.Table, log
+) -> dict:
+    """Roll out the manifest's tasks G times, update, checkpoint, and measure held-out when due."""
+    task_ids = manifest.column("task_id").to_pylist()
+    env_ids = manifest.column("env_id").to_pylist()
+    rows = {
+        r["task_id"]: r
+        for r in lake.read("tasks", pool=spec.pool).to_pylist()
+        if r["task_id"] in set(task_ids)
+    }
+    g = spec.group_size
+    out = learner.rollout(
+        [rows[t] for t in task_ids],
+        g,
+        seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
+    )
+    traces = learner.last["traces"]
+    rewards = out["reward"]
+    version = learner.version
+    info = learner.learn()
+    lake.write_bytes(_checkpoint(step), learner.state_bytes())
+    old = step - 2  # keep the two newest (a retried step needs its predecessor) and every KEEP_EVERY-th
+    if old >= 0 and old % KEEP_EVERY:
+        lake.delete(_checkpoint(old))
+    n = len(task_ids)
+    flags = [
+        bool(
+            t.result.get("reward", 0) > 0
+            and flag_trajectory(
+                [{**c, "output": o} for c, o in zip(t.calls, t.outputs, strict=False)],
+                json.loads(rows[task_ids[j // g]].get("init_state") or "{}"),
+                rows[task_ids[j // g]].get("instruction", ""),
+            )
+        )
+        for j, t in enumerate(traces)
+    ]
+    rollouts = table(
+        {
+            "step": np.full(n * g, step),
+            "task_id": np.repeat(task_ids, g),
+            "rollout": np.tile(np.arange(g), n),
+            "env_id": np.repeat(env_ids, g),
+            "reward": rewards.reshape(-1),
+            "advantage": group_advantages(rewards).reshape(-1),
+            "checks_passed": out["checks_passed"].reshape(-1),
+            "checks_total": out["n_checks"].reshape(-1),
+            "turns": np.ones(n * g, dtype=np.int64),
+            "tool_calls": out["tool_calls"].reshape(-1),
+            "truncated": np.array([len(t.tool_choice) > learner.config.max_actions for t in traces]),
+            "error_class": out["error_class"].reshape(-1),
+            "error_message": out["error_message"].reshape(-1),
+            "hack_flag": np.array(flags),
+            "seconds": out["seconds"].reshape(-1),
+            "policy_version": np.full(n * g, version),
+            "trajectory": out["trajectory"].reshape(-1),
+        },
+        n * g,
+    )
+    metrics = {
+        "step": step,
+        "policy": "neural",
+        **batch_metrics(rewards),
+        "envs_touched": len(set(env_ids)),
+        "rollouts": n * g,
+        "tokens": 0,
+        "seconds": out["rollout_seconds"] + info["update_seconds"],
+        "rollout_seconds": out["rollout_seconds"],
+        "errors": int((out["error_class"] != "none").sum()),
+        "parameters": learner.parameters,
+        **{
+            k: info[k]
+            for k in (
+                "loss",
+                *UPDATE_DIAGNOSTICS,
+                "lr",
+                "update_seconds",
+                "trained_groups",
+                "loss_scale",
+                "skipped_updates",
+                "forced_stop_share",
+            )
+        },
+    }
+    evals = []
+    last = step + 1 >= spec.max_steps
+    if step % EVAL_EVERY == 0 or last:
+        ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
+        for split in ("seen", "unseen"):
+            rows_ = [r for r in ev if r.get("split") == split]
+            if rows_:
+                res = learner.evaluate(rows_, EVAL_SAMPLES, seed=spec.seed * 1000 + step)
+                evals.append(
+                    {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
+                )
+                log(
+                    f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
+                )
+    return {"rollouts": rollouts, "metrics": metrics, "evals": evals}

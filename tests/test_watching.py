@@ -217,3 +217,24 @@ def test_build_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log():
             assert "\r" in text and "within" in text and "within: 25/100 (25%)\n" not in text
         else:  # a file or CI log: the same lines as the run's log, no carriage returns
             assert "\r" not in text and text.splitlines() == ctx.log.lines
+
+
+def test_a_failing_plot_is_a_note_but_a_ctrl_c_in_its_query_stops_the_step():
+    """A plot that fails costs the plot, never the step; but DuckDB turns a Ctrl-C inside a plot's
+    query into RuntimeError("Query interrupted"), which the step used to shrug off as a failed plot
+    and finish (the driver then stopped after a step that had lost a plot): it stops the step now."""
+    import dagster as dg  # the step context's logger
+
+    from envsched_pipeline.assets._common import plot_md  # this test's subject
+
+    context = dg.build_asset_context()
+
+    def broken():
+        raise ValueError("no rows")
+
+    def interrupted():
+        raise RuntimeError("Query interrupted")
+
+    assert plot_md(context, "trends", broken) == {"trends_error": "ValueError: no rows"}
+    with pytest.raises(KeyboardInterrupt):
+        plot_md(context, "trends", interrupted)

@@ -35,10 +35,13 @@ def guard(context, lake) -> None:
 
 def plot_md(context, label: str, make, *args, **kw) -> dict:
     """``{label: markdown with the plot inline}``; a plot that fails is a warning in the run's log and
-    a note in the metadata, never a failed step."""
+    a note in the metadata, never a failed step (a Ctrl-C that lands in its query still stops it)."""
     try:
         return {label: dg.MetadataValue.md(embed(make(*args, **kw), label))}
     except Exception as exc:  # noqa: BLE001 - any plotting error must not fail the step
+        if isinstance(exc, RuntimeError) and str(exc) == "Query interrupted":
+            # Ctrl-C inside the plot's DuckDB query (DuckDB's form of it): the step stops, not just the plot
+            raise KeyboardInterrupt from exc
         context.log.warning(f"plot {label} failed ({type(exc).__name__}: {exc}); the step goes on without it")
         return {f"{label}_error": f"{type(exc).__name__}: {exc}"[:300]}
 

@@ -144,3 +144,15 @@ def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_st
         "select step, benchmark, score from evals order by 1, 2",
     ):
         assert lakes["resident"].sql(q).to_pylist() == lakes["per-step"].sql(q).to_pylist(), q
+
+
+def test_a_run_made_longer_keeps_its_worker_and_checkpoint_cadence(lake):
+    """`envsched train --steps 4` after a run of 3 steps: the live worker reads the run's new length
+    (it used to keep the one it started with, so it checkpointed at the old last step and exited
+    there, and the next step paid a new worker's load)."""
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "2", "--max-steps", "3"]) == 0
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "4"]) == 0
+    rows = metrics(lake)
+    assert [r["model_loads"] for r in rows] == [1, 1, 1, 1] and len({r["worker_pid"] for r in rows}) == 1
+    ckpts = sorted(p.parent.name for p in (lake.root / "checkpoints").glob("step=*/policy"))
+    assert ckpts == ["step=1", "step=3"]  # every 2 steps and the run's last, not the old last (step 2)

@@ -152,6 +152,8 @@ class Worker:
                 return
             step = int(req["step"])
             self.spec = require_run(self.lake)  # the run's length may have grown since the worker started
+            if self.session is not None:
+                self.session.spec = self.spec  # its checkpoint at the run's last step reads the length
             fence = holder_check(self.lake, *req["fence"]) if req.get("fence") else None
             with self.lock, self.lake.fenced(fence) if fence else contextlib.nullcontext():
                 try:

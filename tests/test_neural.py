@@ -1217,3 +1217,12 @@ def test_a_validation_slice_steers_the_coverage_share_and_leaves_held_out_alone(
         run_one("envsched", pool, steps=1, seed=0, batch_size=6, overrides=over)  # simulated
     with pytest.raises(ConfigError, match="scheduler_config.validation_every: a validation slice"):
         scheduler_config(RunSpec(scheduler_config={"validation_every": 10}))
+
+
+def test_the_neural_checkpoints_kept_are_the_ones_rewind_can_start_from():
+    """Every step writes its checkpoint and drops the one two steps back, except steps 19, 39, ...
+    (a language model's default periodic ones), so `envsched rewind --to 20k` finds its policy."""
+    from trainer.neural.runner import superseded_checkpoint  # this test's subject
+
+    kept = set(range(46)) - {superseded_checkpoint(s) for s in range(46)}
+    assert kept == {19, 39, 44, 45}

@@ -35,6 +35,14 @@ def _config(spec: RunSpec) -> NeuralConfig:
     return NeuralConfig.from_dict(known)
 
 
+def superseded_checkpoint(step: int) -> int | None:
+    """The checkpoint step ``step`` makes unneeded: the two newest stay (a retried step needs its
+    predecessor) and, like a language model's periodic ones, those of steps 19, 39, ..., so
+    `envsched rewind --to 20k` finds the policy it starts from."""
+    old = step - 2
+    return old if old >= 0 and (old + 1) % KEEP_EVERY else None
+
+
 def _checkpoint(step: int) -> str:
     return Lake.artifact_rel("checkpoints", step, "neural.pt")
 
@@ -124,8 +132,7 @@ def _neural_step(
     version = learner.version
     info = learner.learn()
     lake.write_bytes(_checkpoint(step), learner.state_bytes())
-    old = step - 2  # keep the two newest (a retried step needs its predecessor) and every KEEP_EVERY-th
-    if old >= 0 and old % KEEP_EVERY:
+    if (old := superseded_checkpoint(step)) is not None:
         lake.delete(_checkpoint(old))
     n = len(task_ids)
     flags = [

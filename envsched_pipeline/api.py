@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable
 
 from envsched_pipeline.core.build import asked_run, check_run, new_run
+from envsched_pipeline.core.gates import rewind
 from envsched_pipeline.core.ingest import ingest_rollouts
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
@@ -25,6 +26,7 @@ from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import load_run, start_run
 
 
@@ -112,6 +114,13 @@ class ExternalRun:
         (1 / predicted yield, calibrated on the realized yield of recent steps)."""
         self.manifest(step)
         return float(self.lake.read("audits", step=step).to_pylist()[0]["oversampling_factor"])
+
+    def rewind(self, step: int) -> dict:
+        """Take the run back to ``step`` (`envsched rewind --to`): the manifests, rollouts and
+        statistics of ``step`` and later move to ``archive/``, and the next ``manifest(step)`` is
+        chosen again from the scheduler state after ``step - 1``. Returns what moved where."""
+        with Lease(self.lake, kind="ExternalRun.rewind"):  # never beside a driver of the run
+            return rewind(self.lake, step)
 
     def status(self) -> dict:
         return status(self.lake)

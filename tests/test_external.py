@@ -113,6 +113,26 @@ def test_restarted_trainer_continues(two_lakes):
     assert len(s2.manifest()) == 6
 
 
+def test_an_external_run_rewinds_and_chooses_the_same_batches_again(two_lakes):
+    """`ExternalRun.rewind(1)`: steps 1 and later move to archive/, the run goes on at step 1, and
+    the same rollouts give the same manifests as the first time."""
+    a, _ = two_lakes
+    run = ExternalRun(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+    first = []
+    for t in range(3):
+        picks = run.manifest(t)
+        first.append([p["task_id"] for p in picks])
+        run.observe(t, rollouts_for(t, picks))
+    moved = run.rewind(1)
+    assert moved["moved"]["rollouts"] == [1, 2] and run.next_step == 1
+    for t in (1, 2):
+        picks = run.manifest(t)
+        assert [p["task_id"] for p in picks] == first[t]
+        run.observe(t, rollouts_for(t, picks))
+    with pytest.raises(StepError, match="the run holds steps 0..2"):
+        run.rewind(5)
+
+
 @pytest.mark.parametrize(
     "bad,match",
     [

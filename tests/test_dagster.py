@@ -90,3 +90,33 @@ def test_sensor_skips_without_a_run(lake):
     with dg.instance_for_test() as instance:
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
         assert isinstance(r, dg.SkipReason) and "no run" in r.skip_message
+
+
+def test_rewind_job_takes_the_run_back_from_the_ui(small_run):
+    """`rewind_job` (launchpad config `ops.rewind_steps.config.to`) does what `envsched rewind` does,
+    and a step it cannot go back to fails the run with the reason, moving nothing."""
+    from envsched_pipeline.core.loop import next_action  # the loop this test drives
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
+    from trainer.step import run_step
+
+    lake = small_run
+    for t in range(3):
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    job = defs.resolve_job_def("rewind_job")
+
+    def config(to):
+        return {
+            "ops": {"rewind_steps": {"config": {"to": to}}},
+            "resources": {"lake": {"config": {"root": str(lake.root)}}},
+        }
+
+    with dg.instance_for_test() as instance:
+        bad = job.execute_in_process(run_config=config(7), instance=instance, raise_on_error=False)
+        assert not bad.success and next_action(lake) is None
+        failure = [e for e in bad.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE][0]
+        assert "the run holds steps 0..2" in failure.step_failure_data.error.message
+        assert job.execute_in_process(run_config=config(1), instance=instance).success
+    assert next_action(lake) == ("select", 1) and lake.steps("rollouts") == [0]

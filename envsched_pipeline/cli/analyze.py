@@ -29,9 +29,8 @@ from envsched_pipeline.cli.common import (
     write_output,
 )
 from envsched_pipeline.cli.sql import print_table
-from envsched_pipeline.core.gates import GATES, halted, resume, rewind
+from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status
-from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
@@ -236,25 +235,12 @@ def next_in_words(lake) -> str:
 
 def cmd_rewind(args) -> int:
     from envsched_pipeline.orchestration.driver import get_instance  # Dagster: only here
-    from envsched_pipeline.orchestration.plan import ENDED_BADLY, in_flight, runs_of  # Dagster: only here
+    from envsched_pipeline.orchestration.rewind import rewind_run  # Dagster: only here
 
     lake = lake_of(args).require()
     spec = require_run(lake)
     dagster_home()
-    instance = get_instance()
-    with Lease(lake, kind="envsched rewind"):  # no driver may run beside it
-        flying = in_flight(lake, instance, spec.run_id)
-        if flying:
-            raise UsageError(
-                f"step {flying[0].tags.get('envsched/step')} of the run is being run by Dagster run "
-                f"{flying[0].run_id[:8]} ({flying[0].status.value.lower()}); stop the sensor and wait for it"
-            )
-        ended = [
-            r.run_id
-            for r in runs_of(instance, spec.run_id, ENDED_BADLY)
-            if int(r.tags.get("envsched/step", -1)) >= args.to
-        ]
-        out = rewind(lake, args.to, answered_runs=ended)
+    out = rewind_run(lake, get_instance(), args.to, who="envsched rewind")
     steps = sorted({s for v in out["moved"].values() for s in v})
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing"
     halt = "; the halt is cleared" if out["halt_cleared"] else ""

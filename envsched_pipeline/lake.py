@@ -335,7 +335,15 @@ class _ObjectStore:
             self.fs.rm(self._key(rel), recursive=True)
 
     def move(self, src: str, dst: str) -> None:
-        self.fs.mv(self._key(src), self._key(dst), recursive=True)
+        """Every object under ``src`` copied to the same place under ``dst``, then removed (s3fs's
+        recursive ``mv`` also tries to copy the folder's own key, which an object store lacks)."""
+        self.fs.invalidate_cache()
+        base = self._key(src)
+        files = [f for f in self.fs.find(base) if f == base or f.startswith(base + "/")]
+        for f in files:
+            self.fs.copy(f, self._key(dst) + f[len(base) :])
+        if files:
+            self.fs.rm(files)
 
     def write_parquet(self, rel: str, data: pa.Table) -> None:
         buf = pa.BufferOutputStream()

@@ -325,3 +325,30 @@ def test_swap_falls_back_on_a_store_without_conditional_writes(s3, monkeypatch):
     assert lake.swap("lease.json", b"a", b"b") and not lake.store.conditional
     assert not lake.swap("lease.json", b"a", b"c") and lake.read_bytes("lease.json") == b"b"
     assert lake.discard("lease.json", b"b") and lake.read_bytes("lease.json") is None
+
+
+def test_rewind_on_an_s3_lake_archives_the_local_model_checkpoints_too(s3):
+    """On an `s3://` lake a language model's checkpoints live on local disk: `rewind` moves those of
+    the redone steps to the local archive with the bucket's partitions (it left them in place)."""
+    from envsched_pipeline.core.gates import checkpointed_steps, rewind  # this test's subject
+
+    url, _ = s3
+    lake = Lake(url)
+    import_pool(lake, load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=2))
+    run = ExternalRun(pool="mini", lake=lake, batch_size=6, group_size=G)
+    for step in range(3):
+        rows = [
+            {"task_id": p["task_id"], "rollout": r, "reward": float(r % 2)}
+            for p in run.manifest(step)
+            for r in range(G)
+        ]
+        run.observe(step, rows)
+    for s in range(3):  # what an LM trainer saves beside an s3 lake
+        (lake.local / "checkpoints" / f"step={s}" / "policy").mkdir(parents=True)
+        (lake.local / "checkpoints" / f"step={s}" / "policy" / "trainer.json").write_text(f'{{"step": {s}}}')
+    assert checkpointed_steps(lake) == {0, 1, 2}
+    out = rewind(lake, 1)
+    assert out["moved"]["local checkpoints"] == [1, 2] and out["moved"]["rollouts"] == [1, 2]
+    assert sorted(p.name for p in (lake.local / "checkpoints").iterdir()) == ["step=0"]
+    kept = list((lake.local / "archive").glob("rewind-to-step1-*/checkpoints/step=2/policy/trainer.json"))
+    assert len(kept) == 1 and Lake(url).steps("rollouts") == [0]

@@ -269,12 +269,19 @@ def checkpointed_steps(lake: Lake) -> set[int]:
     trainer's rolling ``latest``."""
     found = set(lake.artifact_steps("checkpoints"))
     if lake.local != lake.root:  # a remote lake keeps model checkpoints on local disk
-        for path in (lake.local / "checkpoints").glob("step=*/*"):
-            with contextlib.suppress(ValueError):
-                found.add(int(path.parent.name.split("=", 1)[1]))
+        found.update(_local_checkpoint_steps(lake))
     latest = lake.local / "checkpoints" / "latest" / "trainer.json"
     if latest.exists():
         found.add(int(json.loads(latest.read_text())["step"]))
+    return found
+
+
+def _local_checkpoint_steps(lake: Lake) -> list[int]:
+    """Steps with a checkpoint folder holding something under the lake's local folder."""
+    found = []
+    for path in (lake.local / "checkpoints").glob("step=*/*"):
+        with contextlib.suppress(ValueError):
+            found.append(int(path.parent.name.split("=", 1)[1]))
     return found
 
 
@@ -307,6 +314,13 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
                 f"one that is: {', '.join(map(str, ok[-12:]))}"
             )
     moved = lake.archive(f"rewind-to-step{step}", lambda kind, s: s >= step)
+    if lake.local != lake.root:  # a remote lake's model checkpoints live on local disk: archived there
+        into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
+        for s in sorted(set(_local_checkpoint_steps(lake))):
+            if s >= step:
+                into.mkdir(parents=True, exist_ok=True)
+                (lake.local / "checkpoints" / f"step={s}").rename(into / f"step={s}")
+                moved["moved"].setdefault("local checkpoints", []).append(s)
     if record is not None:
         lake.delete(HALT_FILE)
     if answered_runs:

@@ -525,8 +525,9 @@ def test_a_resident_worker_writes_only_while_its_client_holds_the_step(small_run
         holder_check(lake, lock.name, lock.id)()
 
 
-def _mini_train(tmp_path, steps: int):
-    """A fresh lake with a tiny pool, and `envsched train --steps <steps>` started on it."""
+def _mini_train(tmp_path, steps: int, output=subprocess.PIPE):
+    """A fresh lake with a tiny pool, and `envsched train --steps <steps>` started on it (its stdout
+    and stderr to ``output``)."""
     home, root = tmp_path / "dh", tmp_path / "lake"
     home.mkdir()
     env = {**os.environ, "DAGSTER_HOME": str(home), "ENVSCHED_LAKE": str(root)}
@@ -537,9 +538,7 @@ def _mini_train(tmp_path, steps: int):
     )
     assert made.returncode == 0
     train = cli + ["train", "--pool", "mini", "--batch-size", "4", "--group-size", "2", "--steps"]
-    proc = subprocess.Popen(
-        train + [str(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(train + [str(steps)], env=env, stdout=output, stderr=output, text=True)
     return proc, train, env, home, root
 
 
@@ -580,11 +579,14 @@ def test_a_killed_train_leaves_no_run_that_blocks_the_next(tmp_path):
     and every later `envsched train` was refused as "driven by the loop sensor". An in-process run
     cannot outlive its driver: once the driver's lease is gone the run is marked canceled and the
     next driver goes on."""
-    proc, train, env, home, root = _mini_train(tmp_path, 30)
+    # its output to a file: the killed driver's children (a trainer in the middle of its step,
+    # Dagster's log watchers) may hold a pipe open after it is gone
+    with open(tmp_path / "killed.log", "w") as log:
+        proc, train, env, home, root = _mini_train(tmp_path, 30, output=log)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         _wait_for_a_started_job(instance, proc)
         proc.kill()
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         orphan = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
         assert len(orphan) == 1
         done = subprocess.run(train + ["2"], env=env, capture_output=True, text=True, timeout=600)

@@ -556,11 +556,13 @@ def test_ctrl_c_stops_envsched_train_and_the_next_train_goes_on(tmp_path):
     the driver retried it and went on (three Ctrl-C's halted the run as failed). Now it stops with
     one line naming where, the job's run is canceled (never a failed attempt), and `envsched train`
     continues the run to its end."""
-    proc, train, env, home, root = _mini_train(tmp_path, 30)
+    with open(tmp_path / "train.err", "w") as log:  # a file, not a pipe a child process may hold
+        proc, train, env, home, root = _mini_train(tmp_path, 30, output=log)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         _wait_for_a_started_job(instance, proc)
         proc.send_signal(signal.SIGINT)  # inside a Dagster job: the case Dagster used to swallow
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        err = (tmp_path / "train.err").read_text()
         assert proc.returncode == 130, err[-2000:]
         assert "envsched: interrupted " in err and "`envsched train --steps 30` continues the run" in err
         assert "failed, attempt" not in err and "Traceback" not in err

@@ -241,7 +241,7 @@ def cmd_rewind(args) -> int:
     spec = require_run(lake)
     dagster_home()
     out = rewind_run(lake, get_instance(), args.to, who="envsched rewind")
-    steps = sorted({s for v in out["moved"].values() for s in v})
+    steps = out["steps"]
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing"
     halt = "; the halt is cleared" if out["halt_cleared"] else ""
     again = (

@@ -329,5 +329,6 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
         "step": step,
         "archive": moved["archive"],
         "moved": moved["moved"],
+        "steps": sorted({s for steps in moved["moved"].values() for s in steps}),
         "halt_cleared": record is not None,
     }

@@ -45,7 +45,7 @@ def rewind_steps(context: dg.OpExecutionContext, config: RewindConfig, lake: Lak
         out = rewind_run(lake.lake(), context.instance, config.to, who="rewind_job (Dagster)")
     except EnvschedError as exc:
         raise dg.Failure(str(exc)) from exc
-    steps = sorted({s for v in out["moved"].values() for s in v})
+    steps = out["steps"]
     context.log.info(
         f"rewound to step {config.to}: steps {steps[0]}..{steps[-1]} moved to {out['archive']}"
         + ("; the halt is cleared" if out["halt_cleared"] else "")

@@ -76,6 +76,14 @@ STEP_TABLES: dict[str, dict[str, str]] = {
     "statistics": {"step": "int", "task_id": "str"},
     "train_metrics": {"step": "int", "seconds": "float"},
     "evals": {"step": "int", "benchmark": "str", "score": "float"},
+    "eval_rollouts": {
+        "step": "int",
+        "split": "str",
+        "task_id": "str",
+        "sample": "int",
+        "env_id": "str",
+        "reward": "float",
+    },
     "audits": {"step": "int"},
     "yields": {"step": "int", "predicted_yield": "float", "realized_yield": "float"},
 }
@@ -501,7 +509,10 @@ class Lake:
         """Replace one partition of ``table`` atomically. Returns the file written."""
         if not isinstance(data, pa.Table):
             rows = list(data)
-            data = pa.Table.from_pylist(rows) if rows else self._empty(table)
+            # every key of any row is a column (a row without it holds null): pyarrow's from_pylist
+            # would take the columns of the first row alone
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            data = pa.table({k: [r.get(k) for r in rows] for k in keys}) if rows else self._empty(table)
         self._validate(table, data)
         rel = f"{self._partition_rel(table, **partition)}/part-0.parquet"
         self.guard()
@@ -659,9 +670,13 @@ class Lake:
         return None
 
     def sql(self, query: str) -> pa.Table:
+        return self.sql_each([query])[0]
+
+    def sql_each(self, queries: list[str]) -> list[pa.Table]:
+        """Each query's result, all on one connection (its views are built once)."""
         con = self.connect()
         try:
-            return self._run(con, query)
+            return [self._run(con, query) for query in queries]
         except duckdb.Error as exc:
             msg = str(exc)
             if _ERROR_MARK in msg:

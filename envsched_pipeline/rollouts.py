@@ -137,3 +137,15 @@ def table(rows: Mapping[str, object], n: int) -> pa.Table:
 def trajectory_json(obj, limit: int = 20_000) -> str:
     """A trajectory as the JSON text stored in the table, cut to ``limit`` characters."""
     return json.dumps(obj, default=str)[:limit]
+
+
+def write_step_result(lake, step: int, result: dict, metrics: dict | None = None) -> None:
+    """A trained step's partitions: its rollouts, its held-out episodes (when it evaluated), its
+    evals, and last ``train_metrics`` (``metrics``, else the result's), the step's completion mark."""
+    lake.write("rollouts", result["rollouts"], step=step)
+    if result.get("eval_rollouts") is not None:
+        lake.write("eval_rollouts", result["eval_rollouts"], step=step)
+    else:  # a redone step that no longer evaluates must not keep the held-out episodes of before
+        lake.delete_partition("eval_rollouts", step=step)
+    lake.write("evals", result["evals"], step=step)
+    lake.write("train_metrics", [metrics if metrics is not None else result["metrics"]], step=step)

@@ -117,7 +117,13 @@ LM_SETTINGS = (
     "checkpoint_every",
     "resident",
     "deepspeed",
+    "eval_every",
+    "eval_tasks",
+    "eval_samples",
 )
+# held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
+# may change them without --allow-config-change (the change is still recorded)
+EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples")
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,12 @@ class PolicyConfig:
     base_url: str | None = None  # openai: any OpenAI-compatible server
     model: str | None = None
     api_key_env: str | None = None  # openai: name of the environment variable holding the key
+    # held-out evaluation (trainer/heldout.py; neural and LM policies): every N steps and at the last
+    # step, 0 = off (default 10); tasks per split (default: all for neural, B for LM policies);
+    # sampled episodes per task (default 8 for neural, 2 for LM policies)
+    eval_every: int | None = None
+    eval_tasks: int | None = None
+    eval_samples: int | None = None
 
     USED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
         "simulated": (
@@ -178,6 +190,7 @@ class PolicyConfig:
             "temperature",
             "max_actions",
             "resident",
+            *EVAL_SETTINGS,
         ),
         "hf-tiny": LM_SETTINGS,
         "hf": LM_SETTINGS + ("model_path",),
@@ -190,6 +203,7 @@ class PolicyConfig:
             "max_new_tokens",
             "temperature",
             "max_actions",
+            *EVAL_SETTINGS,
         ),
         "external": (),
     }
@@ -235,6 +249,9 @@ POLICY_BOUNDS = {
     "lr": (0, False, 10),
     "max_new_tokens": (1, True, BIG),
     "checkpoint_every": (1, True, BIG),
+    "eval_every": (0, True, BIG),
+    "eval_tasks": (1, True, BIG),
+    "eval_samples": (1, True, 1024),
 }
 
 
@@ -377,7 +394,7 @@ def start_run(
             k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)
         ]
         record = lake.read_json(RUN_FILE) or {}
-        if changed and not allow_config_change:
+        if changed and not allow_config_change and _training_changes(current, spec):
             raise StepError(
                 f"{lake.root}: the run was started with {', '.join(f'{k}={getattr(current, k)}' for k in changed)}; "
                 f"this command asks for {', '.join(f'{k}={getattr(spec, k)}' for k in changed)}. "
@@ -408,6 +425,17 @@ def start_run(
         spec = replace(spec, run_id=uuid.uuid4().hex[:8])
     lake.write_json(RUN_FILE, spec.to_dict())
     return spec
+
+
+def _training_changes(current: RunSpec, spec: RunSpec) -> bool:
+    """Whether ``spec`` changes how ``current`` trains: anything but its held-out evaluation."""
+
+    def training(pc: dict) -> dict:
+        return {k: v for k, v in pc.items() if k not in EVAL_SETTINGS}
+
+    return current.scheduler_config != spec.scheduler_config or training(current.policy_config) != training(
+        spec.policy_config
+    )
 
 
 # policies that act only in some kinds of environment (the neural learner's pointer policy makes

@@ -71,7 +71,7 @@ LAYERS = {
         "test_trainer",
         "test_yield",
     ),
-    "dagster": ("test_dagster", "test_resident"),
+    "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (
         "test_cli",
         "test_ui",

@@ -26,6 +26,9 @@ class ScriptedEngine:
         self.scripts = scripts
         self.calls: dict[int, int] = {}
 
+    def reseed(self, seed: int) -> None:
+        """Nothing to seed: the scripts are fixed."""
+
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         out = []
         for j, _ in enumerate(prompts):
@@ -45,6 +48,12 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, device: str = "cpu", batch_size: int = 16):
         self.model, self.tok, self.device, self.batch_size = model, tokenizer, device, batch_size
+
+    def reseed(self, seed: int) -> None:
+        """Sample from ``seed`` on: the same episodes in the same batches sample the same tokens."""
+        import torch  # engines without torch (openai, scripted) must not need it
+
+        torch.manual_seed(seed)
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         import torch  # engines without torch (openai, scripted) must not need it
@@ -116,15 +125,32 @@ class VLLMEngine:
             )
         self.llm = llm
         self.asleep = False
+        self.seed: int | None = None  # reseed(): every request gets a seed derived from it
+        self.requests = 0
+
+    def reseed(self, seed: int) -> None:
+        """Sample from ``seed`` on: each prompt of each later call gets its own seed from it (vLLM
+        seeds a request, not the engine), so the same calls sample the same tokens."""
+        self.seed, self.requests = int(seed), 0
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         from vllm import SamplingParams  # the gpu extra only
         from vllm.inputs import TokensPrompt  # the gpu extra only
 
         self.wake()
-        params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature))
+        if self.seed is None:
+            params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature))
+        else:
+            params = [
+                SamplingParams(**sampling_kwargs(max_new_tokens, temperature, seed=self._next_seed()))
+                for _ in prompts
+            ]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
+
+    def _next_seed(self) -> int:
+        self.requests += 1
+        return (self.seed * 1_000_003 + self.requests) % (2**63)
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory (weights offloaded, KV cache dropped) while the trainer updates."""
@@ -159,14 +185,26 @@ class OpenAIEngine:
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout)
         self.model = model
+        self.seed: int | None = None
+        self.requests = 0
+
+    def reseed(self, seed: int) -> None:
+        """Send each later request a seed derived from ``seed`` (the API's ``seed``: servers that
+        honour it sample the same reply for the same request)."""
+        self.seed, self.requests = int(seed), 0
 
     def chat(self, messages: list[dict], tools: list[dict], max_new_tokens=512, temperature=1.0) -> str:
+        extra = {}
+        if self.seed is not None:
+            self.requests += 1
+            extra["seed"] = (self.seed * 1_000_003 + self.requests) % (2**63)
         resp = self.client.chat.completions.create(
             model=self.model,
             messages=messages,
             tools=tools or None,
             max_tokens=max_new_tokens,
             temperature=temperature,
+            **extra,
         )
         msg = resp.choices[0].message
         text = msg.content or ""

@@ -23,9 +23,18 @@ from trainer import ranks, world
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
 from trainer.grpo import group_advantages
+from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
 from trainer.realenv import episode_rows
 from trainer.update import GRPOConfig, GRPOTrainer
+
+LM_EVAL_EVERY = 10  # held-out evaluation every 10 steps and at the last (policy_config.eval_every)
+LM_EVAL_SAMPLES = 2  # episodes per held-out task (policy_config.eval_samples)
+
+
+def sampling_seed(seed: int, step: int, rank: int, purpose: str) -> int:
+    """The seed an engine samples a step's ``purpose`` ("train" or "heldout") episodes from."""
+    return int(np.random.default_rng([seed, step, rank, 1 if purpose == "train" else 2]).integers(2**62))
 
 
 def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
@@ -139,25 +148,13 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     )
     t_roll = time.perf_counter()
     workers = pc.workers or 2
+    # sampling starts from the run's seed, the step and the rank: a retried step, a resident
+    # worker and a fresh process sample alike, and held-out evaluation changes no later step
+    engine.reseed(sampling_seed(spec.seed, step, rk.rank, "train"))
     eps = [Episode(task_id=t, rollout=r, session=None) for t in task_ids for r in range(g)]
-
-    bar = tqdm(
-        total=len(eps), desc="agent rollouts", unit="episode", leave=False, disable=None
-    )  # None: no bar off a terminal
-    with SandboxPool(workers=workers) as pool:
-        # a session holds a worker for its whole episode: run the episodes in waves of `workers`
-        for s in range(0, len(eps), workers):
-            wave = eps[s : s + workers]
-            for e in wave:
-                e.session = pool.session(episode_spec(envs[tasks[e.task_id]["env_id"]], tasks[e.task_id]))
-            try:
-                loop.run(wave)
-            finally:
-                for e in wave:
-                    e.session.close()
-            bar.update(len(wave))
-            log(f"rollouts {min(s + workers, len(eps))}/{len(eps)}")
-    bar.close()
+    _roll_out(
+        loop, eps, {t: episode_spec(envs[tasks[t]["env_id"]], tasks[t]) for t in task_ids}, workers, log
+    )
     rollout_seconds = time.perf_counter() - t_roll
     rewards = np.array([float(e.result.get("reward", 0.0)) for e in eps])
     n = len(task_ids)
@@ -169,10 +166,11 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         sess.checkpoint(step)
         if spec.policy == "vllm":
             engine.sync_weights(model)  # wakes vLLM and pushes the new weights
+    every = LM_EVAL_EVERY if pc.eval_every is None else pc.eval_every
+    held = _heldout(sess, step, loop, log) if due(step, spec.max_steps, every) else None
     adv = group_advantages(rewards.reshape(n, g)).reshape(-1)
     tokens = np.array([len(e.ids) for e in eps])
     gen_tokens = np.array([e.generated_tokens for e in eps])
-    err = [e.result.get("error_class") or ("none" if not e.result.get("error") else "task") for e in eps]
     rollouts = {
         "step": np.full(n * g, step, dtype=np.int64),
         "task_id": np.array([e.task_id for e in eps]),
@@ -180,16 +178,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "env_id": np.array([tasks[e.task_id]["env_id"] for e in eps]),
         "reward": rewards,
         "advantage": adv,
-        "checks_passed": np.array(
-            [sum(c.get("passed", False) for c in e.result.get("checks", [])) for e in eps]
-        ),
-        "checks_total": np.array([len(e.result.get("checks", [])) for e in eps]),
-        "turns": np.array([e.turns for e in eps], dtype=np.int64),
-        "tool_calls": np.array([e.actions for e in eps], dtype=np.int64),
-        "terminated": np.array([not e.truncated for e in eps]),
-        "truncated": np.array([e.truncated for e in eps]),
-        "error_class": np.array(err),
-        "error_message": np.array([str(e.result.get("error") or "")[:500] for e in eps]),
+        **_outcome_columns(eps),
         "hack_flag": np.array(
             [
                 bool(
@@ -207,20 +196,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
         "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),
         "rank": np.full(n * g, rk.rank, dtype=np.int64),
-        "trajectory": np.array(
-            [
-                json.dumps(
-                    {
-                        "engine": spec.policy,
-                        "messages": e.messages[-12:],
-                        "tool_calls": e.tool_log[:40],
-                        "parse_errors": e.parse_errors,
-                    },
-                    default=str,
-                )[:20000]
-                for e in eps
-            ]
-        ),
+        "trajectory": _trajectories(eps, spec.policy),
     }
     table = pa.table(rollouts)
     parts = ranks.gather(
@@ -278,4 +254,116 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     if device == "cuda":
         metrics["max_memory_gb"] = float(torch.cuda.max_memory_allocated() / 1e9)
     evals = [{"step": step, "benchmark": "batch_mean_reward", "score": float(rewards.mean())}]
-    return {"rollouts": table, "metrics": metrics, "evals": evals}
+    out = {"rollouts": table, "metrics": metrics, "evals": evals}
+    if held is not None:
+        evals += held["evals"]
+        out["eval_rollouts"] = held["rollouts"]
+        metrics["eval_seconds"] = held["seconds"]
+        metrics["eval_episodes"] = held["rollouts"].num_rows
+    return out
+
+
+def _roll_out(
+    loop: AgentLoop, eps: list[Episode], specs: dict[str, dict], workers: int, log, what=""
+) -> None:
+    """Run ``eps`` through the agent loop in the sandbox: ``specs`` maps a task to its episode spec.
+    A session holds a worker for its whole episode, so the episodes run in waves of ``workers``."""
+    bar = tqdm(
+        total=len(eps), desc=f"{what}agent rollouts", unit="episode", leave=False, disable=None
+    )  # None: no bar off a terminal
+    with SandboxPool(workers=workers) as pool:
+        for s in range(0, len(eps), workers):
+            wave = eps[s : s + workers]
+            for e in wave:
+                e.session = pool.session(specs[e.task_id])
+            try:
+                loop.run(wave)
+            finally:
+                for e in wave:
+                    e.session.close()
+            bar.update(len(wave))
+            log(f"{what}rollouts {min(s + workers, len(eps))}/{len(eps)}")
+    bar.close()
+
+
+def _outcome_columns(eps: list[Episode]) -> dict:
+    """What the verifier and the loop made of each episode (training and held-out rollouts alike)."""
+    err = [e.result.get("error_class") or ("none" if not e.result.get("error") else "task") for e in eps]
+    return {
+        "checks_passed": np.array(
+            [sum(c.get("passed", False) for c in e.result.get("checks", [])) for e in eps], dtype=np.int64
+        ),
+        "checks_total": np.array([len(e.result.get("checks", [])) for e in eps], dtype=np.int64),
+        "turns": np.array([e.turns for e in eps], dtype=np.int64),
+        "tool_calls": np.array([e.actions for e in eps], dtype=np.int64),
+        "terminated": np.array([not e.truncated for e in eps], dtype=bool),
+        "truncated": np.array([e.truncated for e in eps], dtype=bool),
+        "error_class": np.array(err, dtype=str),
+        "error_message": np.array([str(e.result.get("error") or "")[:500] for e in eps], dtype=str),
+    }
+
+
+def _trajectories(eps: list[Episode], engine: str) -> np.ndarray:
+    return np.array(
+        [
+            json.dumps(
+                {
+                    "engine": engine,
+                    "messages": e.messages[-12:],
+                    "tool_calls": e.tool_log[:40],
+                    "parse_errors": e.parse_errors,
+                },
+                default=str,
+            )[:20000]
+            for e in eps
+        ],
+        dtype=str,
+    )
+
+
+def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | None:
+    """Held-out evaluation after the step's update (trainer/heldout.py): ``eval_samples`` episodes of
+    each chosen evaluation task, in this rank's share; rank 0 gets every rank's and sums them up
+    (the other ranks get None). It samples from its own seed; the next step reseeds for training."""
+    lake, spec, pc, rk = sess.lake, sess.spec, sess.pc, sess.ranks
+    t0 = time.perf_counter()
+    chosen = heldout_tasks(
+        lake.read("eval_tasks", pool=spec.pool).to_pylist(), spec.seed, pc.eval_tasks or spec.batch_size
+    )
+    samples = pc.eval_samples or LM_EVAL_SAMPLES
+    items = [(split, row) for split, rows in chosen.items() for row in rows]
+    mine = items[world.group_slice(len(items), rk.rank, rk.world)]
+    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
+    envs.update({r["env_id"]: r for r in lake.read("eval_environments", pool=spec.pool).to_pylist()})
+    eps = [
+        Episode(task_id=row["task_id"], rollout=k, session=None) for _, row in mine for k in range(samples)
+    ]
+    specs = {row["task_id"]: episode_spec(envs[row["env_id"]], row) for _, row in mine}
+    loop.engine.reseed(sampling_seed(spec.seed, step, rk.rank, "heldout"))
+    _roll_out(loop, eps, specs, pc.workers or 2, log, what="held-out ")
+    rows = {
+        "step": np.full(len(eps), step, dtype=np.int64),
+        "split": np.array([split for split, _ in mine for _ in range(samples)], dtype=str),
+        "task_id": np.array([e.task_id for e in eps], dtype=str),
+        "sample": np.array([e.rollout for e in eps], dtype=np.int64),
+        "env_id": np.array([row["env_id"] for _, row in mine for _ in range(samples)], dtype=str),
+        "reward": np.array([float(e.result.get("reward", 0.0)) for e in eps]),
+        **_outcome_columns(eps),
+        "tokens": np.array([len(e.ids) for e in eps], dtype=np.int64),
+        "trajectory": _trajectories(eps, spec.policy),
+    }
+    parts = ranks.gather(pa.table(rows))
+    if parts is None:
+        return None
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    evals = []
+    for split in chosen:
+        mask = np.array(table.column("split").to_pylist()) == split
+        rewards = np.asarray(table.column("reward").to_numpy())[mask].reshape(-1, samples)
+        res = summarize(rewards)
+        evals.append({"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]})
+        log(
+            f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks "
+            f"x {samples} samples"
+        )
+    return {"evals": evals, "rollouts": table, "seconds": time.perf_counter() - t0}

@@ -36,6 +36,7 @@ from pathlib import Path
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake, atomic_write_bytes
 from envsched_pipeline.lease import holder_check
+from envsched_pipeline.rollouts import write_step_result
 from envsched_pipeline.run import require_run
 
 IDLE_SECONDS = 1800.0
@@ -161,10 +162,8 @@ class Worker:
                     sess = self._session(step, log)
                     manifest = self.lake.read("manifests", step=step).sort_by("slot")
                     result = sess.step(step, manifest, log=log)
-                    self.lake.write("rollouts", result["rollouts"], step=step)
-                    self.lake.write("evals", result["evals"], step=step)
                     metrics = {**result["metrics"], "model_loads": self.loads, "worker_pid": os.getpid()}
-                    self.lake.write("train_metrics", [metrics], step=step)
+                    write_step_result(self.lake, step, result, metrics)
                     self.steps_done.append(step)
                     self.next_step = step + 1
                     self._publish()

@@ -38,6 +38,7 @@ from envs.rollout_backend import episode_pool
 from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import STALE_SECONDS, step_lock
+from envsched_pipeline.rollouts import write_step_result
 from envsched_pipeline.run import RunSpec, require_run, step_rng
 from trainer import world
 from trainer.grpo import group_advantages
@@ -294,10 +295,7 @@ def run_step(lake: Lake, step: int, log=print) -> dict:
 
                 return run_resident(lake, step, log=log, fence=(lock.name, lock.id))
             result = ENGINES[spec.policy](lake, spec, step, manifest, log=log)
-            # train_metrics is written last: it marks the step complete
-            lake.write("rollouts", result["rollouts"], step=step)
-            lake.write("evals", result["evals"], step=step)
-            lake.write("train_metrics", [result["metrics"]], step=step)
+            write_step_result(lake, step, result)  # train_metrics last: it marks the step complete
     return result["metrics"]
 
 

@@ -1,5 +1,5 @@
 -- Documented DuckDB views over the lake. Base views (one per Parquet table: environments, tasks,
--- topologies, edges, manifests, rollouts, statistics, train_metrics, evals, audits) are created
+-- topologies, edges, manifests, rollouts, statistics, train_metrics, evals, eval_rollouts, audits) are created
 -- by envsched_pipeline.lake.Lake.connect(); these derived views are built on top of them.
 -- Try: envsched sql "select * from step_summary"
 
@@ -49,3 +49,13 @@ SELECT s.step, s.slot, s.task_id, s.env_id, s.half, s.score, s.pred_var, s.p_non
 FROM manifests s
 LEFT JOIN task_history h ON h.step = s.step AND h.task_id = s.task_id
 ORDER BY s.step, s.slot;
+
+-- Held-out evaluation per environment: how the policy does on the evaluation split (tasks of the
+-- training environments the pool leaves out: split 'seen'; environments never trained on: 'unseen')
+-- at each step that evaluated (neural and LM policies).
+CREATE VIEW heldout_by_env AS
+SELECT step, split, env_id, count(DISTINCT task_id) AS tasks, count(*) AS episodes,
+       avg(reward) AS mean_reward, avg(CASE WHEN reward >= 1 - 1e-9 THEN 1.0 ELSE 0.0 END) AS solved
+FROM eval_rollouts
+GROUP BY step, split, env_id
+ORDER BY step, split, env_id;

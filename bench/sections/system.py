@@ -305,7 +305,9 @@ def section_resident(steps: int = 5) -> None:
     from envs.registry import load_synthetic  # with the loop's imports: only this section
 
     pool = load_synthetic("mini", n_envs=2, tasks_per_env=4, seed=0)
-    runs = _loop_per_mode("hf-tiny", pool, {"max_new_tokens": 16, "checkpoint_every": 20}, steps, 4, 2)
+    # no held-out evaluation: the section times the training step's path alone
+    settings = {"max_new_tokens": 16, "checkpoint_every": 20, "eval_every": 0}
+    runs = _loop_per_mode("hf-tiny", pool, settings, steps, 4, 2)
     results = {}
     for mode, (walls, m) in runs.items():
         results[mode] = {

@@ -244,18 +244,26 @@ def _save(fig, lake, kind: str, step: int | None = None) -> str:
 
 
 def _series(lake, query: str) -> dict[str, list]:
-    t = lake.sql(query)
-    return {c: t.column(c).to_pylist() for c in t.column_names}
+    return _series_each(lake, query)[0]
+
+
+def _series_each(lake, *queries: str) -> list[dict[str, list]]:
+    """Each query's columns as lists, all read on one connection (the lake's views built once)."""
+    return [{c: t.column(c).to_pylist() for c in t.column_names} for t in lake.sql_each(list(queries))]
 
 
 def training_curves(lake, step: int | None = None) -> str:
     """Loss, reward mean/median and zero-variance fraction over all steps so far."""
     plt = _plt()
-    s = _series(lake, "select * from train_metrics order by step")
+    s, held = _series_each(
+        lake,
+        "select * from train_metrics order by step",
+        "select * from evals where benchmark like 'heldout_%' order by benchmark, step",
+    )
     for col in ("loss", "reward_mean", "reward_median", "zero_variance_fraction", "batch_variance"):
         s.setdefault(col, [None] * len(s["step"]))  # external trainers report fewer columns
     s = {k: [np.nan if v is None else v for v in vals] for k, vals in s.items()}
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig, ax = plt.subplots(1, 4 if held.get("step") else 3, figsize=(17 if held.get("step") else 13, 3.4))
     ax[0].plot(s["step"], [np.nan if v is None else v for v in s["loss"]], marker=".")
     ax[0].set_title(
         "GRPO loss" + (" (simulated learner: none)" if all(v is None or v != v for v in s["loss"]) else "")
@@ -268,17 +276,39 @@ def training_curves(lake, step: int | None = None) -> str:
     ax[2].plot(s["step"], s["batch_variance"], color="#4878d0", label="batch variance")
     ax[2].legend()
     ax[2].set_title("signal")
+    if held.get("step"):
+        _heldout_panel(ax[3], held)
     for a in ax:
         a.set_xlabel("step")
     return _save(fig, lake, "training_curves", step)
 
 
+def _heldout_panel(ax, held: dict[str, list]) -> None:
+    """Held-out reward per split over the steps that evaluated, with a band of two standard errors."""
+    ses = held.get("se") or [None] * len(held["step"])  # evals written without an error have none
+    for bench in sorted(set(held["benchmark"])):
+        rows = [
+            (st, sc, se)
+            for st, b, sc, se in zip(held["step"], held["benchmark"], held["score"], ses, strict=True)
+            if b == bench
+        ]
+        x = np.array([r[0] for r in rows])
+        y = np.array([np.nan if r[1] is None else r[1] for r in rows], dtype=float)
+        se = np.array([0.0 if r[2] is None else r[2] for r in rows], dtype=float)
+        split, _, note = bench.removeprefix("heldout_").partition(" ")  # e.g. "seen (simulated)"
+        label = f"{split} environments {note}".strip()
+        line = ax.plot(x, y, marker="o", ms=3, label=label)[0]
+        ax.fill_between(x, y - 2 * se, y + 2 * se, color=line.get_color(), alpha=0.15)
+    ax.legend()
+    ax.set_title("held-out reward (± 2 s.e.)")
+
+
 def statistics_trends(lake, pool: str, step: int | None = None) -> str:
     """Batch variance, environments touched and pool coverage over steps."""
     plt = _plt()
-    s = _series(lake, "select step, batch_variance, envs_touched from step_summary order by step")
-    seen = _series(
+    s, seen = _series_each(
         lake,
+        "select step, batch_variance, envs_touched from step_summary order by step",
         "select step, count(*) over (order by step rows unbounded preceding) as c from "
         "(select min(step) as step, task_id from rollouts group by task_id) order by step",
     )

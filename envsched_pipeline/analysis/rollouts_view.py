@@ -24,8 +24,13 @@ def render(row: dict, task: dict | None = None, width: int = 100) -> str:
         traj = json.loads(traj) if isinstance(traj, str) and traj else (traj or {})
     except json.JSONDecodeError:
         traj = {"raw": traj}
+    which = (
+        f"held-out ({row['split']} environments)  task {row['task_id']}  sample {row['sample']}"
+        if "split" in row
+        else f"task {row['task_id']}  rollout {row['rollout']}"
+    )
     lines = [
-        f"step {row['step']}  task {row['task_id']}  rollout {row['rollout']}  environment {row['env_id']}",
+        f"step {row['step']}  {which}  environment {row['env_id']}",
         f"reward {row['reward']:.3f}"
         + (
             f"  (checks {row.get('checks_passed')}/{row.get('checks_total')})"

@@ -48,9 +48,16 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
 
 
 def step_views(context, lk, step: int) -> dict:
-    """The step's curves (inline) and a few of its rollouts, rendered: the best, the worst and one
-    zero-variance group."""
+    """The step's curves (inline), its held-out scores when it evaluated (numbers, so the asset's
+    plots chart them over the steps), and a few of its rollouts, rendered: the best, the worst and
+    one zero-variance group."""
     out = plot_md(context, "curves", training_curves, lk, step)
+    for e in lk.read("evals", step=step).to_pylist():
+        name = (e.get("benchmark") or "").split(" ")[0]  # "heldout_seen (simulated)": heldout_seen
+        if name.startswith("heldout_") and e.get("score") is not None:
+            out[name] = float(e["score"])
+            if e.get("se") is not None:
+                out[f"{name}_se"] = float(e["se"])
     try:
         spec = require_run(lk)
         rows = lk.read("rollouts", step=step).to_pylist()

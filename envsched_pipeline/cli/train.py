@@ -176,6 +176,26 @@ def add_parser(sub) -> None:
         help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
     )
     t.add_argument(
+        "--eval-every",
+        type=INDEX,
+        default=None,
+        help="neural and LM policies: held-out evaluation every N steps and at the last step, 0 = off "
+        "(default 10; a resumed run may change it)",
+    )
+    t.add_argument(
+        "--eval-tasks",
+        type=COUNT,
+        default=None,
+        help="held-out tasks per split (seen / unseen environments), the same ones at every evaluation "
+        "(default: all for neural, B for LM policies)",
+    )
+    t.add_argument(
+        "--eval-samples",
+        type=COUNT,
+        default=None,
+        help="sampled episodes per held-out task (default 8 for neural, 2 for LM policies)",
+    )
+    t.add_argument(
         "--report-to",
         default=None,
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
@@ -207,6 +227,9 @@ def policy_config(args) -> dict:
         "model",
         "api_key_env",
         "checkpoint_every",
+        "eval_every",
+        "eval_tasks",
+        "eval_samples",
     ):
         if getattr(args, key) is not None:
             pc[key] = getattr(args, key)

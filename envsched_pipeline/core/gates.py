@@ -246,7 +246,9 @@ def resume(lake: Lake, redo: bool = False, failed_runs: list[str] | None = None)
     step, gate = record["step"], record["gate"]
     selection = gate == "manifest_is_valid" or gate.endswith("(select)")
     if redo:
-        tables = ("manifests", "audits") if selection else ("rollouts", "train_metrics", "evals")
+        tables = (
+            ("manifests", "audits") if selection else ("rollouts", "train_metrics", "evals", "eval_rollouts")
+        )
         for table in tables:
             lake.delete_partition(table, step=step)
     if gate not in GATES:  # a job that failed every attempt: the fix is outside the lake, so try again

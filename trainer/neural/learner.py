@@ -34,6 +34,7 @@ from envsched_pipeline.run import (
 )
 from envsched_pipeline.settings import BIG, check_settings
 from trainer.grpo import group_advantages
+from trainer.heldout import summarize
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
 from trainer.neural.text import (
@@ -758,16 +759,11 @@ class NeuralLearner:
             return {"mean": float("nan"), "se": float("nan"), "tasks": 0}
         r = self._episodes(tasks, samples, seed)[1]  # the verifiers' reward, never the overrun penalty
         task_means = r.mean(axis=1)
-        within = r.var(axis=1, ddof=1) if samples > 1 else np.zeros(len(tasks))
-        se = float(np.sqrt(within.sum() / samples) / len(tasks))
         by_env: dict[str, list[float]] = {}
         for t, m in zip(tasks, task_means, strict=True):
             by_env.setdefault(t["env_id"], []).append(float(m))
         return {
-            "mean": float(task_means.mean()),
-            "se": se,
-            "tasks": len(tasks),
-            "samples": samples,
+            **summarize(r),
             "by_env": {e: float(np.mean(v)) for e, v in sorted(by_env.items())},
             "by_task": {t["task_id"]: float(m) for t, m in zip(tasks, task_means, strict=True)},
         }

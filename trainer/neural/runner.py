@@ -20,6 +20,7 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
+from trainer.heldout import due, heldout_tasks
 from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
@@ -194,17 +195,16 @@ def _neural_step(
         },
     }
     evals = []
-    last = step + 1 >= spec.max_steps
-    if step % EVAL_EVERY == 0 or last:
+    pc = spec.policy_settings()
+    if due(step, spec.max_steps, EVAL_EVERY if pc.eval_every is None else pc.eval_every):
         ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
-        for split in ("seen", "unseen"):
-            rows_ = [r for r in ev if r.get("split") == split]
-            if rows_:
-                res = learner.evaluate(rows_, EVAL_SAMPLES, seed=spec.seed * 1000 + step)
-                evals.append(
-                    {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
-                )
-                log(
-                    f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
-                )
+        for split, rows_ in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
+            samples = pc.eval_samples or EVAL_SAMPLES
+            res = learner.evaluate(rows_, samples, seed=spec.seed * 1000 + step)
+            evals.append(
+                {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
+            )
+            log(
+                f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
+            )
     return {"rollouts": rollouts, "metrics": metrics, "evals": evals}

@@ -1,0 +1,207 @@
+"""Held-out evaluation of the language-model policies during a run, and the seeded sampling that
+makes their steps repeat: the same run twice gives the same episodes, and evaluating changes no
+training step."""
+
+import json
+import sys
+import types
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.loop import step_summary
+from envsched_pipeline.lake import Lake
+from trainer.heldout import due, heldout_tasks, summarize
+
+TRAIN = [
+    "train",
+    "--pool",
+    "mini",
+    "--policy",
+    "hf-tiny",
+    "--batch-size",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "8",
+]
+
+
+def test_evaluation_is_due_every_n_steps_and_at_the_last():
+    assert [s for s in range(25) if due(s, 25, 10)] == [0, 10, 20, 24]
+    assert [s for s in range(5) if due(s, 5, 1)] == [0, 1, 2, 3, 4]
+    assert not any(due(s, 25, 0) for s in range(25))  # 0 turns it off, the last step included
+
+
+def test_the_held_out_subset_is_fixed_by_the_seed_and_keeps_the_lake_order():
+    rows = [{"task_id": f"s{j}", "split": "seen"} for j in range(30)] + [
+        {"task_id": f"u{j}", "split": "unseen"} for j in range(5)
+    ]
+    every = heldout_tasks(rows, seed=0)
+    assert [len(every["seen"]), len(every["unseen"])] == [30, 5] and every["seen"] == rows[:30]
+    a, b, c = (heldout_tasks(rows, seed=s, per_split=4) for s in (3, 3, 4))
+    assert a == b and a["seen"] != c["seen"]  # the same tasks at every evaluation of a run
+    assert len(a["seen"]) == 4 and len(a["unseen"]) == 4
+    order = [int(r["task_id"][1:]) for r in a["seen"]]
+    assert order == sorted(order)
+    assert heldout_tasks(rows, seed=0, per_split=99)["seen"] == rows[:30]
+    assert heldout_tasks([r for r in rows if r["split"] == "seen"], seed=0).keys() == {"seen"}
+
+
+def test_the_summary_is_the_mean_of_task_means_with_the_sampling_error():
+    r = np.array([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.5, 0.5]])
+    out = summarize(r)
+    assert out["mean"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    within = [np.var(row, ddof=1) for row in r]
+    assert out["se"] == pytest.approx(np.sqrt(sum(within) / 4) / 3)
+    assert (out["tasks"], out["samples"]) == (3, 4)
+    assert summarize(np.array([[0.5], [1.0]]))["se"] == 0.0  # one sample: no within-task spread
+
+
+def test_rows_with_a_column_the_first_row_lacks_keep_it(tmp_path):
+    """The LM step's evals start with a row without a standard error; pyarrow's from_pylist took
+    the first row's columns, so the held-out rows' ``se`` was dropped."""
+    lake = Lake(tmp_path / "lake")
+    lake.write(
+        "evals",
+        [{"step": 0, "benchmark": "a", "score": 0.5}, {"step": 0, "benchmark": "b", "score": 0.4, "se": 0.1}],
+        step=0,
+    )
+    assert lake.read("evals", step=0).to_pylist()[1]["se"] == 0.1
+
+
+def test_vllm_requests_are_seeded_after_a_reseed(monkeypatch):
+    """vLLM seeds a request, not the engine: after ``reseed`` every prompt gets its own seed, and
+    the same calls after the same reseed get the same seeds (no GPU: the engine's LLM and vLLM's
+    two classes are stand-ins; what is checked is what envsched hands them)."""
+    from trainer.engines import VLLMEngine
+
+    class Params:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    class Out:
+        def __init__(self):
+            self.outputs = [types.SimpleNamespace(token_ids=[1, 2])]
+
+    class LLM:
+        def __init__(self):
+            self.seen = []
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.seen.append(params)
+            return [Out() for _ in prompts]
+
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = Params
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    llm = LLM()
+    engine = VLLMEngine("unused", llm=llm, sleep_mode=False)
+    engine.generate([[1], [2]])
+    assert "seed" not in llm.seen[-1].kw  # never reseeded: vLLM's own sampling, as before
+    seeds = []
+    for _ in range(2):
+        engine.reseed(7)
+        engine.generate([[1], [2]])
+        engine.generate([[3]])
+        seeds.append([p.kw["seed"] for call in llm.seen[-2:] for p in call])
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 3
+    engine.reseed(8)
+    engine.generate([[1], [2]])
+    assert [p.kw["seed"] for p in llm.seen[-1]] != seeds[0][:2]
+
+
+@pytest.fixture
+def mini(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+
+    def make(name: str) -> Lake:
+        root = tmp_path / name
+        args = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
+        assert main(["--lake", str(root), *args]) == 0
+        return Lake(root)
+
+    return make
+
+
+def _episodes(lake: Lake, table: str) -> list[tuple]:
+    key = "rollout" if table == "rollouts" else "sample"
+    rows = lake.sql(f"select * from {table} order by step, task_id, {key}").to_pylist()
+    return [(r["step"], r["task_id"], r[key], r["reward"], r["trajectory"]) for r in rows]
+
+
+def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_it(mini, capsys):
+    """hf-tiny, 2 steps, evaluated at every step on 1 task per split x 2 samples: held-out rows with
+    standard errors in ``evals``, their episodes in ``eval_rollouts`` (the same tasks each time),
+    the step table's held-out columns filled. The same run again repeats every episode (steps after
+    the first used to sample from an unseeded generator in each step's fresh process), and a run
+    without evaluation trains on exactly the same episodes."""
+    runs = {}
+    for name, every in (("a", "1"), ("b", "1"), ("off", "0")):
+        lake = mini(name)
+        flags = ["--eval-every", every, "--eval-tasks", "1", "--eval-samples", "2", "--steps", "2"]
+        assert main(["--lake", str(lake.root), *TRAIN, *flags]) == 0
+        runs[name] = lake
+    out = capsys.readouterr()
+    a = runs["a"]
+    evals = a.sql("select * from evals where benchmark like 'heldout_%' order by step, benchmark").to_pylist()
+    assert [(e["step"], e["benchmark"]) for e in evals] == [
+        (s, f"heldout_{k}") for s in range(2) for k in ("seen", "unseen")
+    ]
+    assert all(0 <= e["score"] <= 1 and e["se"] is not None and e["se"] >= 0 for e in evals)
+    held = a.sql("select step, split, task_id, sample from eval_rollouts order by all").to_pylist()
+    assert len(held) == 2 * 2 * 1 * 2
+    tasks = {s: {(r["split"], r["task_id"]) for r in held if r["step"] == s} for s in range(2)}
+    assert tasks[0] == tasks[1] and {k for k, _ in tasks[0]} == {"seen", "unseen"}
+    pool_tasks = {r["task_id"] for r in a.read("tasks", pool="mini").to_pylist()}
+    assert not {t for _, t in tasks[0]} & pool_tasks  # evaluation tasks are never training tasks
+    summary = step_summary(a)  # what the step table prints
+    assert all(r["heldout_seen"] is not None and r["heldout_unseen"] is not None for r in summary)
+    tm = a.read("train_metrics", step=1).to_pylist()[0]
+    assert tm["eval_episodes"] == 4 and tm["eval_seconds"] > 0
+    assert "ho_seen" in out.out
+    # the same run again: every training and held-out episode repeats, token for token
+    assert _episodes(runs["b"], "rollouts") == _episodes(a, "rollouts")
+    assert _episodes(runs["b"], "eval_rollouts") == _episodes(a, "eval_rollouts")
+    # evaluating is not training: without it, the same training episodes
+    off = runs["off"]
+    assert _episodes(off, "rollouts") == _episodes(a, "rollouts")
+    assert (
+        off.sql("select count(*) as n from evals where benchmark like 'heldout_%'").to_pylist()[0]["n"] == 0
+    )
+    assert not off.steps("eval_rollouts")
+
+
+def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(mini, capsys):
+    lake = mini("lake")
+    flags = ["--eval-every", "2", "--eval-tasks", "1", "--eval-samples", "2"]
+    assert main(["--lake", str(lake.root), *TRAIN, *flags, "--steps", "2"]) == 0
+    assert lake.steps("eval_rollouts") == [0, 1]  # step 0, and the run's last step
+    capsys.readouterr()
+    assert (
+        main(["--lake", str(lake.root), "rollouts", "show", "--step", "1", "--heldout", "--limit", "1"]) == 0
+    )
+    shown = capsys.readouterr().out
+    assert "held-out (seen environments)" in shown and "sample 0" in shown and "instruction:" in shown
+    # the training step's materialization carries the scores (the UI charts numbers over partitions)
+    with dg.DagsterInstance.get() as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))
+        meta = event.asset_materialization.metadata
+    assert {"heldout_seen", "heldout_seen_se", "heldout_unseen", "heldout_unseen_se"} <= set(meta)
+    # evaluation settings are not training settings: a resumed run may change them, recorded
+    assert main(["--lake", str(lake.root), *TRAIN, "--eval-every", "0", "--steps", "3"]) == 0
+    assert lake.steps("eval_rollouts") == [0, 1]
+    run = json.loads((lake.root / "run.json").read_text())
+    assert run["policy_config"]["eval_every"] == 0
+    assert run["config_changes"][-1]["from_step"] == 2
+    assert main(["--lake", str(lake.root), "rollouts", "show", "--step", "2", "--heldout"]) == 2
+    assert "step 2 has no held-out rollouts" in capsys.readouterr().err
+    # a training setting still is
+    assert main(["--lake", str(lake.root), *TRAIN, "--lr", "0.5", "--steps", "4"]) != 0
+    assert "--allow-config-change" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -126,6 +127,42 @@ def _unseen_family(seed: int, n_envs: int, tasks_per_env: int):
             heldout_per_env=0,
             seed=seed + UNSEEN_SEED_OFFSET,
         )
+    )
+
+
+def hold_out(data: PoolData, tasks_per_env: int = 0, envs: int = 0, seed: int = 0) -> PoolData:
+    """``data`` with an evaluation split taken out of it, drawn from ``seed``: ``envs`` whole
+    environments (split ``unseen``: their tasks, and the environments as evaluation-only ones) and
+    ``tasks_per_env`` tasks of each other environment (split ``seen``; an environment keeps at least
+    one task to train on). The scheduler never sees either; a split the pool already has is kept."""
+    if tasks_per_env < 0 or envs < 0:
+        raise ValueError("held-out counts must be >= 0")
+    if envs >= len(data.environments):
+        raise ValueError(
+            f"cannot hold out {envs} of the pool's {len(data.environments)} environments: at least one must stay to train on"
+        )
+    rng = random.Random(f"{seed}:{data.name}")
+    env_ids = sorted(e["env_id"] for e in data.environments)
+    away = set(rng.sample(env_ids, envs))
+    by_env: dict[str, list[dict]] = {}
+    for t in data.tasks:
+        by_env.setdefault(t["env_id"], []).append(t)
+    seen: set[str] = set()
+    for env_id in env_ids:
+        tasks = sorted(by_env.get(env_id, []), key=lambda t: t["task_id"])
+        if env_id not in away and len(tasks) > 1:
+            seen.update(t["task_id"] for t in rng.sample(tasks, min(tasks_per_env, len(tasks) - 1)))
+    unseen = {t["task_id"] for t in data.tasks if t["env_id"] in away}
+    heldout = [dict(t, split="seen") for t in data.tasks if t["task_id"] in seen]
+    heldout += [dict(t, split="unseen") for t in data.tasks if t["task_id"] in unseen]
+    out = seen | unseen
+    return PoolData(
+        name=data.name,
+        environments=[e for e in data.environments if e["env_id"] not in away],
+        tasks=[t for t in data.tasks if t["task_id"] not in out],
+        latents=[r for r in data.latents if r.get("task_id") not in out],
+        heldout=data.heldout + heldout,
+        eval_environments=data.eval_environments + [e for e in data.environments if e["env_id"] in away],
     )
 
 

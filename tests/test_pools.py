@@ -12,6 +12,7 @@ from envs.envscaler import PoolFormatError, load_envscaler
 from envs.registry import episode_spec, load_pool, load_synthetic
 from envs.sandbox import Limits, SandboxPool
 from envsched_pipeline.core.pools import derive_latents
+from envsched_pipeline.lake import Lake
 from trainer.realenv import corrupt, tool_names_of
 
 
@@ -360,3 +361,78 @@ def test_hostile_environments_cost_one_rollout_each():
         assert "MemoryError" in res[4]["tool_calls"][0]["output"] and res[4]["error_class"] == "none"
         assert res[5]["reward"] == 1.0  # the pool recovered
         assert pool.stats["timeouts"] == 1 and pool.stats["crashes"] == 1
+
+
+def test_a_held_out_split_taken_out_of_any_pool():
+    """Package pools and imports came without an evaluation split, so a language model trained on
+    them had nothing held out to be measured on; ``hold_out`` takes one out, seeded."""
+    from envs.registry import hold_out
+
+    data = load_pool("reasoning_gym")
+    envs = {e["env_id"] for e in data.environments}
+    out = hold_out(data, tasks_per_env=3, envs=2, seed=5)
+    unseen_envs = {e["env_id"] for e in out.eval_environments}
+    assert len(unseen_envs) == 2 and unseen_envs <= envs
+    assert {e["env_id"] for e in out.environments} == envs - unseen_envs
+    seen = [r for r in out.heldout if r["split"] == "seen"]
+    unseen = [r for r in out.heldout if r["split"] == "unseen"]
+    assert len(seen) == 3 * (len(envs) - 2) and {r["env_id"] for r in unseen} == unseen_envs
+    kept = {t["task_id"] for t in out.tasks}
+    assert not kept & {r["task_id"] for r in out.heldout}  # the scheduler never sees a held-out task
+    assert len(kept) + len(out.heldout) == len(data.tasks)
+    again, other = hold_out(data, 3, 2, seed=5), hold_out(data, 3, 2, seed=6)
+    assert again.heldout == out.heldout and other.heldout != out.heldout
+    # an environment keeps a task to train on; every environment cannot go
+    small = load_synthetic("t", n_envs=2, tasks_per_env=2, unseen_envs=0)
+    tiny = hold_out(small, tasks_per_env=5)
+    kept_per_env = {
+        e["env_id"]: sum(t["env_id"] == e["env_id"] for t in tiny.tasks) for e in small.environments
+    }
+    assert kept_per_env == {e["env_id"]: 1 for e in small.environments}
+    with pytest.raises(ValueError, match="at least one must stay"):
+        hold_out(data, envs=len(envs))
+
+
+def test_pool_create_and_import_take_a_held_out_split(tmp_path):
+    lake = tmp_path / "lake"
+    p = envsched(
+        "pool",
+        "create",
+        "reasoning_gym",
+        "--name",
+        "rg",
+        "--heldout-tasks",
+        "4",
+        "--heldout-envs",
+        "1",
+        lake=lake,
+    )
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["heldout_environments"] == 1 and rep["heldout_seen_tasks"] == 4 * (rep["environments"])
+    lk = Lake(lake)
+    ev = lk.read("eval_tasks", pool="rg").to_pylist()
+    assert {r["split"] for r in ev} == {"seen", "unseen"}
+    assert not {r["task_id"] for r in ev} & set(lk.read("tasks", pool="rg").column("task_id").to_pylist())
+    assert lk.read("eval_environments", pool="rg").num_rows == 1
+    p = envsched("pool", "create", "tau2", "--name", "t2", "--envs", "2", lake=lake)
+    assert p.returncode == 2 and "only the synthetic generator takes it" in p.stderr
+    p = envsched("pool", "create", "reasoning_gym", "--name", "rg2", "--heldout-envs", "12", lake=lake)
+    assert p.returncode == 2 and "at least one must stay" in p.stderr and not lk.has("tasks", pool="rg2")
+    s, m = write_pool(tmp_path)
+    p = envsched(
+        "pool",
+        "import",
+        "envscaler",
+        "--scenarios",
+        str(s),
+        "--env-metadata",
+        str(m),
+        "--name",
+        "shop",
+        "--heldout-envs",
+        "1",
+        lake=lake,
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["heldout_environments"] == 1 and lk.has("eval_tasks", pool="shop")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.isolation import SANDBOX_UID_BASE
-from envs.registry import POOLS, episode_spec, load_synthetic
+from envs.registry import POOLS, PoolData, episode_spec, hold_out, load_synthetic
 from envs.sandbox import Limits, SandboxPool
 from envsched_pipeline.cli.common import COUNT, INDEX, HelpFormatter, UsageError, dumps, lake_of
 from envsched_pipeline.core.pools import import_pool
@@ -23,12 +23,19 @@ def add_parser(sub) -> None:
     psub = pool.add_subparsers(dest="pool_command", required=True)
     pl = psub.add_parser("list", help="registered and imported pools", formatter_class=F)
     pl.set_defaults(func=cmd_list)
-    pc = psub.add_parser("create", help="make a synthetic pool under a name", formatter_class=F)
-    pc.add_argument("kind", choices=["synthetic"], help="generator")
+    pc = psub.add_parser(
+        "create",
+        help="make a pool under a name: the synthetic generator or a registered package pool",
+        formatter_class=F,
+    )
+    pc.add_argument("kind", choices=sorted(POOLS), help="generator or registered pool (`envsched pool list`)")
     pc.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
-    pc.add_argument("--envs", type=COUNT, default=51, help="environments")
-    pc.add_argument("--tasks-per-env", type=COUNT, default=50, help="tasks per environment")
-    pc.add_argument("--seed", type=INDEX, default=0, help="generator seed")
+    pc.add_argument("--envs", type=COUNT, default=None, help="synthetic: environments (default 51)")
+    pc.add_argument(
+        "--tasks-per-env", type=COUNT, default=None, help="synthetic: tasks per environment (default 50)"
+    )
+    pc.add_argument("--seed", type=INDEX, default=None, help="synthetic: generator seed (default 0)")
+    _heldout_flags(pc)
     pc.add_argument(
         "--allow-pool-edit", action="store_true", help="replace the pool of a live run (edit-tolerant)"
     )
@@ -38,6 +45,7 @@ def add_parser(sub) -> None:
     pi.add_argument("--scenarios", required=True, help="EnvScaler scenario list (JSON)")
     pi.add_argument("--env-metadata", required=True, help="EnvScaler environment metadata (JSON)")
     pi.add_argument("--name", required=True, help="pool name (letters, digits, '_' and '-')")
+    _heldout_flags(pi)
     pi.add_argument(
         "--allow-pool-edit", action="store_true", help="replace the pool of a live run (edit-tolerant)"
     )
@@ -74,12 +82,66 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _heldout_flags(p) -> None:
+    p.add_argument(
+        "--heldout-tasks",
+        type=INDEX,
+        default=0,
+        help="tasks of each environment kept out of the pool for held-out evaluation (split 'seen'; "
+        "each environment keeps at least one to train on)",
+    )
+    p.add_argument(
+        "--heldout-envs",
+        type=INDEX,
+        default=0,
+        help="whole environments kept out of the pool for held-out evaluation (split 'unseen')",
+    )
+    p.add_argument("--heldout-seed", type=INDEX, default=0, help="seed of the held-out draw")
+
+
+def _with_heldout(data: PoolData, args) -> PoolData:
+    """The pool with the evaluation split the flags ask for taken out (nothing asked: as it is)."""
+    if not (args.heldout_tasks or args.heldout_envs):
+        return data
+    try:
+        return hold_out(data, args.heldout_tasks, args.heldout_envs, args.heldout_seed)
+    except ValueError as exc:
+        raise UsageError(f"--heldout-envs {args.heldout_envs}: {exc}") from exc
+
+
 def cmd_create(args) -> int:
     lake = lake_of(args)
     valid_name(args.name)
-    data = load_synthetic(args.name, n_envs=args.envs, tasks_per_env=args.tasks_per_env, seed=args.seed)
-    print(dumps(import_pool(lake, data, allow_edit=args.allow_pool_edit)))
+    if args.kind == "synthetic":
+        sizes = {"n_envs": args.envs, "tasks_per_env": args.tasks_per_env, "seed": args.seed}
+        data = load_synthetic(args.name, **{k: v for k, v in sizes.items() if v is not None})
+    else:
+        given = [
+            f
+            for f, v in (
+                ("--envs", args.envs),
+                ("--tasks-per-env", args.tasks_per_env),
+                ("--seed", args.seed),
+            )
+            if v is not None
+        ]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)}: only the synthetic generator takes it; pool {args.kind!r} is what its package holds"
+            )
+        print(f"loading pool {args.kind} ...", file=sys.stderr, flush=True)
+        data = POOLS[args.kind][0](name=args.name)  # the registered pool's loader, under this name
+    data = _with_heldout(data, args)
+    print(dumps({**import_pool(lake, data, allow_edit=args.allow_pool_edit), **_split_counts(data)}))
     return 0
+
+
+def _split_counts(data: PoolData) -> dict:
+    return {
+        "heldout_seen_tasks": sum(r.get("split") == "seen" for r in data.heldout),
+        "heldout_unseen_tasks": sum(r.get("split") == "unseen" for r in data.heldout),
+        "heldout_environments": len(data.eval_environments),
+    }
 
 
 def cmd_import(args) -> int:
@@ -89,6 +151,7 @@ def cmd_import(args) -> int:
         data = load_envscaler(args.scenarios, args.env_metadata, args.name)
     except PoolFormatError as exc:
         raise UsageError(str(exc)) from exc
+    data = _with_heldout(data, args)
     print(
         f"parsed {len(data.environments)} environments, {len(data.tasks)} tasks; building each environment "
         "once in the sandbox ...",
@@ -103,6 +166,7 @@ def cmd_import(args) -> int:
                 **counts,
                 "broken_environments": report["broken_environments"],
                 "empty_checklists": report["empty_checklists"],
+                **_split_counts(data),
             }
         )
     )

@@ -205,3 +205,13 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
     # a training setting still is
     assert main(["--lake", str(lake.root), *TRAIN, "--lr", "0.5", "--steps", "4"]) != 0
     assert "--allow-config-change" in capsys.readouterr().err
+
+
+def test_a_pool_without_a_held_out_split_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    lake = Lake(tmp_path / "lake")
+    assert main(["--lake", str(lake.root), "pool", "create", "reasoning_gym", "--name", "rg"]) == 0
+    train = ["train", "--pool", "rg", "--policy", "hf-tiny", "--batch-size", "2", "--group-size", "2"]
+    assert main(["--lake", str(lake.root), *train, "--max-new-tokens", "4", "--steps", "1"]) == 0
+    assert "pool rg has no held-out split, so nothing is evaluated" in capsys.readouterr().out
+    assert not lake.steps("eval_rollouts")

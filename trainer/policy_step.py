@@ -330,6 +330,8 @@ def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | Non
     chosen = heldout_tasks(
         lake.read("eval_tasks", pool=spec.pool).to_pylist(), spec.seed, pc.eval_tasks or spec.batch_size
     )
+    if not chosen:  # a pool without an evaluation split (every rank reads the same lake)
+        return None
     samples = pc.eval_samples or LM_EVAL_SAMPLES
     items = [(split, row) for split, rows in chosen.items() for row in rows]
     mine = items[world.group_slice(len(items), rk.rank, rk.world)]

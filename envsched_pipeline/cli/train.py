@@ -379,6 +379,15 @@ def run(args) -> int:
         print("note: the policy is the SIMULATED learner (docs/algorithm.md), not a neural network.")
     elif spec.policy == "hf-tiny":
         print("note: hf-tiny is a random-init tiny Qwen3 (real agent loop + real GRPO update on CPU).")
+    if (
+        spec.policy not in ("simulated", "external")
+        and spec.policy_settings().eval_every != 0
+        and not lake.has("eval_tasks", pool=spec.pool)
+    ):
+        print(
+            f"note: pool {spec.pool} has no held-out split, so nothing is evaluated; `envsched pool create "
+            f"<kind> --name NAME --heldout-tasks K --heldout-envs M` makes a pool with one"
+        )
     t0 = time.perf_counter()
     before = step_summary(lake)
     if before:

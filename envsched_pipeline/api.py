@@ -7,6 +7,7 @@
         batch = run.manifest(step)                         # picks: task_id, env_id, half, score, ...
         rollouts = my_trainer.rollout_and_update(batch)    # [{"task_id", "rollout", "reward"}, ...]
         run.observe(step, rollouts)
+        run.log_eval(step, {"heldout_seen": my_eval(...)})   # optional: your held-out scores
 
 State lives in the lake, so a restarted trainer builds a new ``ExternalRun`` on the same lake and
 continues where it stopped; everything is queryable with ``envsched sql`` and visible in Dagster.
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 
 from envsched_pipeline.core.build import asked_run, check_run, new_run
 from envsched_pipeline.core.gates import rewind
-from envsched_pipeline.core.ingest import ingest_rollouts
+from envsched_pipeline.core.ingest import ingest_rollouts, record_evals
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
@@ -103,6 +104,12 @@ class ExternalRun:
         )
         statistics_step(self.lake, step)
         return metrics
+
+    def log_eval(self, step: int, scores: dict) -> list[dict]:
+        """Record your evaluation after step ``step``'s update: benchmark name -> score, or
+        ``{"score": x, "se": s}``. ``heldout_seen`` / ``heldout_unseen`` fill the step table's
+        held-out columns; other names are charted in the report and sent to the trackers."""
+        return record_evals(self.lake, step, scores, where=f"step {step} scores")
 
     def predicted_yield(self, step: int) -> float:
         """Predicted share of informative (non-zero-variance) groups in manifest ``step``."""

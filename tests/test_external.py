@@ -335,3 +335,65 @@ def test_a_restarted_trainer_passes_only_the_lake(two_lakes):
         ExternalRun(lake=str(a), seed=4)
     with pytest.raises(StepError, match="scheduler_config"):
         ExternalRun(lake=str(a), rho=0.25)  # an override changes the run's config: refused
+
+
+def test_an_external_trainer_records_its_evaluations(two_lakes, tmp_path, capsys):
+    """Your trainer's held-out scores (or any benchmark's) go into the lake beside the schedule:
+    the step table's held-out columns, the trackers' and the report's numbers; bad entries are
+    named and nothing is written."""
+    from envsched_pipeline.core.loop import step_summary  # what `envsched train` prints
+    from envsched_pipeline.trackers import step_metrics  # what the trackers are sent
+
+    a, b = two_lakes
+    run = ExternalRun(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
+    run.observe(0, rollouts_for(0, run.manifest(0)))
+    assert run.log_eval(0, {"heldout_seen": 0.61, "bfcl_v3": {"score": 0.318, "se": 0.004}})
+    run.log_eval(0, {"heldout_seen": 0.625, "heldout_unseen": 0.5})  # heldout_seen replaced, bfcl kept
+    got = {r["benchmark"]: (r["score"], r["se"]) for r in run.lake.read("evals", step=0).to_pylist()}
+    assert got == {"heldout_seen": (0.625, None), "heldout_unseen": (0.5, None), "bfcl_v3": (0.318, 0.004)}
+    row = step_summary(run.lake)[0]
+    assert (row["heldout_seen"], row["heldout_unseen"]) == (0.625, 0.5)
+    assert step_metrics(run.lake, 0)["eval/bfcl_v3"] == 0.318
+    for bad, match in (
+        ({"x": "0.5"}, "x: score '0.5' is not a finite number"),
+        ({"x": {"score": 0.5, "se": -1}}, "se -1 is not a finite number >= 0"),
+        ({"x": {"score": 0.5, "stderr": 0.1}}, "unknown field"),
+        ({"": 0.5}, "benchmark name '' must be a non-empty string"),
+        ({"y": 0.1, "x": float("nan")}, "x: score nan"),
+    ):
+        with pytest.raises(StepError, match=match):
+            run.log_eval(0, bad)
+    assert len(run.lake.read("evals", step=0).to_pylist()) == 3  # nothing written by a refusal
+    with pytest.raises(StepError, match="step 1 has no ingested rollouts"):
+        run.log_eval(1, {"heldout_seen": 0.5})
+    # the CLI protocol: inline or from a file
+    code, out, err = cli(
+        b,
+        "step",
+        "select",
+        "--pool",
+        "mini",
+        "--step",
+        "0",
+        "--batch-size",
+        "6",
+        "--group-size",
+        "4",
+        capsys=capsys,
+    )
+    f = tmp_path / "r0.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rollouts_for(0, [json.loads(x) for x in out.splitlines()])))
+    assert (
+        cli(b, "step", "ingest", "--pool", "mini", "--step", "0", "--rollouts", str(f), capsys=capsys)[0] == 0
+    )
+    scores = tmp_path / "scores.json"
+    scores.write_text(json.dumps({"heldout_unseen": {"score": 0.4, "se": 0.01}}))
+    code, out, err = cli(
+        b, "step", "eval", "--pool", "mini", "--step", "0", "--scores", f"@{scores}", capsys=capsys
+    )
+    assert code == 0, err
+    assert json.loads(out) == [{"step": 0, "benchmark": "heldout_unseen", "score": 0.4, "se": 0.01}]
+    code, _, err = cli(
+        b, "step", "eval", "--pool", "mini", "--step", "0", "--scores", '{"a": true}', capsys=capsys
+    )
+    assert code == 2 and "a: score True is not a finite number" in err

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.ingest import record_evals
 from envsched_pipeline.core.loop import step_summary
+from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from trainer.heldout import due, heldout_tasks, summarize
 
@@ -202,6 +204,9 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
     assert run["config_changes"][-1]["from_step"] == 2
     assert main(["--lake", str(lake.root), "rollouts", "show", "--step", "2", "--heldout"]) == 2
     assert "step 2 has no held-out rollouts" in capsys.readouterr().err
+    # envsched's own trainer writes its evaluations; scores from outside are for external runs
+    with pytest.raises(StepError, match="writes its own evaluations"):
+        record_evals(lake, 0, {"heldout_seen": 0.5})
     # a training setting still is
     assert main(["--lake", str(lake.root), *TRAIN, "--lr", "0.5", "--steps", "4"]) != 0
     assert "--allow-config-change" in capsys.readouterr().err

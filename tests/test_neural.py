@@ -331,6 +331,25 @@ def test_neural_policy_in_the_loop_with_held_out_and_rollout_viewer(tmp_path, ca
     assert main(["--lake", str(lake.root), "rollouts", "show", "--step", "1", "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert "instruction:" in out and "checks:" in out
+    # the held-out episodes behind the scores: every evaluation task, 8 samples each, per split
+    held = lake.sql(
+        "select step, split, count(*) as n, avg(reward) as mean from eval_rollouts group by all order by all"
+    )
+    splits = {r["split"] for r in held.to_pylist()}
+    ev = {(e["step"], e["benchmark"]): e["score"] for e in lake.read("evals").to_pylist()}
+    n_eval = {
+        s: sum(r["split"] == s for r in lake.read("eval_tasks", pool="synthetic").to_pylist()) for s in splits
+    }
+    for r in held.to_pylist():  # step 0 and the last step (1) evaluate
+        assert r["n"] == 8 * n_eval[r["split"]] and r["mean"] == pytest.approx(
+            ev[(r["step"], f"heldout_{r['split']}")]
+        )
+    assert {r["step"] for r in held.to_pylist()} == {0, 1} and splits == {"seen", "unseen"}
+    assert (
+        main(["--lake", str(lake.root), "rollouts", "show", "--step", "1", "--heldout", "--limit", "1"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "held-out (seen environments)" in out and "checks:" in out
 
 
 NEURAL_FIELDS = (

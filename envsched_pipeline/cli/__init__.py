@@ -3,7 +3,7 @@
     envsched train --pool synthetic --policy simulated --steps 20     the Dagster loop, in-process
     envsched sql "select env_id, avg(reward) from rollouts group by 1"
     envsched pool list | create | import;  envsched env run
-    envsched step select | ingest | status                          the external-trainer protocol
+    envsched step select | ingest | eval | status                   the external-trainer protocol
     envsched rollouts show --step T [--task ID]                      what a rollout did
     envsched status;  envsched resume;  envsched rewind;  envsched report;  envsched bench ...
 

@@ -1,12 +1,21 @@
-"""``envsched step select|ingest|status``: the step protocol for an external trainer."""
+"""``envsched step select|ingest|eval|status``: the step protocol for an external trainer."""
 
 from __future__ import annotations
 
 import sys
 
-from envsched_pipeline.cli.common import COUNT, GROUP, INDEX, HelpFormatter, UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import (
+    COUNT,
+    GROUP,
+    INDEX,
+    HelpFormatter,
+    UsageError,
+    dumps,
+    json_object,
+    lake_of,
+)
 from envsched_pipeline.core.build import asked_run, new_run, open_run
-from envsched_pipeline.core.ingest import ingest_rollouts
+from envsched_pipeline.core.ingest import ingest_rollouts, record_evals
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
@@ -53,6 +62,21 @@ def add_parser(sub) -> None:
         help="accept groups with fewer than G rollouts (kept out of the variance statistics)",
     )
     ing.set_defaults(func=cmd_ingest)
+    ev = ssub.add_parser(
+        "eval",
+        help="record your evaluation after step T's update (held-out scores, benchmarks)",
+        formatter_class=F,
+    )
+    ev.add_argument("--pool", required=True, help="pool name")
+    ev.add_argument("--step", type=INDEX, required=True, help="step T (its rollouts ingested)")
+    ev.add_argument(
+        "--scores",
+        required=True,
+        help='JSON object, or @FILE of one: benchmark -> score or {"score", "se"}, e.g. '
+        '\'{"heldout_seen": 0.61, "bfcl_v3": {"score": 0.318, "se": 0.004}}\' (heldout_seen / '
+        "heldout_unseen fill the step table's held-out columns)",
+    )
+    ev.set_defaults(func=cmd_eval)
     sst = ssub.add_parser("status", help="last selected and last ingested step", formatter_class=F)
     sst.add_argument("--pool", default=None, help="pool name, checked against the run's when given")
     sst.set_defaults(func=cmd_status)
@@ -123,6 +147,17 @@ def cmd_ingest(args) -> int:
             )
         )
     )
+    return 0
+
+
+def cmd_eval(args) -> int:
+    lake = lake_of(args).require()
+    run = require_run(lake)
+    if run.pool != args.pool:
+        raise UsageError(f"{lake.root} holds a run on pool {run.pool!r}, not {args.pool!r}")
+    scores = json_object("--scores", args.scores, '{"heldout_seen": 0.61}')
+    where = f"--scores {args.scores[1:]}" if args.scores.startswith("@") else "--scores"
+    print(dumps(record_evals(lake, args.step, scores, where=where)))
     return 0
 
 

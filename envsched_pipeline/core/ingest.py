@@ -301,3 +301,55 @@ def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, p
     if rolled:
         metrics["rolled_back"] = rolled["moved"]
     return metrics
+
+
+EVAL_NAME_MAX = 64
+
+
+def record_evals(lake: Lake, step: int, scores, where: str = "scores") -> list[dict]:
+    """An external trainer's evaluation after step ``step``'s update, into ``evals[step]``: ``scores``
+    maps a benchmark name to a score, or to ``{"score": x, "se": s}`` (a standard error). Names
+    ``heldout_seen`` and ``heldout_unseen`` fill the step table's held-out columns; any other name
+    (``bfcl_v3``, ...) is charted in the report and sent to the trackers. A benchmark already
+    recorded for the step is replaced, the others kept. Everything is checked before anything is
+    written; a bad entry is named (``where`` says where the scores came from)."""
+    spec = require_run(lake)
+    if spec.trainer != "external":
+        raise StepError(
+            f"{lake.root} holds a run trained by envsched's own trainer ({spec.trainer}), which writes its "
+            "own evaluations; recording scores is for runs whose rollouts come from your trainer"
+        )
+    if not lake.has("train_metrics", step=step):
+        raise StepError(
+            f"step {step} has no ingested rollouts yet: record its evaluation after `step ingest`"
+        )
+    if not isinstance(scores, dict) or not scores:
+        raise StepError(
+            f"{where}: expected an object of benchmark name -> score, got {type(scores).__name__}"
+        )
+    rows = []
+    for name, value in scores.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > EVAL_NAME_MAX or name != name.strip():
+            raise StepError(
+                f"{where}: benchmark name {name!r} must be a non-empty string of at most {EVAL_NAME_MAX} characters"
+            )
+        score, se = (value.get("score"), value.get("se")) if isinstance(value, dict) else (value, None)
+        if isinstance(value, dict) and (extra := sorted(set(value) - {"score", "se"})):
+            raise StepError(f"{where}: {name}: unknown field(s) {', '.join(extra)} (a score and its se)")
+        if not _is_number(score):
+            raise StepError(f"{where}: {name}: score {score!r} is not a finite number")
+        if se is not None and (not _is_number(se) or se < 0):
+            raise StepError(f"{where}: {name}: se {se!r} is not a finite number >= 0")
+        rows.append(
+            {
+                "step": int(step),
+                "benchmark": name,
+                "score": float(score),
+                "se": None if se is None else float(se),
+            }
+        )
+    with step_lock(lake, f"ingest-step={step}") as lock, lake.fenced(lock.check):
+        named = {r["benchmark"] for r in rows}
+        kept = [r for r in lake.read("evals", step=step).to_pylist() if r["benchmark"] not in named]
+        lake.write("evals", kept + rows, step=step)
+    return rows

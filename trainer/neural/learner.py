@@ -514,19 +514,28 @@ class NeuralLearner:
             "reward": rewards,  # what GRPO trains on: the verifiers' reward less any overrun penalty
             "verifier_reward": verified,
             "capped": capped,
-            "checks_passed": np.array(
-                [sum(bool(c.get("passed")) for c in t.result.get("checks", [])) for t in traces]
-            ).reshape(n, group_size),
-            "n_checks": np.array([len(t.result.get("checks", [])) for t in traces]).reshape(n, group_size),
-            "tool_calls": np.array([len(t.calls) for t in traces]).reshape(n, group_size),
-            "error_class": np.array([t.result.get("error_class") or "none" for t in traces]).reshape(
-                n, group_size
-            ),
-            "error_message": np.array([str(t.result.get("error") or "")[:500] for t in traces]).reshape(
-                n, group_size
-            ),
+            **self._details(traces, verified, capped, group_size),
             "seconds": np.full((n, group_size), seconds / max(n * group_size, 1)),
-            "trajectory": np.array(
+            "rollout_seconds": seconds,
+        }
+
+    @staticmethod
+    def _details(traces: list[Trace], verified: np.ndarray, capped: np.ndarray, group_size: int) -> dict:
+        """What the verifier and the episode came to, per episode, shaped (tasks, group_size)."""
+        n = len(traces) // group_size
+
+        def shaped(values) -> np.ndarray:
+            return np.array(values).reshape(n, group_size)
+
+        return {
+            "checks_passed": shaped(
+                [sum(bool(c.get("passed")) for c in t.result.get("checks", [])) for t in traces]
+            ),
+            "n_checks": shaped([len(t.result.get("checks", [])) for t in traces]),
+            "tool_calls": shaped([len(t.calls) for t in traces]),
+            "error_class": shaped([t.result.get("error_class") or "none" for t in traces]),
+            "error_message": shaped([str(t.result.get("error") or "")[:500] for t in traces]),
+            "trajectory": shaped(
                 [
                     json.dumps(
                         {
@@ -546,8 +555,7 @@ class NeuralLearner:
                     )[:20000]
                     for t, v, c in zip(traces, verified.reshape(-1), capped.reshape(-1), strict=True)
                 ]
-            ).reshape(n, group_size),
-            "rollout_seconds": seconds,
+            ),
         }
 
     def capped(self, trace: Trace) -> bool:
@@ -752,12 +760,14 @@ class NeuralLearner:
         return self._episodes(tasks, group_size, seed)[3]
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, tasks: list[dict], samples: int, seed: int) -> dict:
+    def evaluate(self, tasks: list[dict], samples: int, seed: int, episodes: bool = False) -> dict:
         """Expected reward over ``tasks`` (mean of task means over ``samples`` sampled episodes
-        each) and its standard error from the within-task sampling noise."""
+        each) and its standard error from the within-task sampling noise; with ``episodes``, also
+        each episode's reward (``rewards``, tasks x samples) and details (``details``)."""
         if not tasks:
             return {"mean": float("nan"), "se": float("nan"), "tasks": 0}
-        r = self._episodes(tasks, samples, seed)[1]  # the verifiers' reward, never the overrun penalty
+        # r: the verifiers' reward, never the overrun penalty
+        traces, r, capped, _ = self._episodes(tasks, samples, seed)
         task_means = r.mean(axis=1)
         by_env: dict[str, list[float]] = {}
         for t, m in zip(tasks, task_means, strict=True):
@@ -766,6 +776,7 @@ class NeuralLearner:
             **summarize(r),
             "by_env": {e: float(np.mean(v)) for e, v in sorted(by_env.items())},
             "by_task": {t["task_id"]: float(m) for t, m in zip(tasks, task_means, strict=True)},
+            **({"rewards": r, "details": self._details(traces, r, capped, samples)} if episodes else {}),
         }
 
     # ------------------------------------------------------------------ checkpoint

@@ -194,17 +194,43 @@ def _neural_step(
             )
         },
     }
-    evals = []
+    out = {"rollouts": rollouts, "metrics": metrics, "evals": []}
     pc = spec.policy_settings()
     if due(step, spec.max_steps, EVAL_EVERY if pc.eval_every is None else pc.eval_every):
         ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
+        samples = pc.eval_samples or EVAL_SAMPLES
+        held = []
         for split, rows_ in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
-            samples = pc.eval_samples or EVAL_SAMPLES
-            res = learner.evaluate(rows_, samples, seed=spec.seed * 1000 + step)
-            evals.append(
+            res = learner.evaluate(rows_, samples, seed=spec.seed * 1000 + step, episodes=True)
+            out["evals"].append(
                 {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
             )
+            held.append(_heldout_table(step, split, rows_, res))
             log(
                 f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
             )
-    return {"rollouts": rollouts, "metrics": metrics, "evals": evals}
+        if held:
+            out["eval_rollouts"] = pa.concat_tables(held)
+    return out
+
+
+def _heldout_table(step: int, split: str, tasks: list[dict], res: dict) -> pa.Table:
+    """The held-out episodes of one split (the lake's ``eval_rollouts`` rows)."""
+    r, d = res["rewards"], res["details"]
+    n, k = r.shape
+    return pa.table(
+        {
+            "step": np.full(n * k, step, dtype=np.int64),
+            "split": np.full(n * k, split),
+            "task_id": np.repeat([t["task_id"] for t in tasks], k),
+            "sample": np.tile(np.arange(k, dtype=np.int64), n),
+            "env_id": np.repeat([t["env_id"] for t in tasks], k),
+            "reward": r.reshape(-1).astype(float),
+            "checks_passed": d["checks_passed"].reshape(-1).astype(np.int64),
+            "checks_total": d["n_checks"].reshape(-1).astype(np.int64),
+            "tool_calls": d["tool_calls"].reshape(-1).astype(np.int64),
+            "error_class": d["error_class"].reshape(-1),
+            "error_message": d["error_message"].reshape(-1),
+            "trajectory": d["trajectory"].reshape(-1),
+        }
+    )

@@ -135,6 +135,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _atomic_replace(path, lambda tmp: tmp.write_bytes(data))
 
 
+# the best held-out policy of a language-model run (trainer.policy_step.PolicySession.keep_best):
+# a folder under Lake.local with the policy and best.json (step, score, each split's score)
+BEST_CHECKPOINT = "checkpoints/best"
+
 REMOTE_SCHEMES = ("s3://",)
 # link(2) refused because the filesystem has no hard links (not because the name exists)
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}

@@ -5,6 +5,7 @@ training step."""
 import json
 import sys
 import types
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.ingest import record_evals
-from envsched_pipeline.core.loop import step_summary
+from envsched_pipeline.core.loop import status, step_summary
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from trainer.heldout import due, heldout_tasks, summarize
@@ -168,6 +169,14 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
     tm = a.read("train_metrics", step=1).to_pylist()[0]
     assert tm["eval_episodes"] == 4 and tm["eval_seconds"] > 0
     assert "ho_seen" in out.out
+    # the best held-out policy so far is kept (ties: the earlier step), and status names it
+    means = {s: np.mean([e["score"] for e in evals if e["step"] == s]) for s in range(2)}
+    first_best = min(s for s in means if means[s] == max(means.values()))
+    best = status(a)["best_heldout"]
+    assert best["step"] == first_best and best["score"] == pytest.approx(means[first_best])
+    assert json.loads(Path(best["policy"], "trainer.json").read_text())["step"] == first_best
+    flags = [a.read("train_metrics", step=s).to_pylist()[0]["heldout_best"] for s in range(2)]
+    assert flags == [True, bool(means[1] > means[0])]
     # the same run again: every training and held-out episode repeats, token for token
     assert _episodes(runs["b"], "rollouts") == _episodes(a, "rollouts")
     assert _episodes(runs["b"], "eval_rollouts") == _episodes(a, "eval_rollouts")
@@ -177,7 +186,7 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
     assert (
         off.sql("select count(*) as n from evals where benchmark like 'heldout_%'").to_pylist()[0]["n"] == 0
     )
-    assert not off.steps("eval_rollouts")
+    assert not off.steps("eval_rollouts") and status(off)["best_heldout"] is None
 
 
 def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(mini, capsys):
@@ -220,3 +229,39 @@ def test_a_pool_without_a_held_out_split_says_so(tmp_path, monkeypatch, capsys):
     assert main(["--lake", str(lake.root), *train, "--max-new-tokens", "4", "--steps", "1"]) == 0
     assert "pool rg has no held-out split, so nothing is evaluated" in capsys.readouterr().out
     assert not lake.steps("eval_rollouts")
+
+
+def test_the_best_held_out_policy_is_kept_and_a_rewound_record_does_not_count(tmp_path):
+    """``keep_best`` on a stand-in session (no model: its trainer writes what a save writes)."""
+    from trainer.policy_step import PolicySession, best_checkpoint  # the trainer side, torch and all
+
+    class Trainer:
+        def save(self, path, step, tokenizer=None):
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "trainer.json").write_text(json.dumps({"step": step}))
+
+    lake = Lake(tmp_path / "lake")
+    sess = types.SimpleNamespace(
+        trainer=Trainer(), ranks=types.SimpleNamespace(main=True), lake=lake, tok=None
+    )
+
+    def keep(step, seen, unseen):
+        evals = [
+            {"benchmark": "batch_mean_reward", "score": 0.99},  # not a held-out score
+            {"benchmark": "heldout_seen", "score": seen},
+            {"benchmark": "heldout_unseen", "score": unseen},
+        ]
+        return PolicySession.keep_best(sess, step, evals, log=lambda *_: None)
+
+    assert [keep(0, 0.5, 0.5), keep(1, 0.4, 0.5), keep(2, 0.6, 0.6), keep(3, 0.6, 0.6)] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    path, record = best_checkpoint(lake)
+    assert (record["step"], record["score"], record["heldout_unseen"]) == (2, 0.6, 0.6)
+    assert json.loads((path / "policy" / "trainer.json").read_text())["step"] == 2
+    # the run went back to step 1 (`envsched rewind`): step 2's record is of an undone future
+    assert keep(1, 0.3, 0.3) and best_checkpoint(lake)[1]["step"] == 1
+    assert status(lake)["best_heldout"]["policy"] == str(path / "policy")

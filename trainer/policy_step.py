@@ -16,7 +16,7 @@ from tqdm import tqdm
 from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, atomic_write_bytes
 from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import RunSpec
 from trainer import ranks, world
@@ -35,6 +35,16 @@ LM_EVAL_SAMPLES = 2  # episodes per held-out task (policy_config.eval_samples)
 def sampling_seed(seed: int, step: int, rank: int, purpose: str) -> int:
     """The seed an engine samples a step's ``purpose`` ("train" or "heldout") episodes from."""
     return int(np.random.default_rng([seed, step, rank, 1 if purpose == "train" else 2]).integers(2**62))
+
+
+def best_checkpoint(lake: Lake) -> tuple[Path, dict | None]:
+    """The folder of the best held-out policy (``checkpoints/best``) and its record (step, score,
+    each split's score), or None when no step has saved one."""
+    path = lake.local / BEST_CHECKPOINT
+    try:
+        return path, json.loads((path / "best.json").read_text())
+    except (OSError, ValueError):
+        return path, None
 
 
 def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
@@ -115,6 +125,28 @@ class PolicySession:
             self.trainer.save(path, step, tokenizer=self.tok)
         self.save_seconds = time.perf_counter() - t0
         return path
+
+    def keep_best(self, step: int, evals: list[dict], log=print) -> bool:
+        """Save the policy as ``checkpoints/best`` when its held-out score (the mean over the splits
+        evaluated) beats every earlier step's; True when it did. A record from step ``step`` or
+        later (undone by a rewind or a redo) does not count."""
+        scores = [e["score"] for e in evals if e["benchmark"].startswith("heldout_")]
+        if self.trainer is None or not self.ranks.main or not scores:
+            return False
+        score = float(np.mean(scores))
+        path, record = best_checkpoint(self.lake)
+        if record is not None and record["step"] < step and record["score"] >= score:
+            return False
+        self.lake.guard()  # saved to a folder, not through the lake: check the step is still ours
+        self.trainer.save(path / "policy", step, tokenizer=self.tok)
+        atomic_write_bytes(
+            path / "best.json",
+            json.dumps(
+                {"step": step, "score": score, **{e["benchmark"]: e["score"] for e in evals}}
+            ).encode(),
+        )
+        log(f"best held-out so far ({score:.4f}): policy saved to {path / 'policy'}")
+        return True
 
     steps_run = 0
 
@@ -260,6 +292,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         out["eval_rollouts"] = held["rollouts"]
         metrics["eval_seconds"] = held["seconds"]
         metrics["eval_episodes"] = held["rollouts"].num_rows
+        metrics["heldout_best"] = sess.keep_best(step, held["evals"], log)
     return out
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
+
 from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import LakeError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake
 from envsched_pipeline.lease import holders
 from envsched_pipeline.run import load_run
 
@@ -55,8 +57,20 @@ def status(lake: Lake) -> dict:
         "halted": halted(lake),
         "consistent": not problems,
         "problems": problems,
+        "best_heldout": best_heldout(lake),
         **holders(lake),
     }
+
+
+def best_heldout(lake: Lake) -> dict | None:
+    """The step whose policy scored best on held-out so far (language-model runs), its scores and
+    where the policy is saved; None before the first evaluation."""
+    path = lake.local / BEST_CHECKPOINT
+    try:
+        record = json.loads((path / "best.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return {**record, "policy": str(path / "policy")}
 
 
 def next_action(lake: Lake) -> tuple[str, int] | None:

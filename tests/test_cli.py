@@ -98,6 +98,9 @@ def test_sql_csv_and_errors(small_pool, capsys):
     assert main(["--lake", str(lake.root), "sql", "select *\nfrom tasks where"]) == 2
     err = capsys.readouterr().err.strip()  # where a syntax error is: line, column, the text there
     assert err.endswith("(line 2, column 12: 'where')") and "\n" not in err, err
+    for empty in ("", "  ", " ; "):  # printed an empty table, exit 0
+        assert main(["--lake", str(lake.root), "sql", empty]) == 2
+        assert "the query is empty" in capsys.readouterr().err
 
 
 def test_pool_list(small_pool, capsys):

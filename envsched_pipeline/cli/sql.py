@@ -7,7 +7,7 @@ import sys
 
 import duckdb
 
-from envsched_pipeline.cli.common import HelpFormatter, dumps, lake_of, sql_error
+from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of, sql_error
 
 
 def add_parser(sub) -> None:
@@ -28,6 +28,8 @@ def _cell(v) -> str:
 
 
 def run(args) -> int:
+    if not args.query.strip().strip(";").strip():
+        raise UsageError('the query is empty; e.g. envsched sql "select * from step_summary"')
     lake = lake_of(args).require()
     try:
         table = lake.sql(args.query)

@@ -144,11 +144,16 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
     standard errors in ``evals``, their episodes in ``eval_rollouts`` (the same tasks each time),
     the step table's held-out columns filled. The same run again repeats every episode (steps after
     the first used to sample from an unseeded generator in each step's fresh process), and a run
-    without evaluation trains on exactly the same episodes."""
+    without evaluation trains on exactly the same episodes, as does a resident worker."""
     runs = {}
-    for name, every in (("a", "1"), ("b", "1"), ("off", "0")):
+    for name, every, more in (
+        ("a", "1", []),
+        ("b", "1", []),
+        ("off", "0", []),
+        ("resident", "1", ["--resident"]),
+    ):
         lake = mini(name)
-        flags = ["--eval-every", every, "--eval-tasks", "1", "--eval-samples", "2", "--steps", "2"]
+        flags = ["--eval-every", every, "--eval-tasks", "1", "--eval-samples", "2", "--steps", "2", *more]
         assert main(["--lake", str(lake.root), *TRAIN, *flags]) == 0
         runs[name] = lake
     out = capsys.readouterr()
@@ -180,6 +185,9 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
     # the same run again: every training and held-out episode repeats, token for token
     assert _episodes(runs["b"], "rollouts") == _episodes(a, "rollouts")
     assert _episodes(runs["b"], "eval_rollouts") == _episodes(a, "eval_rollouts")
+    # a resident worker (one process keeps the model across steps) samples the same episodes
+    assert _episodes(runs["resident"], "rollouts") == _episodes(a, "rollouts")
+    assert _episodes(runs["resident"], "eval_rollouts") == _episodes(a, "eval_rollouts")
     # evaluating is not training: without it, the same training episodes
     off = runs["off"]
     assert _episodes(off, "rollouts") == _episodes(a, "rollouts")

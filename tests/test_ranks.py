@@ -128,3 +128,9 @@ def test_a_torchrun_step_writes_one_complete_step_from_rank_0(tmp_path):
     assert all(len(v) == 1 for v in owner.values()) and set().union(*owner.values()) == {0, 1}
     tm = lake.read("train_metrics", step=0).to_pylist()[0]
     assert tm["world_size"] == 2 and tm["rollouts"] == 6
+    # held-out evaluation (step 0 evaluates): each rank ran its share, rank 0 wrote them all
+    held = lake.read("eval_rollouts", step=0).to_pylist()
+    assert len(held) == 2 * 3 * 2 and tm["eval_episodes"] == 12  # 2 splits x B tasks x 2 samples
+    assert {(r["split"], r["sample"]) for r in held} == {(s, k) for s in ("seen", "unseen") for k in (0, 1)}
+    benches = {e["benchmark"] for e in lake.read("evals", step=0).to_pylist()}
+    assert {"heldout_seen", "heldout_unseen"} <= benches

@@ -54,6 +54,7 @@ from sections.system import (  # noqa: E402
     section_pools,
     section_resident,
     section_resident_neural,
+    section_step_views,
 )
 from sections.traces import section_traces  # noqa: E402
 from sections.unseen import section_patterns, section_unseen_split  # noqa: E402
@@ -73,7 +74,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -210,6 +211,8 @@ def main() -> int:
         section_resident()
     if "resident_neural" in sections:
         section_resident_neural()
+    if "step_views" in sections:
+        section_step_views()
     if "backends" in sections:
         section_backends()
     if "sim_sweep" in sections:

@@ -626,12 +626,18 @@ class Lake:
         )
 
     # ------------------------------------------------------------------ SQL
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, queries: Iterable[str] = ()) -> duckdb.DuckDBPyConnection:
         """In-memory DuckDB with a view per table (empty typed views for tables not written yet)
-        and the documented views of ``views.sql``."""
+        and the documented views of ``views.sql``. Given ``queries`` that name any of them, only
+        the views they name (and what those are built on) are made: a view reads the footer of
+        every file of its table, which grows with the run's steps."""
         con = duckdb.connect(":memory:")
         self.store.attach(con)
+        derived = [(stmt, _view_name(stmt)) for stmt in _split_sql(views_sql())]
+        wanted = _views_needed(list(queries), derived)
         for table in ALL_TABLES:
+            if wanted is not None and table not in wanted:
+                continue
             if not self.remote and (self.root / table).exists() and not (self.root / table).is_dir():
                 _error_view(con, table, f"{self.root / table} should be a folder of partitions, not a file")
                 continue
@@ -654,13 +660,14 @@ class Lake:
             else:
                 con.register(f"_{table}_empty", self._empty(table))
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_empty")
-        for stmt in _split_sql(views_sql()):
+        for stmt, name in derived:
+            if wanted is not None and name not in wanted:
+                continue
             try:
                 con.execute(stmt)
             except duckdb.Error as exc:
                 # a derived view that cannot be built (e.g. a table lacks a column): it still exists,
                 # and a query that touches it fails with the reason; other queries are unaffected
-                name = _view_name(stmt)
                 if name:
                     _error_view(con, name, f"view {name} is unavailable: {str(exc).splitlines()[0]}")
         return con
@@ -678,7 +685,7 @@ class Lake:
 
     def sql_each(self, queries: list[str]) -> list[pa.Table]:
         """Each query's result, all on one connection (its views are built once)."""
-        con = self.connect()
+        con = self.connect(queries)
         try:
             return [self._run(con, query) for query in queries]
         except duckdb.Error as exc:
@@ -713,6 +720,27 @@ def _error_view(con: duckdb.DuckDBPyConnection, name: str, message: str) -> None
         f"CREATE OR REPLACE VIEW {name} AS SELECT error('{text}') AS error FROM range(1) "
         f"WHERE error('{text}') IS NULL"
     )
+
+
+def _names_in(text: str, names: Iterable[str]) -> set[str]:
+    return {n for n in names if re.search(rf"(?<![A-Za-z0-9_]){n}(?![A-Za-z0-9_])", text, re.I)}
+
+
+def _views_needed(queries: list[str], derived: list[tuple[str, str | None]]) -> set[str] | None:
+    """The base and derived views ``queries`` read, with what the derived ones are built on; None
+    (every view) when they name none of them (``show tables``, ``duckdb_views()``, ...)."""
+    views = {name: stmt for stmt, name in derived if name}
+    known = set(ALL_TABLES) | set(views)
+    wanted = set().union(*(_names_in(q, known) for q in queries)) if queries else set()
+    if not wanted:
+        return None
+    todo = [n for n in wanted if n in views]
+    while todo:  # a derived view needs the views its statement names
+        for dep in _names_in(views[todo.pop()], known) - wanted:
+            wanted.add(dep)
+            if dep in views:
+                todo.append(dep)
+    return wanted
 
 
 def _view_name(stmt: str) -> str | None:

@@ -52,6 +52,29 @@ def test_sql_over_views_and_empty_tables(tmp_path):
     assert summary == [{"step": 0, "groups": 3}, {"step": 1, "groups": 4}]
 
 
+def test_a_query_builds_only_the_views_it_reads(tmp_path):
+    """Every view reads the footer of each file of its table, so building all of them cost a query
+    more with every step of the run; a query now gets the views it names and what they are built on."""
+
+    def views(con):
+        rows = con.execute("select view_name from duckdb_views() where not internal").fetchall()
+        return {r[0] for r in rows if not r[0].startswith("_")}  # _x_empty: an empty table's arrow
+
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    assert views(lake.connect(["select count(*) from rollouts"])) == {"rollouts"}
+    assert views(lake.connect(["select * from pick_reasons"])) == {
+        "pick_reasons",
+        "manifests",
+        "task_history",
+        "rollouts",
+    }
+    assert views(lake.connect(["select * from eval_rollouts"])) == {"eval_rollouts"}  # not "rollouts"
+    every = views(lake.connect())
+    assert views(lake.connect(["show tables"])) == every and {"step_summary", "tasks", "evals"} <= every
+    assert lake.sql("select count(*) as n from step_summary").to_pylist() == [{"n": 1}]
+
+
 def test_env_var_sets_root(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVSCHED_LAKE", str(tmp_path / "x"))
     assert Lake().root == (tmp_path / "x").resolve()

@@ -118,10 +118,8 @@ def explain(lake: Lake, action: tuple[str, int]) -> str:
 
 def step_summary(lake: Lake) -> list[dict]:
     """Per-step table for the CLI (computed from the lake, so a resumed run prints every step)."""
-    con = lake.connect()
-    try:
-        # the documented step_summary view (warehouse/views.sql) + timing and held-out score
-        q = """
+    # the documented step_summary view (warehouse/views.sql) + timing and held-out score
+    q = """
         select s.step, s.batch_variance, s.zero_variance_fraction, s.envs_touched, s.mean_reward,
                tm.seconds as seconds, ev.seen as heldout_seen, ev.unseen as heldout_unseen
         from step_summary s
@@ -132,6 +130,8 @@ def step_summary(lake: Lake) -> list[dict]:
                    from evals group by step) ev on ev.step = s.step
         order by s.step
         """
+    con = lake.connect([q])  # only the views it reads
+    try:
         cur = con.execute(q)
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -201,16 +201,22 @@ def roll_back(lake: Lake, step: int) -> dict:
     )
 
 
-def ingest_rollouts(
-    lake: Lake, step: int, rows_or_path, replace: bool = False, partial_groups: bool = False
-) -> dict:
-    """Validate an external trainer's rollouts for ``step`` and write them atomically."""
+def external_run(lake: Lake, what: str) -> RunSpec:
+    """The lake's run, which must take its rollouts from an external trainer (``what`` is for those)."""
     spec = require_run(lake)
     if spec.trainer != "external":
         raise StepError(
             f"{lake.root} holds a run whose rollouts come from the internal trainer ({spec.trainer}); "
-            "`step ingest` is for runs started with `envsched step select` or the Python API"
+            f"{what} is for runs started with `envsched step select` or the Python API"
         )
+    return spec
+
+
+def ingest_rollouts(
+    lake: Lake, step: int, rows_or_path, replace: bool = False, partial_groups: bool = False
+) -> dict:
+    """Validate an external trainer's rollouts for ``step`` and write them atomically."""
+    spec = external_run(lake, "`step ingest`")
     if not lake.has("manifests", step=step):
         raise StepError(
             f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)"
@@ -313,12 +319,7 @@ def record_evals(lake: Lake, step: int, scores, where: str = "scores") -> list[d
     (``bfcl_v3``, ...) is charted in the report and sent to the trackers. A benchmark already
     recorded for the step is replaced, the others kept. Everything is checked before anything is
     written; a bad entry is named (``where`` says where the scores came from)."""
-    spec = require_run(lake)
-    if spec.trainer != "external":
-        raise StepError(
-            f"{lake.root} holds a run trained by envsched's own trainer ({spec.trainer}), which writes its "
-            "own evaluations; recording scores is for runs whose rollouts come from your trainer"
-        )
+    external_run(lake, "recording scores (the internal trainer writes its own evaluations)")
     if not lake.has("train_metrics", step=step):
         raise StepError(
             f"step {step} has no ingested rollouts yet: record its evaluation after `step ingest`"

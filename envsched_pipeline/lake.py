@@ -139,6 +139,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 # a folder under Lake.local with the policy and best.json (step, score, each split's score)
 BEST_CHECKPOINT = "checkpoints/best"
 
+
+def best_record(lake: Lake) -> dict | None:
+    """The record of the best held-out policy (``best.json``: step, score, each split's score), or
+    None when no step has saved one."""
+    try:
+        return json.loads((lake.local / BEST_CHECKPOINT / "best.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 REMOTE_SCHEMES = ("s3://",)
 # link(2) refused because the filesystem has no hard links (not because the name exists)
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}

@@ -227,6 +227,13 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
     # a training setting still is
     assert main(["--lake", str(lake.root), *TRAIN, "--lr", "0.5", "--steps", "4"]) != 0
     assert "--allow-config-change" in capsys.readouterr().err
+    # going back before the best policy's step archives it with the steps it came from
+    best = status(lake)["best_heldout"]
+    assert best is not None and best["step"] in (0, 1)
+    assert main(["--lake", str(lake.root), "rewind", "--to", "0"]) == 0
+    assert status(lake)["best_heldout"] is None
+    archived = list((lake.root / "archive").glob("rewind-to-step0-*/checkpoints/best/best.json"))
+    assert len(archived) == 1 and json.loads(archived[0].read_text())["step"] == best["step"]
 
 
 def test_a_pool_without_a_held_out_split_says_so(tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, atomic_write_bytes
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, atomic_write_bytes, best_record
 from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import RunSpec
 from trainer import ranks, world
@@ -38,13 +38,8 @@ def sampling_seed(seed: int, step: int, rank: int, purpose: str) -> int:
 
 
 def best_checkpoint(lake: Lake) -> tuple[Path, dict | None]:
-    """The folder of the best held-out policy (``checkpoints/best``) and its record (step, score,
-    each split's score), or None when no step has saved one."""
-    path = lake.local / BEST_CHECKPOINT
-    try:
-        return path, json.loads((path / "best.json").read_text())
-    except (OSError, ValueError):
-        return path, None
+    """The folder of the best held-out policy (``checkpoints/best``) and its record, or None."""
+    return lake.local / BEST_CHECKPOINT, best_record(lake)
 
 
 def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:

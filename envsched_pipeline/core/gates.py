@@ -17,7 +17,7 @@ from collections import Counter
 
 from envsched_pipeline.core.build import scheduler_config
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.rollouts import ERROR_CLASSES
 from envsched_pipeline.run import RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
@@ -316,6 +316,12 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
                 f"one that is: {', '.join(map(str, ok[-12:]))}"
             )
     moved = lake.archive(f"rewind-to-step{step}", lambda kind, s: s >= step)
+    best = best_record(lake)
+    if best is not None and best.get("step", -1) >= step:  # the best held-out policy was of an undone step
+        into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
+        into.mkdir(parents=True, exist_ok=True)
+        (lake.local / BEST_CHECKPOINT).rename(into / "best")
+        moved["moved"]["best checkpoint"] = [int(best["step"])]
     if lake.local != lake.root:  # a remote lake's model checkpoints live on local disk: archived there
         into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
         for s in sorted(set(_local_checkpoint_steps(lake))):

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import json
-
 from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import LakeError
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
 from envsched_pipeline.run import load_run
 
@@ -65,12 +63,8 @@ def status(lake: Lake) -> dict:
 def best_heldout(lake: Lake) -> dict | None:
     """The step whose policy scored best on held-out so far (language-model runs), its scores and
     where the policy is saved; None before the first evaluation."""
-    path = lake.local / BEST_CHECKPOINT
-    try:
-        record = json.loads((path / "best.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return {**record, "policy": str(path / "policy")}
+    record = best_record(lake)
+    return None if record is None else {**record, "policy": str(lake.local / BEST_CHECKPOINT / "policy")}
 
 
 def next_action(lake: Lake) -> tuple[str, int] | None:

@@ -208,6 +208,12 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
     )
     shown = capsys.readouterr().out
     assert "held-out (seen environments)" in shown and "sample 0" in shown and "instruction:" in shown
+    # the report: held-out per environment at the last evaluation
+    assert main(["--lake", str(lake.root), "report", "--out", str(lake.root.parent / "report")]) == 0
+    summary = json.loads((lake.root.parent / "report" / "summary.json").read_text())
+    by_env = summary["heldout_by_env"]
+    assert {r["split"] for r in by_env} == {"seen", "unseen"} and sum(r["episodes"] for r in by_env) == 4
+    assert "Held-out by environment" in (lake.root.parent / "report" / "index.html").read_text()
     # the training step's materialization carries the scores (the UI charts numbers over partitions)
     with dg.DagsterInstance.get() as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))

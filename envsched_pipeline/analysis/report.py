@@ -342,6 +342,12 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         "order by mean_variance desc, groups desc limit 15"
     ).to_pylist()
 
+    # where held-out generalization holds and where it fails: each environment at the last evaluation
+    by_env = lake.sql(
+        "select split, env_id, tasks, episodes, mean_reward, solved from heldout_by_env "
+        "where step = (select max(step) from eval_rollouts) order by split, mean_reward"
+    ).to_pylist()
+
     config = {
         "run id": spec.run_id,
         "pool": spec.pool,
@@ -361,9 +367,10 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
         "means": {k: float(np.nanmean(np.asarray(s[k], float))) for k, _, _ in HEADLINES},
         "verdicts": verdicts,
         "top_tasks": top,
+        "heldout_by_env": by_env,
         "charts": [c["title"] for c in charts],
     }
-    page = _page(config, base_note, verdicts, charts, top, spec)
+    page = _page(config, base_note, verdicts, charts, top, spec, by_env)
     index = out_dir / "index.html"
     index.write_text(page)
     (out_dir / "summary.json").write_text(json.dumps(_nan_to_none(summary), indent=2, default=str))
@@ -378,6 +385,18 @@ def _nan_to_none(obj):
     if isinstance(obj, list | tuple):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def _heldout_section(by_env: list[dict]) -> str:
+    """Held-out reward per environment at the run's last evaluation (neural and LM policies)."""
+    if not by_env:
+        return ""
+    return (
+        "<section><h2>Held-out by environment (last evaluation, lowest first)</h2><p class='hint'>Split "
+        "'seen': tasks of the training environments the pool leaves out; 'unseen': environments the "
+        "run never trained on. solved: share of episodes with reward 1. Episodes: "
+        "<code>envsched rollouts show --step T --heldout</code>.</p>" + _table(list(by_env)) + "</section>"
+    )
 
 
 def _table(rows: list[dict]) -> str:
@@ -396,7 +415,13 @@ def _table(rows: list[dict]) -> str:
 
 
 def _page(
-    config: dict, base_note: str, verdicts: list[dict], charts: list[dict], top: list[dict], spec
+    config: dict,
+    base_note: str,
+    verdicts: list[dict],
+    charts: list[dict],
+    top: list[dict],
+    spec,
+    by_env: list[dict] = (),
 ) -> str:
     sim = (
         "<p class='note'><b>The policy is the simulated learner</b> (docs/algorithm.md §8): a model of "
@@ -454,6 +479,7 @@ font-size:12px;display:none;white-space:nowrap;z-index:2}}
 {"<h3>Against every baseline</h3>" + _table(vrows) if vrows else ""}
 {chart_divs}
 <section><h2>Most informative tasks (observed in at least {MIN_GROUPS} groups)</h2>{_table(top)}</section>
+{_heldout_section(by_env)}
 <script id="charts" type="application/json">{data}</script>
 <script>{_JS}</script>
 </body></html>

@@ -120,10 +120,11 @@ LM_SETTINGS = (
     "eval_every",
     "eval_tasks",
     "eval_samples",
+    "eval_temperature",
 )
 # held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
 # may change them without --allow-config-change (the change is still recorded)
-EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples")
+EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,9 @@ class PolicyConfig:
     eval_every: int | None = None
     eval_tasks: int | None = None
     eval_samples: int | None = None
+    # LM policies: the evaluation's sampling temperature (default: the training one; 0 = greedy,
+    # one episode per task)
+    eval_temperature: float | None = None
 
     USED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
         "simulated": (
@@ -190,7 +194,9 @@ class PolicyConfig:
             "temperature",
             "max_actions",
             "resident",
-            *EVAL_SETTINGS,
+            "eval_every",
+            "eval_tasks",
+            "eval_samples",
         ),
         "hf-tiny": LM_SETTINGS,
         "hf": LM_SETTINGS + ("model_path",),
@@ -252,6 +258,7 @@ POLICY_BOUNDS = {
     "eval_every": (0, True, BIG),
     "eval_tasks": (1, True, BIG),
     "eval_samples": (1, True, 1024),
+    "eval_temperature": (0, True, 100),
 }
 
 

@@ -3,6 +3,7 @@ the torch update (``hf-tiny``, ``hf``, ``vllm``), or rollouts only (``openai``).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -360,7 +361,11 @@ def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | Non
     )
     if not chosen:  # a pool without an evaluation split (every rank reads the same lake)
         return None
-    samples = pc.eval_samples or LM_EVAL_SAMPLES
+    greedy = pc.eval_temperature == 0
+    samples = 1 if greedy else pc.eval_samples or LM_EVAL_SAMPLES  # greedy: every sample the same
+    if pc.eval_temperature is not None:  # the evaluation's own sampling temperature
+        loop = copy.copy(loop)
+        loop.temperature = pc.eval_temperature
     items = [(split, row) for split, rows in chosen.items() for row in rows]
     mine = items[world.group_slice(len(items), rk.rank, rk.world)]
     envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}

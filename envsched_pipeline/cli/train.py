@@ -196,6 +196,13 @@ def add_parser(sub) -> None:
         help="sampled episodes per held-out task (default 8 for neural, 2 for LM policies)",
     )
     t.add_argument(
+        "--eval-temperature",
+        type=float,
+        default=None,
+        help="LM policies: sampling temperature of the held-out episodes (default: the training one; "
+        "0 = greedy, one episode per task)",
+    )
+    t.add_argument(
         "--report-to",
         default=None,
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
@@ -230,6 +237,7 @@ def policy_config(args) -> dict:
         "eval_every",
         "eval_tasks",
         "eval_samples",
+        "eval_temperature",
     ):
         if getattr(args, key) is not None:
             pc[key] = getattr(args, key)

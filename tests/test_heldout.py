@@ -220,6 +220,11 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
         event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))
         meta = event.asset_materialization.metadata
     assert {"heldout_seen", "heldout_seen_se", "heldout_unseen", "heldout_unseen_se"} <= set(meta)
+    failures = meta["heldout_failures"].value  # the worst held-out episode of each split, rendered
+    assert (
+        "worst held-out episode, seen environments" in failures
+        and "held-out (unseen environments)" in failures
+    )
     # evaluation settings are not training settings: a resumed run may change them, recorded
     assert main(["--lake", str(lake.root), *TRAIN, "--eval-every", "0", "--steps", "3"]) == 0
     assert lake.steps("eval_rollouts") == [0, 1]

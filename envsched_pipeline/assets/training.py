@@ -49,8 +49,8 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
 
 def step_views(context, lk, step: int) -> dict:
     """The step's curves (inline), its held-out scores when it evaluated (numbers, so the asset's
-    plots chart them over the steps), and a few of its rollouts, rendered: the best, the worst and
-    one zero-variance group."""
+    plots chart them over the steps), a few of its rollouts, rendered (the best, the worst and one
+    zero-variance group), and its worst held-out episode of each split."""
     out = plot_md(context, "curves", training_curves, lk, step)
     for e in lk.read("evals", step=step).to_pylist():
         name = (e.get("benchmark") or "").split(" ")[0]  # "heldout_seen (simulated)": heldout_seen
@@ -73,6 +73,23 @@ def step_views(context, lk, step: int) -> dict:
             )
             out["sample_rollouts"] = dg.MetadataValue.md(
                 text + f"\n\n_more: `envsched rollouts show --step {step}`_"
+            )
+        if lk.has("eval_rollouts", step=step):  # the worst held-out episode of each split
+            held = lk.read("eval_rollouts", step=step).to_pylist()
+            ev_tasks = {
+                t["task_id"]: t
+                for t in lk.read("eval_tasks", pool=spec.pool, columns=["task_id", "instruction"]).to_pylist()
+            }
+            worst = {}
+            for r in sorted(held, key=lambda r: (r["reward"], r["task_id"], r["sample"])):
+                worst.setdefault(r["split"], r)
+            out["heldout_failures"] = dg.MetadataValue.md(
+                "\n\n".join(
+                    f"**worst held-out episode, {split} environments**\n\n```\n"
+                    f"{render(r, ev_tasks.get(r['task_id']), width=110)}\n```"
+                    for split, r in sorted(worst.items())
+                )
+                + f"\n\n_more: `envsched rollouts show --step {step} --heldout`_"
             )
     except Exception as exc:  # noqa: BLE001 - a rendering problem must not fail the step
         context.log.warning(f"sample rollouts could not be rendered: {exc}")

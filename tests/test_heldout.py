@@ -220,6 +220,11 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
         event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))
         meta = event.asset_materialization.metadata
     assert {"heldout_seen", "heldout_seen_se", "heldout_unseen", "heldout_unseen_se"} <= set(meta)
+    # the non-blocking check ran with the step (a warning, never a halt)
+    check = dg.AssetCheckKey(dg.AssetKey("training_step"), "heldout_holds")
+    with dg.DagsterInstance.get() as instance:
+        records = instance.event_log_storage.get_asset_check_execution_history(check, limit=10)
+    assert len(records) == 2 and all(r.status.value in ("SUCCEEDED", "FAILED") for r in records)
     failures = meta["heldout_failures"].value  # the worst held-out episode of each split, rendered
     assert (
         "worst held-out episode, seen environments" in failures
@@ -292,3 +297,34 @@ def test_the_best_held_out_policy_is_kept_and_a_rewound_record_does_not_count(tm
     # the run went back to step 1 (`envsched rewind`): step 2's record is of an undone future
     assert keep(1, 0.3, 0.3) and best_checkpoint(lake)[1]["step"] == 1
     assert status(lake)["best_heldout"]["policy"] == str(path / "policy")
+
+
+def test_a_held_out_score_below_its_best_is_flagged_past_its_error(tmp_path):
+    from envsched_pipeline.core.loop import heldout_drops  # the check's logic, on a bare lake
+
+    lake = Lake(tmp_path / "lake")
+
+    def evals(step, seen, unseen, se=0.01):
+        lake.write(
+            "evals",
+            [
+                {"step": step, "benchmark": "batch_mean_reward", "score": 0.1},
+                {"step": step, "benchmark": "heldout_seen", "score": seen, "se": se},
+                {"step": step, "benchmark": "heldout_unseen", "score": unseen, "se": se},
+            ],
+            step=step,
+        )
+
+    evals(0, 0.50, 0.40)
+    evals(10, 0.60, 0.45)
+    evals(20, 0.58, 0.40)  # seen: -0.02 within 2 x 0.0141; unseen: -0.05 past it
+    first = heldout_drops(lake, 0)
+    assert first["evaluated"] and not first["splits"]  # nothing earlier to compare with
+    out = heldout_drops(lake, 20)
+    assert [d["split"] for d in out["drops"]] == ["unseen"]
+    unseen = out["drops"][0]
+    assert unseen["best_step"] == 10 and unseen["drop"] == pytest.approx(0.05)
+    assert unseen["threshold"] == pytest.approx(2 * (2 * 0.01**2) ** 0.5)
+    assert not heldout_drops(lake, 15)["evaluated"]  # a step that did not evaluate
+    evals(30, 0.595, 0.4495, se=0.0)  # no error (the simulated learner): the floor of 0.01 holds
+    assert not heldout_drops(lake, 30)["drops"]

@@ -141,3 +141,47 @@ def step_summary(lake: Lake) -> list[dict]:
         raise LakeError(f"cannot summarize steps in {lake.root}: {exc}") from exc
     finally:
         con.close()
+
+
+HELDOUT_DROP_FLOOR = (
+    0.01  # a drop smaller than this is never flagged (a learner whose evaluation has no error)
+)
+
+
+def heldout_drops(lake: Lake, step: int) -> dict:
+    """Held-out splits whose score at ``step`` fell below their best earlier score by more than two
+    standard errors of the difference (and at least HELDOUT_DROP_FLOOR): {"evaluated", "drops",
+    "splits": [{split, score, best, best_step, drop, threshold}]}. Steps without an evaluation
+    report ``evaluated`` False."""
+    rows = [
+        r
+        for r in lake.sql(
+            f"select * from evals where benchmark like 'heldout_%' and step <= {int(step)} order by step"
+        ).to_pylist()
+        if r.get("score") is not None
+    ]
+    now = {r["benchmark"]: r for r in rows if r["step"] == step}
+    splits = []
+    for bench, r in sorted(now.items()):
+        earlier = [e for e in rows if e["benchmark"] == bench and e["step"] < step]
+        if not earlier:
+            continue
+        best = max(earlier, key=lambda e: (e["score"], -e["step"]))
+        se = ((r.get("se") or 0.0) ** 2 + (best.get("se") or 0.0) ** 2) ** 0.5
+        threshold = max(2 * se, HELDOUT_DROP_FLOOR)
+        drop = best["score"] - r["score"]
+        splits.append(
+            {
+                "split": bench.removeprefix("heldout_"),
+                "score": r["score"],
+                "best": best["score"],
+                "best_step": best["step"],
+                "drop": drop,
+                "threshold": threshold,
+            }
+        )
+    return {
+        "evaluated": bool(now),
+        "drops": [s for s in splits if s["drop"] > s["threshold"]],
+        "splits": splits,
+    }

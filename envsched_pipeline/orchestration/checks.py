@@ -7,6 +7,7 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.core.gates import check_manifest, check_rollouts, halt, halt_message
+from envsched_pipeline.core.loop import heldout_drops
 from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
@@ -114,6 +115,29 @@ def infra_errors_are_low(context: dg.AssetCheckExecutionContext, lake: LakeResou
     )
 
 
+@dg.asset_check(
+    asset="training_step",
+    blocking=False,
+    partitions_def=training_steps,
+    description="Warns when a held-out score the step measured (neural and LM policies) fell below its best "
+    "earlier score by more than two standard errors of the difference: the policy may be forgetting, or "
+    "overfitting the training tasks. `envsched status` names the best policy kept (LM policies).",
+)
+def heldout_holds(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
+    result = heldout_drops(lake.lake_for(context), step_of(context))
+    return dg.AssetCheckResult(
+        passed=not result["drops"],
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "evaluated": result["evaluated"],
+            "splits_below_their_best": len(result["drops"]),
+            "splits": dg.MetadataValue.md(
+                md_table(result["splits"], limit=10) if result["splits"] else "none"
+            ),
+        },
+    )
+
+
 @dg.asset_check(asset="topologies", blocking=True, description="Every task of the pool has a topology.")
 def topologies_cover_pool(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
 
@@ -133,4 +157,10 @@ def topologies_cover_pool(context: dg.AssetCheckExecutionContext, lake: LakeReso
     )
 
 
-ALL_CHECKS = [manifest_is_valid, rollouts_are_complete, infra_errors_are_low, topologies_cover_pool]
+ALL_CHECKS = [
+    manifest_is_valid,
+    rollouts_are_complete,
+    infra_errors_are_low,
+    heldout_holds,
+    topologies_cover_pool,
+]

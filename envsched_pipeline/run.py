@@ -105,6 +105,9 @@ def with_neural_defaults(spec: RunSpec, former: bool = False) -> RunSpec:
     return replace(spec, policy_config={**spec.policy_config, **missing}) if missing else spec
 
 
+# held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
+# may change them without --allow-config-change (the change is still recorded)
+EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
 # what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
 LM_SETTINGS = (
     "workers",
@@ -117,14 +120,8 @@ LM_SETTINGS = (
     "checkpoint_every",
     "resident",
     "deepspeed",
-    "eval_every",
-    "eval_tasks",
-    "eval_samples",
-    "eval_temperature",
+    *EVAL_SETTINGS,
 )
-# held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
-# may change them without --allow-config-change (the change is still recorded)
-EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,26 @@ class HFEngine:
         return out
 
 
-class VLLMEngine:
+class RequestSeeds:
+    """A seed for each request of an engine that seeds requests, not itself (vLLM, an OpenAI-compatible
+    server): after ``reseed(seed)`` the n-th request gets a seed derived from ``seed`` and n, so the
+    same requests after the same reseed get the same seeds; before any reseed, none (the engine's
+    own sampling)."""
+
+    seed: int | None = None
+    requests = 0
+
+    def reseed(self, seed: int) -> None:
+        self.seed, self.requests = int(seed), 0
+
+    def next_seed(self) -> int | None:
+        if self.seed is None:
+            return None
+        self.requests += 1
+        return (self.seed * 1_000_003 + self.requests) % (2**63)
+
+
+class VLLMEngine(RequestSeeds):
     """vLLM in-process engine (GPU) on its public API (see :mod:`trainer.vllm_sync`): generation with
     ``vllm.LLM``, weights pushed from the torch policy after each update through a worker extension
     and ``collective_rpc``, optional sleep mode when colocated with the trainer. Not run on a GPU in
@@ -125,13 +144,6 @@ class VLLMEngine:
             )
         self.llm = llm
         self.asleep = False
-        self.seed: int | None = None  # reseed(): every request gets a seed derived from it
-        self.requests = 0
-
-    def reseed(self, seed: int) -> None:
-        """Sample from ``seed`` on: each prompt of each later call gets its own seed from it (vLLM
-        seeds a request, not the engine), so the same calls sample the same tokens."""
-        self.seed, self.requests = int(seed), 0
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         from vllm import SamplingParams  # the gpu extra only
@@ -140,17 +152,13 @@ class VLLMEngine:
         self.wake()
         if self.seed is None:
             params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature))
-        else:
+        else:  # each prompt its own seed (RequestSeeds)
             params = [
-                SamplingParams(**sampling_kwargs(max_new_tokens, temperature, seed=self._next_seed()))
+                SamplingParams(**sampling_kwargs(max_new_tokens, temperature, seed=self.next_seed()))
                 for _ in prompts
             ]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
-
-    def _next_seed(self) -> int:
-        self.requests += 1
-        return (self.seed * 1_000_003 + self.requests) % (2**63)
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory (weights offloaded, KV cache dropped) while the trainer updates."""
@@ -176,7 +184,7 @@ class VLLMEngine:
         return int(counts[0]) if counts else 0
 
 
-class OpenAIEngine:
+class OpenAIEngine(RequestSeeds):
     """Any OpenAI-compatible chat server (evaluation / curation; no weight update)."""
 
     kind = "messages"
@@ -185,19 +193,11 @@ class OpenAIEngine:
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout)
         self.model = model
-        self.seed: int | None = None
-        self.requests = 0
-
-    def reseed(self, seed: int) -> None:
-        """Send each later request a seed derived from ``seed`` (the API's ``seed``: servers that
-        honour it sample the same reply for the same request)."""
-        self.seed, self.requests = int(seed), 0
 
     def chat(self, messages: list[dict], tools: list[dict], max_new_tokens=512, temperature=1.0) -> str:
-        extra = {}
-        if self.seed is not None:
-            self.requests += 1
-            extra["seed"] = (self.seed * 1_000_003 + self.requests) % (2**63)
+        # the API's `seed` (RequestSeeds): servers that honour it sample the same reply again
+        seed = self.next_seed()
+        extra = {} if seed is None else {"seed": seed}
         resp = self.client.chat.completions.create(
             model=self.model,
             messages=messages,

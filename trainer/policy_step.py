@@ -26,7 +26,7 @@ from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
 from trainer.grpo import group_advantages
 from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
-from trainer.realenv import episode_rows
+from trainer.realenv import episode_rows, every_environment
 from trainer.update import GRPOConfig, GRPOTrainer
 
 LM_EVAL_EVERY = 10  # held-out evaluation every 10 steps and at the last (policy_config.eval_every)
@@ -368,8 +368,7 @@ def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | Non
         loop.temperature = pc.eval_temperature
     items = [(split, row) for split, rows in chosen.items() for row in rows]
     mine = items[world.group_slice(len(items), rk.rank, rk.world)]
-    envs = {r["env_id"]: r for r in lake.read("environments", pool=spec.pool).to_pylist()}
-    envs.update({r["env_id"]: r for r in lake.read("eval_environments", pool=spec.pool).to_pylist()})
+    envs = every_environment(lake, spec.pool)
     eps = [
         Episode(task_id=row["task_id"], rollout=k, session=None) for _, row in mine for k in range(samples)
     ]

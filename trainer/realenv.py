@@ -76,3 +76,12 @@ def episode_rows(lake, pool: str, task_ids: list[str]) -> tuple[dict[str, dict],
         raise StepError(f"manifest tasks not in pool {pool}: {missing[:3]}")
     envs = {r["env_id"]: r for r in lake.read("environments", pool=pool).to_pylist()}
     return tasks, envs
+
+
+def every_environment(lake, pool: str) -> dict[str, dict]:
+    """Environment rows by id: the pool's and its evaluation-only ones (``eval_environments``)."""
+    return {
+        r["env_id"]: r
+        for table in ("environments", "eval_environments")
+        for r in lake.read(table, pool=pool).to_pylist()
+    }

@@ -316,14 +316,14 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
                 f"one that is: {', '.join(map(str, ok[-12:]))}"
             )
     moved = lake.archive(f"rewind-to-step{step}", lambda kind, s: s >= step)
+    # checkpoints kept on local disk go to the same archive's folder there
+    into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
     best = best_record(lake)
     if best is not None and best.get("step", -1) >= step:  # the best held-out policy was of an undone step
-        into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
         into.mkdir(parents=True, exist_ok=True)
         (lake.local / BEST_CHECKPOINT).rename(into / "best")
         moved["moved"]["best checkpoint"] = [int(best["step"])]
     if lake.local != lake.root:  # a remote lake's model checkpoints live on local disk: archived there
-        into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
         for s in sorted(set(_local_checkpoint_steps(lake))):
             if s >= step:
                 into.mkdir(parents=True, exist_ok=True)

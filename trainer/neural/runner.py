@@ -24,6 +24,7 @@ from trainer.heldout import due, heldout_tasks
 from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
+from trainer.realenv import every_environment
 
 EVAL_EVERY = 10
 EVAL_SAMPLES = 8
@@ -49,8 +50,7 @@ def _checkpoint(step: int) -> str:
 
 
 def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
-    envs = {e["env_id"]: e for e in lake.read("environments", pool=spec.pool).to_pylist()}
-    envs.update({e["env_id"]: e for e in lake.read("eval_environments", pool=spec.pool).to_pylist()})
+    envs = every_environment(lake, spec.pool)
     kinds = {e.get("kind") or "envscaler" for e in envs.values()}
     if problem := environment_kinds_problem("neural", spec.pool, kinds):
         raise StepError(problem)

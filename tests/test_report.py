@@ -10,9 +10,15 @@ import subprocess
 import numpy as np
 import pytest
 
+from envs.registry import load_synthetic
+from envsched_pipeline.analysis.compare import episode_difference, steps_to_reach
 from envsched_pipeline.analysis.report import COLOURS, MIN_GROUPS, block_bootstrap_ci, build_report
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
+from envsched_pipeline.errors import EnvschedError
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
@@ -113,3 +119,142 @@ def test_report_charts_render_in_headless_chromium(finished_run, tmp_path):
     assert dom.count('class="line"') >= lines
     heat = next(c for c in charts if c["kind"] == "heatmap")
     assert dom.count('class="cell"') == len(heat["rows"]) * len(heat["cols"])
+
+
+# ---------------------------------------------------------------------------- --against another lake
+def neural_run(root, scheduler: str, seed: int = 0, batch_size: int = 4, steps: int = 3) -> Lake:
+    lake = Lake(root)
+    import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
+    start_run(
+        lake,
+        RunSpec(
+            pool="synthetic",
+            policy="neural",
+            scheduler=scheduler,
+            seed=seed,
+            batch_size=batch_size,
+            group_size=4,
+            max_steps=steps,
+            policy_config={"warm_start_steps": 5, "eval_every": 2},
+        ),
+    )
+    for t in range(steps):
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    return lake
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("against")
+    return neural_run(root / "envsched", "envsched"), neural_run(root / "random", "random")
+
+
+def test_a_run_is_compared_with_another_schedulers_run_in_another_lake(two_runs, tmp_path, capsys):
+    mine, rand = two_runs
+    out = tmp_path / "rep"
+    assert main(["--lake", str(mine.root), "report", "--out", str(out), "--against", str(rand.root)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["against"][0]["name"] == "random" and summary["against"][0]["lake"] == str(rand.root)
+    assert "not re-run in the simulated learner" in summary["baselines"]["note"]
+    by_metric = {v["metric"]: v for v in summary["verdicts"] if v["baseline"] == "random"}
+    # the per-step metrics, over the steps both runs hold, against random's own per-step numbers
+    bv = by_metric["Batch reward variance"]
+    mine_bv = [r["batch_variance"] for r in mine.sql("select * from step_summary order by step").to_pylist()]
+    rand_bv = [r["batch_variance"] for r in rand.sql("select * from step_summary order by step").to_pylist()]
+    assert bv["run"] == pytest.approx(np.mean(mine_bv)) and bv["base"] == pytest.approx(np.mean(rand_bv))
+    # held-out at the last common evaluation (step 2), from both runs' episodes on the same tasks
+    for split in ("seen", "unseen"):
+        v = by_metric[f"Held-out heldout_{split} (last common evaluation)"]
+        assert v["step"] == 2
+        rows = {}
+        for name, lk in (("mine", mine), ("rand", rand)):
+            rows[name] = lk.sql(
+                f"select task_id, avg(reward) as m, var_samp(reward) / count(*) as v from eval_rollouts "
+                f"where step = 2 and split = '{split}' group by task_id"
+            ).to_pylist()
+        n = len(rows["mine"])
+        assert n == len(rows["rand"]) > 0
+        diff = np.mean([r["m"] for r in rows["mine"]]) - np.mean([r["m"] for r in rows["rand"]])
+        se = np.sqrt(sum(r["v"] for rs in rows.values() for r in rs)) / n
+        assert v["diff"] == pytest.approx(diff) and v["se"] == pytest.approx(se)
+        assert v["ci"] == pytest.approx([diff - 1.96 * se, diff + 1.96 * se])
+        assert (v["better"] is None) == (abs(diff) <= 1.96 * se) and "same tasks" in v["text"]
+        # the paper's count: where this run first reached random's best held-out score
+        scores = {
+            e["step"]: e["score"]
+            for e in rand.read("evals").to_pylist()
+            if e["benchmark"] == f"heldout_{split}"
+        }
+        assert v["reach"]["best"] == max(scores.values())
+        mine_scores = {
+            e["step"]: e["score"]
+            for e in mine.read("evals").to_pylist()
+            if e["benchmark"] == f"heldout_{split}"
+        }
+        first = min((s for s, x in mine_scores.items() if x >= v["reach"]["best"]), default=None)
+        assert v["reach"]["reached_at"] == first
+        assert v["text"] in printed
+    # the held-out table puts random's per-environment reward beside this run's
+    for r in summary["heldout_by_env"]:
+        assert r["difference"] == pytest.approx(r["mean_reward"] - r["random mean_reward"])
+    charts = charts_of((out / "index.html").read_text())
+    names = {s["name"]: s["color"] for c in charts for s in c.get("series", [])}
+    assert names["random"] == COLOURS["random"] and names["random: heldout_unseen"] == COLOURS["random"]
+
+
+def test_runs_of_one_scheduler_read_apart_by_seed(two_runs, tmp_path):
+    mine, rand = two_runs
+    other = neural_run(tmp_path / "random1", "random", seed=1, steps=2)
+    build_report(mine, tmp_path / "rep", log=lambda *_: None, against=[rand, other])
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert [a["name"] for a in summary["against"]] == ["random seed 0", "random seed 1"]
+    assert summary["against"][1]["notes"] == ["seed 1 (this run: 0)"]
+    # a shorter run is compared over the steps both hold
+    v = next(v for v in summary["verdicts"] if v["baseline"] == "random seed 1")
+    assert "over 2 steps" in v["text"]
+
+
+@pytest.mark.parametrize("what", ["batch", "pool", "same", "none"])
+def test_a_run_that_cannot_be_compared_is_refused_by_name_and_nothing_is_written(two_runs, tmp_path, what):
+    mine, _ = two_runs
+    if what == "batch":
+        other, field = neural_run(tmp_path / "other", "random", batch_size=2, steps=1), "batch_size is 2"
+    elif what == "pool":
+        other = Lake(tmp_path / "other")
+        import_pool(other, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=6))
+        start_run(other, RunSpec(pool="synthetic", policy="neural", batch_size=4, group_size=4))
+        field = "other training tasks"
+    elif what == "same":
+        other, field = mine, "this run's own lake"
+    else:
+        other, field = Lake(tmp_path / "nowhere"), "no lake at"
+    with pytest.raises(EnvschedError, match=field) as err:
+        build_report(mine, tmp_path / "rep", log=lambda *_: None, against=[other])
+    assert str(other.root) in str(err.value)
+    assert not (tmp_path / "rep").exists()
+
+
+def test_held_out_on_different_task_subsets_counts_the_spread_over_tasks():
+    a = {"t1": np.array([1.0, 1.0]), "t2": np.array([0.0, 1.0]), "t3": np.array([0.0, 0.0])}
+    b = {"t4": np.array([1.0, 0.0]), "t5": np.array([1.0, 1.0])}
+    d = episode_difference(a, b)
+    ma, mb = np.array([1.0, 0.5, 0.0]), np.array([0.5, 1.0])
+    assert d["diff"] == pytest.approx(ma.mean() - mb.mean()) and d["basis"] == "different tasks"
+    assert d["se"] == pytest.approx(np.sqrt(ma.var(ddof=1) / 3 + mb.var(ddof=1) / 2))
+    same = episode_difference(a, {k: 1 - v for k, v in a.items()})
+    assert same["basis"] == "same tasks" and same["se"] == pytest.approx(np.sqrt(2 * 0.5 / 2) / 3)
+
+
+def test_steps_to_reach_is_the_first_evaluation_at_the_others_best():
+    theirs = {0: (0.2, 0.0), 40: (0.5, 0.0), 80: (0.6, 0.0), 120: (0.6, 0.0)}
+    assert steps_to_reach({0: (0.3, 0.0), 20: (0.55, 0.0), 40: (0.61, 0.0)}, theirs) == {
+        "best": 0.6,
+        "best_step": 80,
+        "reached_at": 40,
+        "ratio": 2.0,
+    }
+    never = steps_to_reach({0: (0.3, 0.0)}, theirs)
+    assert never["reached_at"] is None and never["best_step"] == 80

@@ -19,12 +19,14 @@ import html
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from envsched_pipeline.analysis.bench import run_one
-from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series
+from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts
+from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
@@ -115,17 +117,30 @@ def verdict(label: str, better: str, run: np.ndarray, base: np.ndarray, base_nam
 
 
 # ---------------------------------------------------------------------------- the page
-def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -> Path:
+STEP_QUERY = (
+    "select step, batch_variance, zero_variance_fraction, envs_touched, mean_reward, median_reward "
+    "from step_summary order by step"
+)
+EVAL_QUERY = "select step, benchmark, avg(score) as score from evals group by 1, 2 order by 2, 1"
+
+
+def build_report(
+    lake: Lake, out_dir: Path, baselines: bool = True, log=print, against: Sequence[Lake] = ()
+) -> Path:
+    """The report page and its ``summary.json`` in ``out_dir``. ``against``: lakes holding runs of the
+    same pool, policy and batch shape (another scheduler's, most often random's) to compare with,
+    instead of baselines re-run in the simulated learner. Bad input writes nothing."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     spec = require_run(lake)
-    s = _series(
-        lake,
-        "select step, batch_variance, zero_variance_fraction, envs_touched, mean_reward, median_reward "
-        "from step_summary order by step",
-    )
+    s = _series(lake, STEP_QUERY)
     if not s.get("step"):
         raise ValueError(f"no steps in {lake.root}: nothing to report")
+    others = against_runs(lake, spec, against)
+    for o in others:
+        o["series"], o["evals"] = _series_each(o["lake"], STEP_QUERY, EVAL_QUERY)
+        if not o["series"].get("step"):
+            raise ValueError(f"--against {o['lake'].root}: its run has no steps to compare with")
+    out_dir.mkdir(parents=True, exist_ok=True)
     steps = s["step"]
     n_steps = len(steps)
     manifests = lake.read("manifests", columns=["config_hash"]) if lake.steps("manifests") else None
@@ -138,12 +153,23 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     # baselines on the run's own pool
     base_series: dict[str, dict] = {}
     base_note = ""
-    if not baselines:
+    if others:
+        base_note = (
+            "Compared with runs in other lakes (same pool, policy, B and G): "
+            + "; ".join(
+                f"{o['name']} in {o['lake'].root}"
+                + (f" (differs: {', '.join(o['notes'])})" if o["notes"] else "")
+                for o in others
+            )
+            + ". Baselines are not re-run in the simulated learner when other runs are given."
+        )
+    elif not baselines:
         base_note = "Baselines were not re-run (--no-baselines)."
     elif spec.policy != "simulated":
         base_note = (
             f"Baselines are not re-run for a {spec.policy!r} run (only the simulated learner re-runs in "
-            "seconds); compare schedulers on this learner with `envsched bench scheduler --learner neural`."
+            "seconds); compare with another scheduler's run of this policy with `envsched report --against "
+            "LAKE`, or schedulers on the neural learner with `envsched bench scheduler --learner neural`."
         )
     else:
         pool = pool_from_lake(lake, spec.pool)
@@ -193,11 +219,16 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
                     x=range(len(ser[key])),
                 )
             )
+        for o in others:
+            series.append(
+                line(o["series"][key], name=o["name"], col=colour(o["spec"].scheduler), x=o["series"]["step"])
+            )
+            series[-1]["width"] = 1.6
         charts.append(
             {"kind": "line", "title": f"{label} ({better} is better)", "xlabel": "step", "series": series}
         )
 
-    ev = _series(lake, "select step, benchmark, avg(score) as score from evals group by 1, 2 order by 2, 1")
+    ev = _series(lake, EVAL_QUERY)
     heldout_run = None
     if ev.get("step"):
         series = []
@@ -218,6 +249,24 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
             )
             if "seen" in bname and heldout_run is None:
                 heldout_run = (xs, ys)
+        for o in others:
+            oe = o["evals"]
+            for bname in sorted(set(oe.get("benchmark", []))):
+                pts = [
+                    (st, sc)
+                    for st, sc, bb in zip(oe["step"], oe["score"], oe["benchmark"], strict=True)
+                    if bb == bname
+                ]
+                series.append(
+                    {
+                        "name": f"{o['name']}: {bname}",
+                        "color": colour(o["spec"].scheduler),
+                        "width": 1.6,
+                        "dash": dashes.get(bname, 0),
+                        "x": [p[0] for p in pts],
+                        "y": _finite([p[1] for p in pts]),
+                    }
+                )
         for name, ser in base_series.items():
             series.append(
                 line(
@@ -317,6 +366,12 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
             verdicts.append(
                 verdict(label, better, np.asarray(s[key], float), np.asarray(ser[key], float), name)
             )
+    for o in others:
+        for key, label, better in HEADLINES:
+            steps_ab, a, b = aligned(s, o["series"], key)
+            if len(steps_ab):
+                verdicts.append(verdict(label, better, a, b, o["name"]))
+        verdicts.extend(heldout_verdicts(lake, o["lake"], o["name"]))
     if heldout_run is not None:
         for name, ser in base_series.items():
             final_run, final_base = float(heldout_run[1][-1]), float(ser["heldout"][-1])
@@ -343,10 +398,23 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     ).to_pylist()
 
     # where held-out generalization holds and where it fails: each environment at the last evaluation
-    by_env = lake.sql(
+    by_env_query = (
         "select split, env_id, tasks, episodes, mean_reward, solved from heldout_by_env "
-        "where step = (select max(step) from eval_rollouts) order by split, mean_reward"
-    ).to_pylist()
+        "where step = {step} order by split, mean_reward"
+    )
+    by_env = lake.sql(by_env_query.format(step="(select max(step) from eval_rollouts)")).to_pylist()
+    if by_env and others:  # beside the first other run's, at the same evaluation step
+        o = others[0]
+        last = max(lake.steps("eval_rollouts"))
+        if last in o["lake"].steps("eval_rollouts"):
+            theirs = {
+                (r["split"], r["env_id"]): r["mean_reward"]
+                for r in o["lake"].sql(by_env_query.format(step=last)).to_pylist()
+            }
+            for r in by_env:
+                b = theirs.get((r["split"], r["env_id"]))
+                r[f"{o['name']} mean_reward"] = b
+                r["difference"] = None if b is None else r["mean_reward"] - b
 
     config = {
         "run id": spec.run_id,
@@ -363,7 +431,11 @@ def build_report(lake: Lake, out_dir: Path, baselines: bool = True, log=print) -
     }
     summary = {
         "config": config,
-        "baselines": {"note": base_note, "names": list(base_series)},
+        "baselines": {"note": base_note, "names": list(base_series) + [o["name"] for o in others]},
+        "against": [
+            {"name": o["name"], "lake": str(o["lake"].root), "run_id": o["spec"].run_id, "notes": o["notes"]}
+            for o in others
+        ],
         "means": {k: float(np.nanmean(np.asarray(s[k], float))) for k, _, _ in HEADLINES},
         "verdicts": verdicts,
         "top_tasks": top,

@@ -31,6 +31,7 @@ from envsched_pipeline.cli.common import (
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 
@@ -70,6 +71,15 @@ def add_parser(sub) -> None:
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
     rp.add_argument("--out", required=True, help="output folder")
     rp.add_argument("--no-baselines", action="store_true", help="skip re-running baselines in the simulator")
+    rp.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="LAKE",
+        help="compare with the run in another lake (same pool, policy, B and G; another scheduler's, "
+        "e.g. `envsched --lake warehouse/random train --scheduler random ...`); repeatable. Real runs "
+        "replace the simulated re-runs of baselines",
+    )
     rp.set_defaults(func=cmd_report)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -259,8 +269,16 @@ def cmd_report(args) -> int:
     lake = lake_of(args).require()
     out = writable_dir("--out", args.out)
     index = build_report(
-        lake, out, baselines=not args.no_baselines, log=lambda m: print(m, file=sys.stderr, flush=True)
+        lake,
+        out,
+        baselines=not args.no_baselines,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+        against=[Lake(a) for a in args.against],
     )
+    if args.against:  # the verdicts against real runs, here too: they are what the user asked for
+        summary = json.loads((index.parent / "summary.json").read_text())
+        for v in summary["verdicts"]:
+            print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
     print(f"wrote {index}")
     return 0
 

@@ -1,0 +1,220 @@
+"""A run against runs in other lakes (``envsched report --against LAKE``): the same pool, policy and
+batch shape trained with another scheduler (random, most often), so the comparison is of real runs
+rather than of baselines re-run in the simulated learner.
+
+* :func:`against_runs` checks that each other lake holds a run that can be compared with this one
+  and names what differs without blocking (seed, configs, length).
+* :func:`step_verdicts` compares the per-step headline metrics over the steps both runs hold, with
+  the moving-block bootstrap interval of the per-step difference.
+* :func:`heldout_verdicts` compares the held-out scores at the last evaluation both runs made: from
+  the evaluation episodes when both lakes keep them (one standard error per run from the episodes'
+  own noise when they evaluated the same tasks; the spread over tasks when they evaluated different
+  subsets), else from the ``evals`` rows' standard errors. It also gives the paper's step count:
+  the first evaluation at which this run reached the other run's best held-out score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from envsched_pipeline.errors import ConfigError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.scheduler.variants import scheduler_label
+
+Z95 = 1.96
+NOT_HELDOUT = ("batch_mean_reward",)  # the training batch's own reward, logged beside the evaluations
+
+
+def short_label(spec: RunSpec) -> str:
+    return scheduler_label(spec.scheduler, spec.scheduler_config).split(" (")[0]
+
+
+def _tasks(lake: Lake, table: str, pool: str) -> set[tuple[str, str]]:
+    """(task id, what the task is) of a pool table: its content hash where the table keeps one,
+    else its instruction (a re-generated pool reuses task ids for other tasks)."""
+    if not lake.has(table, pool=pool):
+        return set()
+    t = lake.read(table, pool=pool)
+    what = "content_hash" if "content_hash" in t.column_names else "instruction"
+    return set(zip(t.column("task_id").to_pylist(), t.column(what).to_pylist(), strict=True))
+
+
+def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake]) -> list[dict]:
+    """Each lake of ``others`` with its run, checked against this one: ``lake``, ``spec``, ``name``
+    (its scheduler, made unique) and ``notes`` (settings that differ without making the comparison
+    meaningless). Raises :class:`ConfigError` naming the lake and the setting that does."""
+    out: list[dict] = []
+    mine = {t: _tasks(lake, t, spec.pool) for t in ("tasks", "eval_tasks")}
+    for other in others:
+        where = f"--against {other.root}"
+        if str(other.root) == str(lake.root):
+            raise ConfigError(f"{where}: that is this run's own lake")
+        o = require_run(other.require())
+        if o.run_id and o.run_id == spec.run_id:
+            raise ConfigError(f"{where}: it holds this same run ({o.run_id}), not another one")
+        for key, why in (
+            ("policy", "runs of different learners cannot be compared"),
+            ("pool", "runs on different pools do not share tasks or held-out sets"),
+            ("batch_size", "batch variance and zero-variance shares depend on the batch shape"),
+            ("group_size", "batch variance and zero-variance shares depend on the batch shape"),
+        ):
+            a, b = getattr(spec, key), getattr(o, key)
+            if a != b:
+                raise ConfigError(f"{where}: its run's {key} is {b!r}, this run's is {a!r} ({why})")
+        for table, what in (("tasks", "training"), ("eval_tasks", "held-out")):
+            theirs = _tasks(other, table, o.pool)
+            if theirs != mine[table]:
+                differ = len({t for t, _ in theirs ^ mine[table]})
+                raise ConfigError(
+                    f"{where}: pool {o.pool!r} there holds other {what} tasks than this lake's "
+                    f"({differ} tasks differ), so the runs are not on one pool"
+                )
+        notes = [f"seed {o.seed} (this run: {spec.seed})"] if o.seed != spec.seed else []
+        a, b = spec.policy_config, o.policy_config
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if changed:
+            notes.append(
+                "policy settings " + ", ".join(f"{k}={b.get(k)!r} (this run: {a.get(k)!r})" for k in changed)
+            )
+        out.append({"lake": other, "spec": o, "name": short_label(o), "notes": notes})
+    _unique_names(out, spec)
+    return out
+
+
+def _unique_names(runs: list[dict], spec: RunSpec) -> None:
+    """Two runs of one scheduler (or one of this run's) read apart by seed, then by lake folder."""
+    taken = [short_label(spec)]
+    for add in (lambda r: f" seed {r['spec'].seed}", lambda r: f" ({r['lake'].root.name})"):
+        names = taken + [r["name"] for r in runs]
+        for r in runs:
+            if names.count(r["name"]) > 1:
+                r["name"] += add(r)
+    names = taken + [r["name"] for r in runs]
+    for i, r in enumerate(runs):  # the same folder name under two parents: number them
+        if names.count(r["name"]) > 1:
+            r["name"] += f" #{i + 1}"
+
+
+def aligned(a: dict[str, list], b: dict[str, list], key: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The steps both series hold a finite ``key`` at, and the two runs' values there."""
+    va = {s: v for s, v in zip(a["step"], a[key], strict=True) if v is not None and math.isfinite(v)}
+    vb = {s: v for s, v in zip(b["step"], b[key], strict=True) if v is not None and math.isfinite(v)}
+    steps = sorted(set(va) & set(vb))
+    return steps, np.array([va[s] for s in steps], float), np.array([vb[s] for s in steps], float)
+
+
+# ---------------------------------------------------------------------------- held-out
+def _episodes(lake: Lake, step: int, split: str) -> dict[str, np.ndarray]:
+    """Task id -> its evaluation episodes' rewards at ``step`` (empty when the lake keeps none)."""
+    if step not in lake.steps("eval_rollouts"):
+        return {}
+    rows = lake.read("eval_rollouts", step=step, columns=["split", "task_id", "reward"]).to_pylist()
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["split"] == split:
+            by.setdefault(r["task_id"], []).append(float(r["reward"]))
+    return {t: np.array(v) for t, v in by.items()}
+
+
+def _sampling_var(episodes: dict[str, np.ndarray]) -> float:
+    """Variance of the mean of task means from the episodes' own noise (the tasks a fixed set)."""
+    n = len(episodes)
+    within = [np.var(v, ddof=1) / len(v) for v in episodes.values() if len(v) > 1]
+    return float(sum(within)) / n**2
+
+
+def episode_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict:
+    """This run's mean held-out minus the other's from their episodes, with its standard error: the
+    episodes' own noise when both evaluated the same tasks, the spread over tasks when not."""
+    ma = np.array([v.mean() for v in a.values()])
+    mb = np.array([v.mean() for v in b.values()])
+    diff = float(ma.mean() - mb.mean())
+    if set(a) == set(b):
+        return {"diff": diff, "se": math.sqrt(_sampling_var(a) + _sampling_var(b)), "basis": "same tasks"}
+    if min(len(ma), len(mb)) < 2:
+        return {"diff": diff, "se": float("nan"), "basis": "different tasks"}
+    se = math.sqrt(ma.var(ddof=1) / len(ma) + mb.var(ddof=1) / len(mb))
+    return {"diff": diff, "se": se, "basis": "different tasks"}
+
+
+def _evals(lake: Lake) -> dict[str, dict[int, tuple[float, float]]]:
+    """Benchmark -> step -> (score, se) of the lake's evaluations (se NaN when not recorded)."""
+    if not lake.steps("evals"):
+        return {}
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for r in lake.read("evals").to_pylist():
+        score, se = r["score"], r.get("se")
+        if r["benchmark"] in NOT_HELDOUT or score is None or not math.isfinite(score):
+            continue
+        out.setdefault(r["benchmark"], {})[r["step"]] = (
+            float(score),
+            float("nan") if se is None else float(se),
+        )
+    return out
+
+
+def steps_to_reach(mine: dict[int, tuple[float, float]], theirs: dict[int, tuple[float, float]]) -> dict:
+    """The paper's count: the other run's best score and its step, and the first evaluation step at
+    which this run scored at least that (None when it never did). A point estimate."""
+    best_step = max(sorted(theirs), key=lambda s: theirs[s][0])  # the earliest of equal bests
+    best = theirs[best_step][0]
+    reached = next((s for s in sorted(mine) if mine[s][0] >= best), None)
+    ratio = best_step / reached if reached else float("nan")
+    return {"best": best, "best_step": best_step, "reached_at": reached, "ratio": ratio}
+
+
+def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
+    """One verdict per held-out benchmark both runs evaluated, at the last step both evaluated."""
+    mine, theirs = _evals(lake), _evals(other)
+    out = []
+    for bench in sorted(set(mine) & set(theirs)):
+        common = sorted(set(mine[bench]) & set(theirs[bench]))
+        if not common:
+            continue
+        step = common[-1]
+        (ra, sa), (rb, sb) = mine[bench][step], theirs[bench][step]
+        diff, se, basis = ra - rb, math.sqrt(sa**2 + sb**2), "recorded standard errors"
+        split = bench.removeprefix("heldout_")
+        if split != bench:
+            ea, eb = _episodes(lake, step, split), _episodes(other, step, split)
+            if ea and eb:
+                d = episode_difference(ea, eb)
+                diff, se, basis = d["diff"], d["se"], d["basis"]
+        if math.isfinite(se):
+            ci = [diff - Z95 * se, diff + Z95 * se]
+            good = None if ci[0] <= 0 <= ci[1] else diff > 0
+            word = {None: "no clear difference from", True: "above", False: "below"}[good] + f" {name}"
+            band = f" ± {se:.4f} (s.e., {basis})"
+        else:
+            good, word, band, ci = None, "no standard error recorded to judge it by", "", None
+        reach = steps_to_reach(mine[bench], theirs[bench])
+        text = f"{bench} at step {step}: {ra:.4f} vs {name} {rb:.4f}, difference {diff:+.4f}{band}: {word}."
+        if reach["reached_at"] is None:
+            text += f" Never reached {name}'s best ({reach['best']:.4f}, its step {reach['best_step']})."
+        else:
+            speed = f"; {name} needed {reach['ratio']:.2f}x as many" if math.isfinite(reach["ratio"]) else ""
+            text += (
+                f" Reached {name}'s best ({reach['best']:.4f}, its step {reach['best_step']}) at step "
+                f"{reach['reached_at']}{speed}."
+            )
+        out.append(
+            {
+                "metric": f"Held-out {bench} (last common evaluation)",
+                "baseline": name,
+                "step": step,
+                "run": ra,
+                "base": rb,
+                "ratio": ra / rb if rb else float("nan"),
+                "diff": diff,
+                "se": se,
+                "ci": ci,
+                "better": good,
+                "reach": reach,
+                "text": text,
+            }
+        )
+    return out

@@ -70,6 +70,7 @@ LAYERS = {
         "test_pools",
         "test_trainer",
         "test_yield",
+        "test_explain",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (

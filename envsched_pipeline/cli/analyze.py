@@ -8,6 +8,7 @@ import sys
 import duckdb
 
 from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, provenance_text, run_benchmark
+from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
@@ -67,6 +68,20 @@ def add_parser(sub) -> None:
         "checkpoint, a diverged run, a missing partition: go back to before it)",
     )
     rw.set_defaults(func=cmd_rewind)
+
+    ex = sub.add_parser(
+        "explain",
+        help="why step T's batch is what it is, and why a task was or was not in it",
+        description="Recompute step T's selection from the scheduler state after step T-1 (nothing is "
+        "written), check it against the stored manifest, and explain the batch: its halves, "
+        "relaxations and quarantines; with --task, that task's estimates, score and rank, the "
+        "constraint that blocked it or how far its score fell short, and its history.",
+        formatter_class=F,
+    )
+    ex.add_argument("--step", type=int, required=True, help="the step whose batch to explain")
+    ex.add_argument("--task", help="a task of the run's pool (picked or not)")
+    ex.add_argument("--json", action="store_true", help="the explanation as JSON")
+    ex.set_defaults(func=cmd_explain)
 
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
     rp.add_argument("--out", required=True, help="output folder")
@@ -262,6 +277,15 @@ def cmd_rewind(args) -> int:
     print(
         f"rewound to step {args.to}: {span} moved to {out['archive']}{halt}. Next: {next_in_words(lake)}; {again}"
     )
+    return 0
+
+
+def cmd_explain(args) -> int:
+    report = explain_step(lake_of(args).require(), args.step, args.task)
+    if args.json:
+        print(dumps(report, indent=2))
+    else:
+        print("\n".join(explain_lines(report)))
     return 0
 
 

@@ -59,19 +59,23 @@ class BatchConstraints:
             )
         return out
 
-    def eligible(self, level: int | None = None) -> np.ndarray:
+    def blocks(self, level: int | None = None) -> dict[str, np.ndarray]:
+        """Each constraint in force at ``level`` (default: the current one) and the tasks it blocks."""
         level = self.level if level is None else level
-        ok = ~self.chosen & ~self.retired & ~self.quarantine
         env = self.state.env
+        out = {"already picked": self.chosen, "retired": self.retired, "quarantined": self.quarantine}
         if level < 1 and self.config.consecutive_cap > 0:
-            ok &= ~self.streak_block
+            out["consecutive cap"] = self.streak_block
         if level < 2:
-            ok &= (self.env_window + self.env_now)[env] < self.config.cap_env_window
+            out["C3 window cap"] = (self.env_window + self.env_now)[env] >= self.config.cap_env_window
             if self.inf_cap is not None:
-                ok &= (self.env_inf_window + self.env_inf_now)[env] < self.inf_cap
+                out["informative cap"] = (self.env_inf_window + self.env_inf_now)[env] >= self.inf_cap
         if level < 3:
-            ok &= self.env_now[env] < self.config.cap_env_step
-        return ok
+            out["C1 per-step cap"] = self.env_now[env] >= self.config.cap_env_step
+        return out
+
+    def eligible(self, level: int | None = None) -> np.ndarray:
+        return ~np.logical_or.reduce(list(self.blocks(level).values()))
 
     def eligible_or_relax(self) -> np.ndarray:
         """Eligible mask; relaxes constraints in order (and records it) when nothing is left."""

@@ -42,6 +42,7 @@ class EnvSched(Scheduler):
 
     def __init__(self, config: SchedulerConfig = SchedulerConfig(), graph: TaskGraph | None = None):
         super().__init__(config, graph)
+        self.last_trace: dict | None = None  # the last select()'s internals, for explanations
 
     # ------------------------------------------------------------------ §2 + §4
     def predict(self, state: SchedulerState, model: bool = True) -> dict[str, np.ndarray]:
@@ -253,6 +254,7 @@ class EnvSched(Scheduler):
         quarantined = cons.quarantine_report()
         if not state.observed.any():  # no history (and no cross-run prior): cold start
             picks = self._cold_start(state, b, rng, cons)
+            self.last_trace = {"cold": True, "constraints": cons}
             return Selection(picks, cons.relaxations, quarantined)
         pred = self.predict(state)
         cons.chance = pred["hat_d"]  # this step's picks count towards the useful-breadth quota by it
@@ -294,6 +296,7 @@ class EnvSched(Scheduler):
         if sym is not None:
             for p in picks:
                 self._add_penalty(sym, p.index, penalty)
+        exploit_values = []  # each exploit pick's score less its similarity penalty when taken
         while len(picks) < b:
             ok = cons.eligible_or_relax()
             if not ok.any():
@@ -303,10 +306,22 @@ class EnvSched(Scheduler):
                 i, prop = _draw_proportional(val, ok, rng, c.exploit_power)
             else:
                 i, prop = int(np.argmax(val)), 1.0
+            exploit_values.append(float(val[i]))
             snap = cons.take(i)
             picks.append(self._pick(state, i, "exploit", pred, inf, snap, prop, float(penalty[i])))
             if sym is not None:
                 self._add_penalty(sym, i, penalty)
+        # what `envsched explain` reads back: this selection's estimates and final constraints
+        self.last_trace = {
+            "cold": False,
+            "pred": pred,
+            "inf": inf,
+            "constraints": cons,
+            "penalty": penalty,
+            "returning": back,
+            "coverage_slots": n_cov,
+            "exploit_values": exploit_values,
+        }
         return Selection(picks, cons.relaxations, quarantined)
 
     def coverage_share(self, state: SchedulerState) -> float:

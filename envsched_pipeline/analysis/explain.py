@@ -1,0 +1,268 @@
+"""``envsched explain --step T [--task ID]``: why the scheduler built step T's batch as it did, and
+why a task was or was not in it.
+
+Selection is deterministic given the run's seed, the step and the scheduler state after step
+T-1 (``state/step=T-1``), so the selection is recomputed here, without writing anything, and
+checked against the stored manifest: the explanation is of the batch that was trained on, or it
+says it is not (the pool, the graph or the scheduler config changed since). For the envsched
+family the recomputation keeps every task's estimates and the constraints as the batch left them,
+so a task that was not picked gets the same numbers a pick's ``reason`` carries, the constraint
+that blocked it, or how far its score fell below the exploit picks'. Baselines are explained by
+their picks only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from envsched_pipeline.core.build import build_scheduler, scheduler_config
+from envsched_pipeline.core.state_store import has_state, load_state
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import require_run, step_rng
+from envsched_pipeline.scheduler.variants import scheduler_label
+
+HALVES = ("cold", "coverage", "exploit")
+
+
+def _outcome(lake: Lake, task_id: str, upto: int) -> list[dict]:
+    """The task's groups up to step ``upto``: step, mean reward, reward variance, informative."""
+    return lake.sql(
+        "select step, mean_reward, reward_variance, informative from task_history "
+        f"where task_id = '{task_id.replace(chr(39), chr(39) * 2)}' and step <= {int(upto)} order by step"
+    ).to_pylist()
+
+
+def explain_step(lake: Lake, step: int, task: str | None = None) -> dict:
+    """The batch of ``step`` explained (and ``task`` in it, when given). Writes nothing."""
+    spec = require_run(lake)
+    if step < 0 or step not in lake.steps("manifests"):
+        have = lake.steps("manifests")
+        span = f"steps {have[0]}..{have[-1]}" if have else "no manifest yet"
+        raise StepError(f"step {step} has no manifest in {lake.root} ({span})")
+    rows = lake.read("manifests", step=step).to_pylist()
+    if step > 0 and not has_state(lake, step - 1):
+        raise StepError(
+            f"the scheduler state after step {step - 1} is missing in {lake.root}, so step {step}'s "
+            f"selection cannot be recomputed; materialize statistics[{step - 1}] first"
+        )
+    state = load_state(lake, spec, step - 1)
+    ids = list(state.task_ids)
+    if task is not None and task not in ids:
+        raise StepError(
+            f'task {task!r} is not in pool {spec.pool!r} (`envsched sql "select task_id from tasks"`)'
+        )
+    sched = build_scheduler(lake, spec, state)
+    selection = sched.select(state, spec.batch_size, step_rng(spec, step), step)
+    stored = [r["task_id"] for r in rows]
+    hashes = sorted({r.get("config_hash") for r in rows if r.get("config_hash")})
+    out: dict = {
+        "step": step,
+        "scheduler": scheduler_label(spec.scheduler, spec.scheduler_config),
+        "reproduced": [p.task_id for p in selection.picks] == stored,
+        "config_changed": bool(hashes) and hashes != [scheduler_config(spec).hash()],
+        "batch": _batch(rows, selection, sched, state),
+    }
+    if task is not None:
+        out["task"] = _task(lake, step, task, rows, sched, state)
+    return out
+
+
+def _batch(rows: list[dict], selection, sched, state) -> dict:
+    halves = {h: sum(r["half"] == h for r in rows) for h in sorted({r["half"] for r in rows})}
+    envs: dict[str, int] = {}
+    for r in rows:
+        envs[r["env_id"]] = envs.get(r["env_id"], 0) + 1
+    batch = {
+        "picks": len(rows),
+        "halves": halves,
+        "environments": len(envs),
+        "most_picks_in_one_environment": max(envs.values()) if envs else 0,
+        "relaxations": selection.relaxations,
+        "quarantined": selection.quarantined,
+        "retired_tasks": int((state.arrays["retired"] > 0).sum()),
+    }
+    trace = getattr(sched, "last_trace", None)
+    if trace and not trace["cold"]:
+        scores = [r["score"] for r in rows if r["half"] == "exploit"]
+        values = trace["exploit_values"]
+        batch.update(
+            {
+                "coverage_slots": trace["coverage_slots"],
+                "exploit_score_range": [min(scores), max(scores)] if scores else None,
+                "lowest_exploit_value": min(values) if values else None,
+                "tasks_returning_from_retirement": int(trace["returning"].sum()),
+            }
+        )
+    return batch
+
+
+def _task(lake: Lake, step: int, task: str, rows: list[dict], sched, state) -> dict:
+    i = list(state.task_ids).index(task)
+    mine = next((r for r in rows if r["task_id"] == task), None)
+    env_id = state.env_ids[state.env[i]]
+    out: dict = {
+        "task_id": task,
+        "env_id": env_id,
+        "picked": mine is not None,
+        "env_picks": [{"task_id": r["task_id"], "half": r["half"]} for r in rows if r["env_id"] == env_id],
+        "history": _outcome(lake, task, step),
+    }
+    if mine is not None:
+        out.update(
+            slot=mine["slot"],
+            half=mine["half"],
+            score=mine["score"],
+            reason=json.loads(mine["reason"] or "{}"),
+        )
+        return out
+    trace = getattr(sched, "last_trace", None)
+    if not trace:
+        out["why"] = f"{sched.name} does not score the tasks it leaves out: only its picks are explained"
+        return out
+    cons = trace["constraints"]
+    blocked = [name for name, mask in cons.blocks().items() if mask[i]]
+    out["blocked_by"] = blocked
+    if trace["cold"]:
+        out["why"] = "step 0 has no history: the cold start visits environments round robin " + (
+            f"(blocked: {', '.join(blocked)})" if blocked else "and its environment's turn took other tasks"
+        )
+        return out
+    pred, inf, penalty = trace["pred"], trace["inf"], trace["penalty"]
+    snap = {"env_picks_this_step": int(cons.env_now[state.env[i]]), "relax_level": cons.level}
+    reason = sched._pick(state, i, "not picked", pred, inf, snap, math.nan, float(penalty[i])).reason
+    score = inf["score"]
+    value = float(score[i] - sched.config.lambda_sim * penalty[i])
+    out.update(
+        score=float(score[i]),
+        value=value,
+        score_rank=int((score > score[i]).sum()) + 1,
+        tasks=int(state.n_tasks),
+        reason=reason,
+    )
+    values = trace["exploit_values"]
+    if blocked:
+        out["why"] = "blocked by " + ", ".join(_blocked_words(b, cons, state, i) for b in blocked)
+    elif not values:
+        out["why"] = "eligible, but the batch had no exploit half: coverage took every slot"
+    elif value < min(values):
+        out["why"] = (
+            f"eligible, but its score less its similarity penalty ({value:.4g}) is below the lowest "
+            f"exploit pick's when it was taken ({min(values):.4g})"
+        )
+    elif sched.config.exploit_sampling == "proportional":
+        out["why"] = "eligible; exploit picks are drawn in proportion to their score and the draws passed it"
+    else:
+        relaxed = ", ".join(cons.relaxations) or "none"
+        out["why"] = (
+            f"eligible at the end of the batch with its score less its similarity penalty ({value:.4g}) "
+            f"at or above the lowest exploit pick's ({min(values):.4g}): a constraint blocked it while "
+            f"those picks were taken and was relaxed later (relaxed: {relaxed}), or it lost a tie"
+        )
+    return out
+
+
+def _blocked_words(name: str, cons, state, i: int) -> str:
+    e = state.env[i]
+    c = cons.config
+    if name == "C1 per-step cap":
+        return f"the C1 cap ({cons.env_now[e]} picks from its environment this step, cap {c.cap_env_step})"
+    if name == "C3 window cap":
+        return (
+            f"the C3 cap ({cons.env_window[e] + cons.env_now[e]} picks from its environment over steps "
+            f"t-2..t, cap {c.cap_env_window})"
+        )
+    if name == "informative cap":
+        return (
+            f"the useful-breadth cap (its environment's informative groups over t-2..t at {cons.inf_cap:.3g})"
+        )
+    if name == "consecutive cap":
+        return "the consecutive cap (picked in each of the two previous steps)"
+    if name == "retired":
+        return "retirement (its groups stopped varying; it returns by chance or when a neighbour heats up)"
+    if name == "quarantined":
+        return "its environment's quarantine (infrastructure errors)"
+    return name
+
+
+def explain_lines(report: dict) -> list[str]:
+    """``explain_step``'s answer as lines for a terminal."""
+    b = report["batch"]
+    lines = [
+        f"step {report['step']}: {report['scheduler']}, {b['picks']} picks from {b['environments']} environments"
+    ]
+    if not report["reproduced"]:
+        lines.append(
+            "  note: recomputing this step's selection gives other picks than its manifest (the pool, graph "
+            "or scheduler config changed since); the numbers below are today's recomputation"
+        )
+    elif report["config_changed"]:
+        lines.append("  note: the run's scheduler config changed after this step; its picks still reproduce")
+    lines.append("  halves: " + ", ".join(f"{h} {n}" for h, n in b["halves"].items()))
+    if "coverage_slots" in b:
+        rng = b["exploit_score_range"]
+        lines.append(
+            f"  coverage slots {b['coverage_slots']}; exploit scores "
+            + (f"{rng[0]:.4g}..{rng[1]:.4g}" if rng else "none")
+            + f"; retired tasks {b['retired_tasks']} ({b['tasks_returning_from_retirement']} returning this step)"
+        )
+    lines.append(
+        f"  most picks from one environment: {b['most_picks_in_one_environment']}; relaxed: "
+        + (", ".join(b["relaxations"]) or "nothing")
+        + "; quarantined: "
+        + (", ".join(q["env_id"] for q in b["quarantined"]) or "none")
+    )
+    t = report.get("task")
+    if t is None:
+        return lines
+    lines.append(
+        f"task {t['task_id']} ({t['env_id']}): "
+        + (f"picked, {t['half']} half, slot {t['slot']}" if t["picked"] else "not picked")
+    )
+    if not t["picked"] and "why" in t:
+        lines.append(f"  why: {t['why']}")
+    others = [f"{p['task_id']} ({p['half']})" for p in t["env_picks"] if p["task_id"] != t["task_id"]]
+    lines.append(f"  its environment's other picks this step: {', '.join(others) or 'none'}")
+    if "score" in t:
+        extra = f" (rank {t['score_rank']} of {t['tasks']})" if "score_rank" in t else ""
+        lines.append(f"  score {t['score']:.4g}{extra}")
+    reason = t.get("reason") or {}
+    keys = (
+        "pred_success",
+        "pred_dispersion",
+        "pred_var",
+        "own_var",
+        "prior_var",
+        "exposure_discount",
+        "decline_factor",
+        "hack_factor",
+        "similarity_penalty",
+        "n_within",
+        "n_cross",
+        "neighbours",
+    )
+    shown = [f"{k} {_fmt(reason[k])}" for k in keys if reason.get(k) is not None]
+    if shown:
+        lines.append("  " + "; ".join(shown))
+    hist = t["history"]
+    if hist:
+        lines.append(f"  history: {len(hist)} groups up to this step; the last ones:")
+        for h in hist[-5:]:
+            lines.append(
+                f"    step {h['step']}: mean reward {h['mean_reward']:.3f}, variance {h['reward_variance']:.4f}"
+                + ("" if h["informative"] else " (no spread)")
+            )
+    else:
+        lines.append("  history: never rolled out up to this step")
+    return lines
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if np.isfinite(v) else "—"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) or "none"
+    return str(v)

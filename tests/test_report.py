@@ -6,19 +6,23 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
+import dagster as dg
 import numpy as np
 import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.compare import episode_difference, steps_to_reach
 from envsched_pipeline.analysis.report import COLOURS, MIN_GROUPS, block_bootstrap_ci, build_report
+from envsched_pipeline.assets.report import REPORT_DIR, run_report
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
@@ -258,3 +262,23 @@ def test_steps_to_reach_is_the_first_evaluation_at_the_others_best():
     }
     never = steps_to_reach({0: (0.3, 0.0)}, theirs)
     assert never["reached_at"] is None and never["best_step"] == 80
+
+
+def test_the_report_is_an_asset_with_its_verdicts_in_the_ui(two_runs):
+    mine, rand = two_runs
+    with dg.instance_for_test() as instance:
+        res = dg.materialize(
+            [run_report],
+            instance=instance,
+            resources={"lake": LakeResource(root=str(mine.root))},
+            run_config={"ops": {"run_report": {"config": {"against": [str(rand.root)]}}}},
+        )
+    assert res.success
+    meta = res.get_asset_materialization_events()[0].materialization.metadata
+    index = Path(meta["report"].value)
+    assert index == Path(mine.local) / REPORT_DIR / "index.html" and index.exists()
+    summary = json.loads((index.parent / "summary.json").read_text())
+    table = meta["verdicts"].value.splitlines()
+    assert len(table) == 2 + len(summary["verdicts"]) and "random in" in meta["compared_with"].value
+    for v, row in zip(summary["verdicts"], table[2:], strict=True):
+        assert row.startswith(f"| {v['metric']} | random | {v['run']:.4g} | {v['base']:.4g} |")

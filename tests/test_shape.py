@@ -21,6 +21,16 @@ def test_import_contracts_hold():
     assert "0 broken" in out.stdout
 
 
+def test_loading_the_code_location_imports_no_torch():
+    """What the contract above allows through a function-level import (the report asset's) is not
+    loaded with the code location: the Dagster daemon and webserver stay free of torch."""
+    heavy = ("torch", "transformers", "vllm", "deepspeed")
+    code = f"import sys, envsched_pipeline.definitions; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_function_level_imports_carry_a_reason():
     """Imports inside functions exist only to keep heavy or optional packages out of a process that
     does not need them; each says why on its first line."""

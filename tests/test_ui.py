@@ -87,6 +87,7 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
         "batch_manifest",
         "training_step",
         "reward_statistics",
+        "run_report",
     } <= keys
     sensors = graphql(
         port,

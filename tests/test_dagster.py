@@ -42,6 +42,7 @@ def test_step_assets_materialize_through_pipes(small_run):
         mats = res.get_asset_materialization_events()
         by_key = {m.asset_key.to_user_string(): m.materialization.metadata for m in mats}
         assert by_key["batch_manifest"]["dagster/row_count"].value == 8
+        assert "cold start" in by_key["batch_manifest"]["near_misses"].value  # step 0 scores no task
         # metadata reported by the trainer process through Pipes
         assert by_key["training_step"]["rollouts"].value == 32
         first = lake.read("rollouts", step=0).to_pylist()

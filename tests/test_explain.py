@@ -15,6 +15,7 @@ from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.state_store import load_state
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import StepError
+from envsched_pipeline.orchestration.metadata import near_misses_table
 from envsched_pipeline.run import RunSpec, load_run, start_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
 from trainer.step import run_step
@@ -136,3 +137,38 @@ def test_the_command_prints_lines_or_json_and_refuses_what_is_not_there(small_po
     assert main(["explain", "--step", "9"]) == 2
     assert "step 9 has no manifest" in capsys.readouterr().err
     assert np.isfinite(explain_step(lake, 0)["batch"]["picks"])
+
+
+def test_each_manifest_names_its_near_misses_as_explain_does(small_pool):
+    lake = small_pool
+    start_run(lake, RunSpec(pool="synthetic", seed=2, batch_size=12, group_size=4, max_steps=STEPS))
+    outs = []
+    for t in range(STEPS):
+        outs.append(select_manifest(lake, t))
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    assert outs[0]["near_misses"] == []  # the cold start scores no task
+    misses = outs[3]["near_misses"]
+    picked = {r["task_id"] for r in outs[3]["rows"]}
+    assert len(misses) == 10 and not picked & {m["task_id"] for m in misses}
+    scores = [m["score"] for m in misses]
+    assert scores == sorted(scores, reverse=True)
+    for m in misses:
+        t = explain_step(lake, 3, m["task_id"])["task"]
+        assert (m["score"], m["score_rank"], m["why"], m["blocked_by"]) == (
+            t["score"],
+            t["score_rank"],
+            t["why"],
+            t["blocked_by"],
+        )
+    table = near_misses_table(misses).splitlines()  # what the manifest's partition shows in the UI
+    assert len(table) == 2 + len(misses) and all(
+        m["task_id"] in row for m, row in zip(misses, table[2:], strict=True)
+    )
+    # no task left out scores above the near misses
+    left = [
+        explain_step(lake, 3, tid)["task"]["score"]
+        for tid in list(load_state(lake, load_run(lake), 2).task_ids)[:15]
+        if tid not in picked
+    ]
+    assert max(left) <= scores[0]

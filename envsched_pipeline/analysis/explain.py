@@ -14,7 +14,6 @@ their picks only.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from envsched_pipeline.core.state_store import has_state, load_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run, step_rng
+from envsched_pipeline.scheduler.explain import left_out
 from envsched_pipeline.scheduler.variants import scheduler_label
 
 HALVES = ("cold", "coverage", "exploit")
@@ -123,69 +123,8 @@ def _task(lake: Lake, step: int, task: str, rows: list[dict], sched, state) -> d
     if not trace:
         out["why"] = f"{sched.name} does not score the tasks it leaves out: only its picks are explained"
         return out
-    cons = trace["constraints"]
-    blocked = [name for name, mask in cons.blocks().items() if mask[i]]
-    out["blocked_by"] = blocked
-    if trace["cold"]:
-        out["why"] = "step 0 has no history: the cold start visits environments round robin " + (
-            f"(blocked: {', '.join(blocked)})" if blocked else "and its environment's turn took other tasks"
-        )
-        return out
-    pred, inf, penalty = trace["pred"], trace["inf"], trace["penalty"]
-    snap = {"env_picks_this_step": int(cons.env_now[state.env[i]]), "relax_level": cons.level}
-    reason = sched._pick(state, i, "not picked", pred, inf, snap, math.nan, float(penalty[i])).reason
-    score = inf["score"]
-    value = float(score[i] - sched.config.lambda_sim * penalty[i])
-    out.update(
-        score=float(score[i]),
-        value=value,
-        score_rank=int((score > score[i]).sum()) + 1,
-        tasks=int(state.n_tasks),
-        reason=reason,
-    )
-    values = trace["exploit_values"]
-    if blocked:
-        out["why"] = "blocked by " + ", ".join(_blocked_words(b, cons, state, i) for b in blocked)
-    elif not values:
-        out["why"] = "eligible, but the batch had no exploit half: coverage took every slot"
-    elif value < min(values):
-        out["why"] = (
-            f"eligible, but its score less its similarity penalty ({value:.4g}) is below the lowest "
-            f"exploit pick's when it was taken ({min(values):.4g})"
-        )
-    elif sched.config.exploit_sampling == "proportional":
-        out["why"] = "eligible; exploit picks are drawn in proportion to their score and the draws passed it"
-    else:
-        relaxed = ", ".join(cons.relaxations) or "none"
-        out["why"] = (
-            f"eligible at the end of the batch with its score less its similarity penalty ({value:.4g}) "
-            f"at or above the lowest exploit pick's ({min(values):.4g}): a constraint blocked it while "
-            f"those picks were taken and was relaxed later (relaxed: {relaxed}), or it lost a tie"
-        )
+    out.update(left_out(sched, state, i))
     return out
-
-
-def _blocked_words(name: str, cons, state, i: int) -> str:
-    e = state.env[i]
-    c = cons.config
-    if name == "C1 per-step cap":
-        return f"the C1 cap ({cons.env_now[e]} picks from its environment this step, cap {c.cap_env_step})"
-    if name == "C3 window cap":
-        return (
-            f"the C3 cap ({cons.env_window[e] + cons.env_now[e]} picks from its environment over steps "
-            f"t-2..t, cap {c.cap_env_window})"
-        )
-    if name == "informative cap":
-        return (
-            f"the useful-breadth cap (its environment's informative groups over t-2..t at {cons.inf_cap:.3g})"
-        )
-    if name == "consecutive cap":
-        return "the consecutive cap (picked in each of the two previous steps)"
-    if name == "retired":
-        return "retirement (its groups stopped varying; it returns by chance or when a neighbour heats up)"
-    if name == "quarantined":
-        return "its environment's quarantine (infrastructure errors)"
-    return name
 
 
 def explain_lines(report: dict) -> list[str]:

@@ -11,7 +11,7 @@ import dagster as dg
 from envsched_pipeline.analysis.plots import manifest_plot
 from envsched_pipeline.assets._common import guard, plot_md
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.orchestration.metadata import picks_table, scalar_metadata
+from envsched_pipeline.orchestration.metadata import near_misses_table, picks_table, scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
 
@@ -40,5 +40,6 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
             **scalar_metadata(audit),
             **plot_md(context, "plot", manifest_plot, lk, step, rows),
             "picks": dg.MetadataValue.md(picks_table(rows)),
+            "near_misses": dg.MetadataValue.md(near_misses_table(out["near_misses"])),
         }
     )

@@ -20,10 +20,12 @@ from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, require_run, step_rng
 from envsched_pipeline.scheduler import Pick
+from envsched_pipeline.scheduler.explain import near_misses
 
 
 def select_manifest(lake: Lake, step: int) -> dict:
-    """Materialize manifest ``step``. Returns its picks, rows and audit."""
+    """Materialize manifest ``step``. Returns its picks, rows, audit and near misses (the
+    highest-scored tasks left out, with what kept each out)."""
     spec = require_run(lake)
     require_not_halted(lake)
     if step < 0:
@@ -56,7 +58,8 @@ def select_manifest(lake: Lake, step: int) -> dict:
         "oversampling_factor": oversampling_factor(lake, step, yield_pred),
     }
     lake.write("audits", [audit], step=step)
-    return {"picks": picks, "rows": rows, "audit": audit}
+    misses = near_misses(sched, state, [p.index for p in picks])
+    return {"picks": picks, "rows": rows, "audit": audit, "near_misses": misses}
 
 
 def manifest_rows(step: int, picks: list[Pick], spec: RunSpec) -> list[dict]:

@@ -106,3 +106,23 @@ def picks_table(rows: list[dict], limit: int = 64) -> str:
         limit=limit,
         width=160,
     )
+
+
+def near_misses_table(misses: list[dict]) -> str:
+    """The highest-scored tasks a manifest left out, and what kept each out."""
+    if not misses:
+        return "None: step 0 (the cold start) scores no task, and other schedulers leave none explained."
+    return md_table(
+        [
+            {
+                "task": m["task_id"],
+                "environment": m["env_id"],
+                "score": m["score"],
+                "rank": m["score_rank"],
+                "kept out by": m["why"],
+            }
+            for m in misses
+        ],
+        limit=len(misses),
+        width=200,
+    )

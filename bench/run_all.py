@@ -36,6 +36,7 @@ from sections.levers import section_levers  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
 from sections.peak import section_peak, section_peak_overrun  # noqa: E402
+from sections.pipeline import section_pipeline_neural  # noqa: E402
 from sections.records import recorded_variants  # noqa: E402
 from sections.simulated import (  # noqa: E402
     section_cost,
@@ -74,7 +75,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "step_views,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -211,6 +212,8 @@ def main() -> int:
         section_resident()
     if "resident_neural" in sections:
         section_resident_neural()
+    if "pipeline_neural" in sections:
+        section_pipeline_neural()
     if "step_views" in sections:
         section_step_views()
     if "backends" in sections:

@@ -25,8 +25,6 @@ from envsched_pipeline.run import require_run, step_rng
 from envsched_pipeline.scheduler.explain import left_out
 from envsched_pipeline.scheduler.variants import scheduler_label
 
-HALVES = ("cold", "coverage", "exploit")
-
 
 def _outcome(lake: Lake, task_id: str, upto: int) -> list[dict]:
     """The task's groups up to step ``upto``: step, mean reward, reward variance, informative."""

@@ -1,0 +1,159 @@
+"""Section ``pipeline_neural``: the neural learner through the product rather than the benchmark's
+own loop. `envsched train --policy neural --resident` runs the recommended form and random side by
+side (each its own lake and Dagster instance, the default synthetic pool, 64 x 8), and
+`envsched report --against` compares them: what a user who asks "does the schedule help my run?"
+is shown. One seed of each is one draw (the neural tables give the spread over seeds); the section
+also measures what a step costs through the Dagster jobs. Its record (``bench/runs/pipeline``) is
+committed, so RESULTS is rebuilt from it without the runs (about 25 minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sections.common import HERE, machine, write_section
+
+RECORDS = HERE / "runs" / "pipeline"
+RUNS = (("the form", []), ("random", ["--scheduler", "random"]))
+
+
+def record_path(seed: int, steps: int) -> Path:
+    return RECORDS / f"neural-s{seed}-{steps}.json"
+
+
+def run_pair(seed: int, steps: int, eval_every: int) -> dict:
+    """Both runs at once through `envsched train`, then the report of the form against random."""
+    from envsched_pipeline.lake import Lake  # the step service: this section only
+
+    with tempfile.TemporaryDirectory() as d:
+        procs = {}
+        for name, extra in RUNS:
+            folder = Path(d, name.replace(" ", "-"))
+            (folder / "dagster_home").mkdir(parents=True)
+            env = dict(os.environ, DAGSTER_HOME=str(folder / "dagster_home"), PYTHONUNBUFFERED="1")
+            cmd = [
+                sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(folder / "lake"), "train",
+                "--pool", "synthetic", "--policy", "neural", "--resident", "--seed", str(seed),
+                "--steps", str(steps), "--eval-every", str(eval_every), *extra,
+            ]  # fmt: skip
+            log = open(folder / "train.log", "w")  # noqa: SIM115 - closed once the process ends
+            procs[name] = (
+                subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+                log,
+                time.time(),
+            )
+            print(f"pipeline_neural: started {name} ({' '.join(cmd[3:])})", flush=True)
+        walls = {}
+        for name, (proc, log, t0) in procs.items():
+            rc = proc.wait()
+            walls[name] = time.time() - t0
+            log.close()
+            if rc != 0:
+                tail = Path(log.name).read_text()[-3000:]
+                raise RuntimeError(f"`envsched train` for {name} exited {rc}:\n{tail}")
+        lakes = {name: Lake(Path(d, name.replace(" ", "-"), "lake")) for name, _ in RUNS}
+        return pair_record(lakes, walls, seed, steps, eval_every, Path(d, "report"))
+
+
+def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int, report_dir: Path) -> dict:
+    """The record of two finished runs (``lakes``: "the form" and "random"), from the report of the
+    form against random, with each run's wall time and its trainer's own seconds."""
+    from envsched_pipeline.analysis.report import build_report  # the step service: this section only
+
+    index = build_report(lakes["the form"], report_dir, log=print, against=[lakes["random"]])
+    summary = json.loads((index.parent / "summary.json").read_text())
+    trainer = {
+        name: float(sum(r["seconds"] for r in lake.read("train_metrics").to_pylist()))
+        for name, lake in lakes.items()
+    }
+    return {
+        "seed": seed,
+        "steps": steps,
+        "eval_every": eval_every,
+        "machine": machine(),
+        "recorded": time.strftime("%Y-%m-%d"),
+        "wall_seconds": walls,
+        "trainer_seconds": trainer,
+        "verdicts": summary["verdicts"],
+        "heldout_by_env": summary["heldout_by_env"],
+        "config": summary["config"],
+    }
+
+
+def section_pipeline_neural(
+    seed: int = 0, steps: int = 200, eval_every: int = 50, rerun: bool = False
+) -> None:
+    path = record_path(seed, steps)
+    if rerun or not path.exists():
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run_pair(seed, steps, eval_every), indent=1, default=str))
+    rec = json.loads(path.read_text())
+    word = {True: "better", False: "worse", None: "no clear difference"}
+    rows = [
+        "| metric | the form | random | ratio | difference [95% interval] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    reach = []
+    for v in rec["verdicts"]:
+        ci = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if v.get("ci") else ""
+        rows.append(
+            f"| {v['metric']} | {v['run']:.4f} | {v['base']:.4f} | {v['ratio']:.2f}x | {v['diff']:+.4f}{ci} | "
+            f"{word[v['better']]} |"
+        )
+        if v.get("reach"):
+            r = v["reach"]
+            where = (
+                f"at step {r['reached_at']}"
+                if r["reached_at"] is not None
+                else f"not within {rec['steps']} steps"
+            )
+            reach.append(
+                f"- {v['metric'].split(' ')[1]}: random's best {r['best']:.4f} (its step {r['best_step']}); the form "
+                f"reached it {where}."
+            )
+    n = rec["steps"]
+    timing = [
+        "| run | wall, min | wall per step, s | trainer per step, s | the rest per step, s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, wall in rec["wall_seconds"].items():
+        tr = rec["trainer_seconds"][name]
+        timing.append(f"| {name} | {wall / 60:.1f} | {wall / n:.2f} | {tr / n:.2f} | {(wall - tr) / n:.2f} |")
+    write_section(
+        "pipeline_neural",
+        "\n".join(
+            [
+                "## The neural learner through the product: the form against random, `envsched report --against`",
+                "",
+                f"Learner: the **neural** learner, run by `envsched train --policy neural --resident --seed {rec['seed']} "
+                f"--steps {n} --eval-every {rec['eval_every']}` on the default synthetic pool (64 tasks x 8 rollouts), "
+                "once with the default scheduler (the recommended form) and once with `--scheduler random`, each in its "
+                "own lake and Dagster instance, both at once on this machine; then `envsched report --out DIR --against "
+                f"RANDOM_LAKE`. Recorded {rec['recorded']} on {rec['machine']} (`bench/runs/pipeline/`). One seed is one "
+                "draw: the neural tables above give the spread over seeds (a paired held-out difference moves by about "
+                "0.02 between runs of one seed), so this is what a user is shown, not evidence by itself. The product's "
+                "loop is not the benchmark's (it evaluates after each evaluated step's update and keeps its own "
+                "checkpoints), so its numbers are not the benchmark's seed-0 records.",
+                "",
+                "Per-step metrics are compared over all steps (95% moving-block bootstrap interval of the per-step "
+                "difference); held-out at the last evaluation both runs made, from their evaluation episodes on the "
+                "same tasks (95% interval from the episodes' sampling error).",
+                "",
+                *rows,
+                "",
+                "The paper's count (the first evaluation at which the form scored at least random's best):",
+                "",
+                *reach,
+                "",
+                "What a step costs through the Dagster jobs (the two runs shared the machine's cores):",
+                "",
+                *timing,
+            ]
+        ),
+        after="resident_neural",
+    )

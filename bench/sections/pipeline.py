@@ -135,10 +135,10 @@ def section_pipeline_neural(
                 "once with the default scheduler (the recommended form) and once with `--scheduler random`, each in its "
                 "own lake and Dagster instance, both at once on this machine; then `envsched report --out DIR --against "
                 f"RANDOM_LAKE`. Recorded {rec['recorded']} on {rec['machine']} (`bench/runs/pipeline/`). One seed is one "
-                "draw: the neural tables above give the spread over seeds (a paired held-out difference moves by about "
-                "0.02 between runs of one seed), so this is what a user is shown, not evidence by itself. The product's "
-                "loop is not the benchmark's (it evaluates after each evaluated step's update and keeps its own "
-                "checkpoints), so its numbers are not the benchmark's seed-0 records.",
+                "draw: the neural tables above give the spread over seeds (on unseen environments a paired held-out "
+                "difference moves by about 0.02 between two runs of one seed), so this is what a user is shown, not "
+                "evidence by itself. The product's loop is not the benchmark's, so its numbers are not the benchmark's "
+                "seed-0 records (its held-out at step 0 is measured after that step's update, for one).",
                 "",
                 "Per-step metrics are compared over all steps (95% moving-block bootstrap interval of the per-step "
                 "difference); held-out at the last evaluation both runs made, from their evaluation episodes on the "
@@ -150,7 +150,8 @@ def section_pipeline_neural(
                 "",
                 *reach,
                 "",
-                "What a step costs through the Dagster jobs (the two runs shared the machine's cores):",
+                "What a step costs through the Dagster jobs (the two runs shared the machine's cores; the wall is "
+                "the whole command's, the pool import, graph, warm start and the resident worker's start included):",
                 "",
                 *timing,
             ]

@@ -196,7 +196,12 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
         if reach["reached_at"] is None:
             text += f" Never reached {name}'s best ({reach['best']:.4f}, its step {reach['best_step']})."
         else:
-            speed = f"; {name} needed {reach['ratio']:.2f}x as many" if math.isfinite(reach["ratio"]) else ""
+            if reach["reached_at"] == reach["best_step"]:
+                speed = f", the step {name} reached it at"
+            elif math.isfinite(reach["ratio"]):
+                speed = f"; {name} needed {reach['ratio']:.2f}x as many steps"
+            else:
+                speed = ""
             text += (
                 f" Reached {name}'s best ({reach['best']:.4f}, its step {reach['best_step']}) at step "
                 f"{reach['reached_at']}{speed}."

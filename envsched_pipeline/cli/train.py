@@ -437,8 +437,9 @@ def run(args) -> int:
         print(interrupted_line(stop, step_summary(lake), args.steps), file=sys.stderr, flush=True)
         return 130
     print(
-        f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000) or "
-        f'`envsched sql "select * from step_summary"`',
+        f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000), "
+        f'`envsched sql "select * from step_summary"`, or `envsched report --out DIR` (add `--against LAKE` '
+        "for another scheduler's run of this pool, e.g. random's)",
         file=sys.stdout,
     )
     return 0

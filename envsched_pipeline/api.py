@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.core.build import asked_run, check_run, new_run
 from envsched_pipeline.core.gates import rewind
 from envsched_pipeline.core.ingest import ingest_rollouts, record_evals
@@ -128,6 +129,11 @@ class ExternalRun:
         chosen again from the scheduler state after ``step - 1``. Returns what moved where."""
         with Lease(self.lake, kind="ExternalRun.rewind"):  # never beside a driver of the run
             return rewind(self.lake, step)
+
+    def explain(self, step: int, task: str | None = None) -> dict:
+        """Why manifest ``step`` is what it is and, with ``task``, why that task was or was not
+        picked (`envsched explain`: the selection recomputed, nothing written)."""
+        return explain_step(self.lake, step, task)
 
     def status(self) -> dict:
         return status(self.lake)

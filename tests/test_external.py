@@ -110,7 +110,11 @@ def test_restarted_trainer_continues(two_lakes):
         s1.observe(t, rollouts_for(t, s1.manifest(t)))
     s2 = ExternalRun(pool="mini", lake=str(a), seed=1, batch_size=6, group_size=4)
     assert s2.next_step == 2
-    assert len(s2.manifest()) == 6
+    picks = s2.manifest()
+    assert len(picks) == 6
+    # why step 2's batch is what it is, recomputed from the restarted run's lake
+    why = s2.explain(2, picks[0]["task_id"])
+    assert why["reproduced"] and why["task"]["picked"] and why["task"]["reason"] == picks[0]["reason"]
 
 
 def test_an_external_run_rewinds_and_chooses_the_same_batches_again(two_lakes):

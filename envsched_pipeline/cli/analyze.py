@@ -78,7 +78,7 @@ def add_parser(sub) -> None:
         "constraint that blocked it or how far its score fell short, and its history.",
         formatter_class=F,
     )
-    ex.add_argument("--step", type=int, required=True, help="the step whose batch to explain")
+    ex.add_argument("--step", type=INDEX, required=True, help="the step whose batch to explain")
     ex.add_argument("--task", help="a task of the run's pool (picked or not)")
     ex.add_argument("--json", action="store_true", help="the explanation as JSON")
     ex.set_defaults(func=cmd_explain)

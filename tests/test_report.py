@@ -81,6 +81,14 @@ def test_report_states_config_verdicts_and_consistent_colours(finished_run, tmp_
     assert "pool" in page and "Verdicts" in page
 
 
+def test_the_command_prints_the_verdicts_against_random(finished_run, tmp_path, capsys):
+    assert main(["report", "--out", str(tmp_path / "rep")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    against_random = [v["text"] for v in summary["verdicts"] if v["baseline"] == "random"]
+    assert [line[4:] for line in printed[:-1]] == against_random and printed[-1].startswith("wrote ")
+
+
 def test_report_without_baselines_says_so(finished_run, tmp_path):
     build_report(finished_run, tmp_path / "rep", baselines=False, log=lambda *_: None)
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())

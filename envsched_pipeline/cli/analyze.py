@@ -299,9 +299,10 @@ def cmd_report(args) -> int:
         log=lambda m: print(m, file=sys.stderr, flush=True),
         against=[Lake(a) for a in args.against],
     )
-    if args.against:  # the verdicts against real runs, here too: they are what the user asked for
-        summary = json.loads((index.parent / "summary.json").read_text())
-        for v in summary["verdicts"]:
+    # the verdicts in the terminal too: all of them against runs the user named, else random's
+    summary = json.loads((index.parent / "summary.json").read_text())
+    for v in summary["verdicts"]:
+        if args.against or v["baseline"] == "random":
             print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
     print(f"wrote {index}")
     return 0

@@ -86,59 +86,74 @@ def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int
 
 
 def section_pipeline_neural(
-    seed: int = 0, steps: int = 200, eval_every: int = 50, rerun: bool = False
+    seeds: tuple[int, ...] = (0,), steps: int = 200, eval_every: int = 50, rerun: bool = False
 ) -> None:
-    path = record_path(seed, steps)
-    if rerun or not path.exists():
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(run_pair(seed, steps, eval_every), indent=1, default=str))
-    rec = json.loads(path.read_text())
+    """Run the pairs of ``seeds`` that have no record (or all, with ``rerun``), then write the
+    section from every record of ``steps`` steps."""
+    for seed in seeds:
+        path = record_path(seed, steps)
+        if rerun or not path.exists():
+            RECORDS.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(run_pair(seed, steps, eval_every), indent=1, default=str))
+    recs = sorted(
+        (json.loads(p.read_text()) for p in RECORDS.glob(f"neural-s*-{steps}.json")), key=lambda r: r["seed"]
+    )
+    if not recs:
+        return
     word = {True: "better", False: "worse", None: "no clear difference"}
     rows = [
-        "| metric | the form | random | ratio | difference [95% interval] | verdict |",
-        "|---|---|---|---|---|---|",
+        "| seed | metric | the form | random | ratio | difference [95% interval] | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
-    reach = []
-    for v in rec["verdicts"]:
-        ci = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if v.get("ci") else ""
-        rows.append(
-            f"| {v['metric']} | {v['run']:.4f} | {v['base']:.4f} | {v['ratio']:.2f}x | {v['diff']:+.4f}{ci} | "
-            f"{word[v['better']]} |"
-        )
-        if v.get("reach"):
-            r = v["reach"]
-            where = (
-                f"at step {r['reached_at']}"
-                if r["reached_at"] is not None
-                else f"not within {rec['steps']} steps"
+    reach, timing = (
+        [],
+        [
+            "| seed | run | wall, min | wall per step, s | trainer per step, s | the rest per step, s |",
+            "|---|---|---|---|---|---|",
+        ],
+    )
+    for rec in recs:
+        for v in rec["verdicts"]:
+            ci = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if v.get("ci") else ""
+            rows.append(
+                f"| {rec['seed']} | {v['metric']} | {v['run']:.4f} | {v['base']:.4f} | {v['ratio']:.2f}x | "
+                f"{v['diff']:+.4f}{ci} | {word[v['better']]} |"
             )
-            reach.append(
-                f"- {v['metric'].split(' ')[1]}: random's best {r['best']:.4f} (its step {r['best_step']}); the form "
-                f"reached it {where}."
+            if v.get("reach"):
+                r = v["reach"]
+                where = (
+                    f"at step {r['reached_at']}"
+                    if r["reached_at"] is not None
+                    else f"not within {steps} steps"
+                )
+                reach.append(
+                    f"- seed {rec['seed']}, {v['metric'].split(' ')[1]}: random's best {r['best']:.4f} (its step "
+                    f"{r['best_step']}); the form reached it {where}."
+                )
+        for name, wall in rec["wall_seconds"].items():
+            tr = rec["trainer_seconds"][name]
+            timing.append(
+                f"| {rec['seed']} | {name} | {wall / 60:.1f} | {wall / steps:.2f} | {tr / steps:.2f} | "
+                f"{(wall - tr) / steps:.2f} |"
             )
-    n = rec["steps"]
-    timing = [
-        "| run | wall, min | wall per step, s | trainer per step, s | the rest per step, s |",
-        "|---|---|---|---|---|",
-    ]
-    for name, wall in rec["wall_seconds"].items():
-        tr = rec["trainer_seconds"][name]
-        timing.append(f"| {name} | {wall / 60:.1f} | {wall / n:.2f} | {tr / n:.2f} | {(wall - tr) / n:.2f} |")
+    dates = sorted({r["recorded"] for r in recs})
+    machines = sorted({r["machine"] for r in recs})
     write_section(
         "pipeline_neural",
         "\n".join(
             [
                 "## The neural learner through the product: the form against random, `envsched report --against`",
                 "",
-                f"Learner: the **neural** learner, run by `envsched train --policy neural --resident --seed {rec['seed']} "
-                f"--steps {n} --eval-every {rec['eval_every']}` on the default synthetic pool (64 tasks x 8 rollouts), "
-                "once with the default scheduler (the recommended form) and once with `--scheduler random`, each in its "
-                "own lake and Dagster instance, both at once on this machine; then `envsched report --out DIR --against "
-                f"RANDOM_LAKE`. Recorded {rec['recorded']} on {rec['machine']} (`bench/runs/pipeline/`). One seed is one "
-                "draw: the neural tables above give the spread over seeds (on unseen environments a paired held-out "
-                "difference moves by about 0.02 between two runs of one seed), so this is what a user is shown, not "
-                "evidence by itself. The product's loop is not the benchmark's, so its numbers are not the benchmark's "
-                "seed-0 records (its held-out at step 0 is measured after that step's update, for one).",
+                f"Learner: the **neural** learner, run by `envsched train --policy neural --resident --seed S "
+                f"--steps {steps} --eval-every {recs[0]['eval_every']}` on the default synthetic pool (64 tasks x 8 "
+                "rollouts), once with the default scheduler (the recommended form) and once with `--scheduler random`, "
+                "each in its own lake and Dagster instance, both at once on this machine; then `envsched report --out "
+                f"DIR --against RANDOM_LAKE`. Seeds {', '.join(str(r['seed']) for r in recs)}, recorded "
+                f"{', '.join(dates)} on {'; '.join(machines)} (`bench/runs/pipeline/`). Each seed is one draw: the "
+                "neural tables above give the spread over seeds (on unseen environments a paired held-out difference "
+                "moves by about 0.02 between two runs of one seed), so this is what a user is shown, not evidence by "
+                "itself. The product's loop is not the benchmark's, so its numbers are not the benchmark's records of "
+                "the same seeds (its held-out at step 0 is measured after that step's update, for one).",
                 "",
                 "Per-step metrics are compared over all steps (95% moving-block bootstrap interval of the per-step "
                 "difference); held-out at the last evaluation both runs made, from their evaluation episodes on the "

@@ -48,13 +48,16 @@ def run_pair(seed: int, steps: int, eval_every: int) -> dict:
                 time.time(),
             )
             print(f"pipeline_neural: started {name} ({' '.join(cmd[3:])})", flush=True)
-        walls = {}
-        for name, (proc, log, t0) in procs.items():
-            rc = proc.wait()
-            walls[name] = time.time() - t0
-            log.close()
+        walls, codes = {}, {}
+        while len(walls) < len(procs):  # each run's own end, whichever finishes first
+            for name, (proc, log, t0) in procs.items():
+                if name not in walls and proc.poll() is not None:
+                    walls[name], codes[name] = time.time() - t0, proc.returncode
+                    log.close()
+            time.sleep(1)
+        for name, rc in codes.items():
             if rc != 0:
-                tail = Path(log.name).read_text()[-3000:]
+                tail = Path(procs[name][1].name).read_text()[-3000:]
                 raise RuntimeError(f"`envsched train` for {name} exited {rc}:\n{tail}")
         lakes = {name: Lake(Path(d, name.replace(" ", "-"), "lake")) for name, _ in RUNS}
         return pair_record(lakes, walls, seed, steps, eval_every, Path(d, "report"))
@@ -122,16 +125,19 @@ def section_pipeline_neural(
             if v.get("reach"):
                 r = v["reach"]
                 where = (
-                    f"at step {r['reached_at']}"
+                    f"reached it at step {r['reached_at']}"
                     if r["reached_at"] is not None
-                    else f"not within {steps} steps"
+                    else f"did not reach it within {steps} steps"
                 )
                 reach.append(
                     f"- seed {rec['seed']}, {v['metric'].split(' ')[1]}: random's best {r['best']:.4f} (its step "
-                    f"{r['best_step']}); the form reached it {where}."
+                    f"{r['best_step']}); the form {where}."
                 )
         for name, wall in rec["wall_seconds"].items():
             tr = rec["trainer_seconds"][name]
+            if wall is None:  # not measured (the record's notes say why)
+                timing.append(f"| {rec['seed']} | {name} | — | — | {tr / steps:.2f} | — |")
+                continue
             timing.append(
                 f"| {rec['seed']} | {name} | {wall / 60:.1f} | {wall / steps:.2f} | {tr / steps:.2f} | "
                 f"{(wall - tr) / steps:.2f} |"
@@ -169,6 +175,7 @@ def section_pipeline_neural(
                 "the whole command's, the pool import, graph, warm start and the resident worker's start included):",
                 "",
                 *timing,
+                *[f"\nSeed {r['seed']}: {r['notes']}." for r in recs if r.get("notes")],
             ]
         ),
         after="resident_neural",

@@ -188,7 +188,7 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
             ci = [diff - Z95 * se, diff + Z95 * se]
             good = None if ci[0] <= 0 <= ci[1] else diff > 0
             word = {None: "no clear difference from", True: "above", False: "below"}[good] + f" {name}"
-            band = f" ± {se:.4f} (s.e., {basis})"
+            band = f" ± {se:.4f} (s.e., {basis})" if se > 0 else " (recorded without sampling error)"
         else:
             good, word, band, ci = None, "no standard error recorded to judge it by", "", None
         reach = steps_to_reach(mine[bench], theirs[bench])

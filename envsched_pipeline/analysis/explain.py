@@ -186,7 +186,9 @@ def explain_lines(report: dict) -> list[str]:
         lines.append("  " + "; ".join(shown))
     hist = t["history"]
     if hist:
-        lines.append(f"  history: {len(hist)} groups up to this step; the last ones:")
+        lines.append(
+            f"  history: {len(hist)} group{'s' if len(hist) != 1 else ''} up to this step; the last ones:"
+        )
         for h in hist[-5:]:
             lines.append(
                 f"    step {h['step']}: mean reward {h['mean_reward']:.3f}, variance {h['reward_variance']:.4f}"

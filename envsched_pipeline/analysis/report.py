@@ -220,10 +220,10 @@ def build_report(
                 )
             )
         for o in others:
+            ser = o["series"]
             series.append(
-                line(o["series"][key], name=o["name"], col=colour(o["spec"].scheduler), x=o["series"]["step"])
+                line(ser[key], name=o["name"], col=colour(o["spec"].scheduler), width=1.6, x=ser["step"])
             )
-            series[-1]["width"] = 1.6
         charts.append(
             {"kind": "line", "title": f"{label} ({better} is better)", "xlabel": "step", "series": series}
         )
@@ -232,11 +232,9 @@ def build_report(
     heldout_run = None
     if ev.get("step"):
         series = []
-        benches = sorted(set(ev["benchmark"]))
-        dashes = {b: i for i, b in enumerate(benches)}
-        for bname in benches:
-            xs = [st for st, bb in zip(ev["step"], ev["benchmark"], strict=True) if bb == bname]
-            ys = [sc for sc, bb in zip(ev["score"], ev["benchmark"], strict=True) if bb == bname]
+        mine = _by_benchmark(ev)
+        dashes = {b: i for i, b in enumerate(mine)}
+        for bname, (xs, ys) in mine.items():
             series.append(
                 {
                     "name": f"this run: {bname}",
@@ -250,21 +248,15 @@ def build_report(
             if "seen" in bname and heldout_run is None:
                 heldout_run = (xs, ys)
         for o in others:
-            oe = o["evals"]
-            for bname in sorted(set(oe.get("benchmark", []))):
-                pts = [
-                    (st, sc)
-                    for st, sc, bb in zip(oe["step"], oe["score"], oe["benchmark"], strict=True)
-                    if bb == bname
-                ]
+            for bname, (xs, ys) in _by_benchmark(o["evals"]).items():
                 series.append(
                     {
                         "name": f"{o['name']}: {bname}",
                         "color": colour(o["spec"].scheduler),
                         "width": 1.6,
                         "dash": dashes.get(bname, 0),
-                        "x": [p[0] for p in pts],
-                        "y": _finite([p[1] for p in pts]),
+                        "x": xs,
+                        "y": _finite(ys),
                     }
                 )
         for name, ser in base_series.items():
@@ -447,6 +439,16 @@ def build_report(
     index.write_text(page)
     (out_dir / "summary.json").write_text(json.dumps(_nan_to_none(summary), indent=2, default=str))
     return index
+
+
+def _by_benchmark(ev: dict[str, list]) -> dict[str, tuple[list, list]]:
+    """An ``EVAL_QUERY`` result as benchmark -> (its steps, its scores), benchmarks in name order."""
+    out: dict[str, tuple[list, list]] = {}
+    for st, sc, bname in zip(ev.get("step", []), ev.get("score", []), ev.get("benchmark", []), strict=True):
+        xs, ys = out.setdefault(bname, ([], []))
+        xs.append(st)
+        ys.append(sc)
+    return dict(sorted(out.items()))
 
 
 def _nan_to_none(obj):

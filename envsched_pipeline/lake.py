@@ -33,6 +33,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -133,6 +134,18 @@ def _atomic_replace(path: Path, fill, place=os.replace) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file + fsync + rename."""
     _atomic_replace(path, lambda tmp: tmp.write_bytes(data))
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as None (JSON null), so files people and tools read are valid
+    JSON; tuples become lists."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 # the best held-out policy of a language-model run (trainer.policy_step.PolicySession.keep_best):

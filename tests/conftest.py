@@ -5,12 +5,25 @@ import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
+from trainer.step import run_step
 
 warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
 
 SMALL = dict(n_envs=6, tasks_per_env=10, heldout_per_env=2, seed=3)
+
+
+def run_steps(lake: Lake, steps) -> Lake:
+    """The step service's loop in this process, for each step of ``steps`` (a count or the steps):
+    select, train, statistics, as the Dagster jobs run them."""
+    for t in range(steps) if isinstance(steps, int) else steps:
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+    return lake
 
 
 @pytest.fixture
@@ -82,6 +95,7 @@ LAYERS = {
         "test_ranks",
         "test_s3_lake",
         "test_report",
+        "test_compare",
     ),
 }
 

@@ -18,13 +18,11 @@ from envsched_pipeline.analysis.report import COLOURS, MIN_GROUPS, block_bootstr
 from envsched_pipeline.assets.report import REPORT_DIR, run_report
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
-from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import RunSpec, start_run
-from trainer.step import run_step
+from tests.conftest import run_steps
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -35,11 +33,7 @@ def finished_run(small_pool):
         small_pool,
         RunSpec(pool="synthetic", scheduler="envsched", seed=3, batch_size=8, group_size=4, max_steps=8),
     )
-    for t in range(8):
-        select_manifest(small_pool, t)
-        run_step(small_pool, t, log=lambda *_: None)
-        statistics_step(small_pool, t)
-    return small_pool
+    return run_steps(small_pool, 8)
 
 
 def charts_of(page: str) -> list[dict]:
@@ -150,11 +144,7 @@ def neural_run(root, scheduler: str, seed: int = 0, batch_size: int = 4, steps: 
             policy_config={"warm_start_steps": 5, "eval_every": 2},
         ),
     )
-    for t in range(steps):
-        select_manifest(lake, t)
-        run_step(lake, t, log=lambda *_: None)
-        statistics_step(lake, t)
-    return lake
+    return run_steps(lake, steps)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +161,10 @@ def test_a_run_is_compared_with_another_schedulers_run_in_another_lake(two_runs,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["against"][0]["name"] == "random" and summary["against"][0]["lake"] == str(rand.root)
     assert "not re-run in the simulated learner" in summary["baselines"]["note"]
+    assert (
+        "judged over seeds by `envsched compare" in summary["baselines"]["note"]
+        and "envsched compare" in printed
+    )
     by_metric = {v["metric"]: v for v in summary["verdicts"] if v["baseline"] == "random"}
     # the per-step metrics, over the steps both runs hold, against random's own per-step numbers
     bv = by_metric["Batch reward variance"]

@@ -16,10 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from sections.common import HERE, machine, write_section
 
 RECORDS = HERE / "runs" / "pipeline"
 RUNS = (("the form", []), ("random", ["--scheduler", "random"]))
+WORD = {True: "better", False: "worse", None: "no clear difference"}  # a verdict's ``better``
 
 
 def record_path(seed: int, steps: int) -> Path:
@@ -88,6 +91,56 @@ def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int
     }
 
 
+def over_seeds_rows(recs: list[dict]) -> list[str]:
+    """The seeds' verdicts judged together, as `envsched compare` judges runs in lakes (the same
+    statistics, :func:`envsched_pipeline.analysis.seeds.over_seeds`, on the records' per-seed
+    numbers): the mean paired difference by its spread over seeds, and how much of that spread the
+    evaluation's sampling explains. Empty with fewer than two seeds."""
+    from envsched_pipeline.analysis.seeds import over_seeds  # scipy: this section only
+
+    if len(recs) < 2:
+        return []
+    rows = [
+        f"Over the {len(recs)} seeds, judged as `envsched compare --runs FORM_LAKES... --against RANDOM_LAKES...` "
+        "judges them (mean paired difference ± its standard error over seeds, 95% t interval; for held-out, the sd "
+        "of a pair's difference that the evaluation's sampling explains beside the sd over seeds, and the rest's "
+        "share of the variance: the runs' luck, which one pair's interval above does not hold):",
+        "",
+        "| metric | seeds | the form | random | mean difference ± s.e. [95% t interval] | seeds better | sampling sd "
+        "/ sd over seeds | runs' luck | seeds to resolve |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    reading = []
+    for metric in [v["metric"] for v in recs[0]["verdicts"]]:
+        per = [next(v for v in r["verdicts"] if v["metric"] == metric) for r in recs]
+        held = metric.startswith("Held-out")
+        se = np.array([v["se"] for v in per]) if held else None
+        o = over_seeds(np.array([v["diff"] for v in per]), se)
+        lower = "Zero-variance" in metric
+        better = o["below"] if lower else o["above"]
+        split = (
+            f"{o['sampling_sd']:.4f} / {o['sd']:.4f} | {100 * o['luck_share']:.0f}%"
+            if o["luck_share"] is not None
+            else "— | —"
+        )
+        if held:
+            reading.append(
+                f"- {metric.split(' ')[1]}: each seed's own verdict {', '.join(WORD[v['better']] for v in per)}; over "
+                f"the seeds {WORD[o['better']]}"
+                + (
+                    f" (about {o['seeds_to_resolve']} seeds would resolve this mean at this spread)."
+                    if o["better"] is None and o["seeds_to_resolve"]
+                    else "."
+                )
+            )
+        rows.append(
+            f"| {metric} | {o['n']} | {np.mean([v['run'] for v in per]):.4g} | {np.mean([v['base'] for v in per]):.4g} "
+            f"| {o['mean']:+.4f} ± {o['se']:.4f} [{o['ci'][0]:+.4f}, {o['ci'][1]:+.4f}] | {better}/{o['n']} | {split} "
+            f"| {(o['seeds_to_resolve'] or '—') if o['better'] is None else 'resolved'} |"
+        )
+    return [*rows, "", *reading, ""]
+
+
 def section_pipeline_neural(
     seeds: tuple[int, ...] = (0,), steps: int = 200, eval_every: int = 50, rerun: bool = False
 ) -> None:
@@ -103,7 +156,6 @@ def section_pipeline_neural(
     )
     if not recs:
         return
-    word = {True: "better", False: "worse", None: "no clear difference"}
     rows = [
         "| seed | metric | the form | random | ratio | difference [95% interval] | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -120,7 +172,7 @@ def section_pipeline_neural(
             ci = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if v.get("ci") else ""
             rows.append(
                 f"| {rec['seed']} | {v['metric']} | {v['run']:.4f} | {v['base']:.4f} | {v['ratio']:.2f}x | "
-                f"{v['diff']:+.4f}{ci} | {word[v['better']]} |"
+                f"{v['diff']:+.4f}{ci} | {WORD[v['better']]} |"
             )
             if v.get("reach"):
                 r = v["reach"]
@@ -142,6 +194,7 @@ def section_pipeline_neural(
                 f"| {rec['seed']} | {name} | {wall / 60:.1f} | {wall / steps:.2f} | {tr / steps:.2f} | "
                 f"{(wall - tr) / steps:.2f} |"
             )
+    over = over_seeds_rows(recs)
     dates = sorted({r["recorded"] for r in recs})
     machines = sorted({r["machine"] for r in recs})
     write_section(
@@ -167,6 +220,7 @@ def section_pipeline_neural(
                 "",
                 *rows,
                 "",
+                *over,
                 "The paper's count (the first evaluation at which the form scored at least random's best):",
                 "",
                 *reach,

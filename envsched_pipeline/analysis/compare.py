@@ -43,14 +43,15 @@ def _tasks(lake: Lake, table: str, pool: str) -> set[tuple[str, str]]:
     return set(zip(t.column("task_id").to_pylist(), t.column(what).to_pylist(), strict=True))
 
 
-def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake]) -> list[dict]:
+def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = "--against") -> list[dict]:
     """Each lake of ``others`` with its run, checked against this one: ``lake``, ``spec``, ``name``
     (its scheduler, made unique) and ``notes`` (settings that differ without making the comparison
-    meaningless). Raises :class:`ConfigError` naming the lake and the setting that does."""
+    meaningless). Raises :class:`ConfigError` naming the lake (after ``flag``, the option that named
+    it) and the setting that does."""
     out: list[dict] = []
     mine = {t: _tasks(lake, t, spec.pool) for t in ("tasks", "eval_tasks")}
     for other in others:
-        where = f"--against {other.root}"
+        where = f"{flag} {other.root}"
         if str(other.root) == str(lake.root):
             raise ConfigError(f"{where}: that is this run's own lake")
         o = require_run(other.require())
@@ -209,6 +210,7 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
         out.append(
             {
                 "metric": f"Held-out {bench} (last common evaluation)",
+                "benchmark": bench,
                 "baseline": name,
                 "step": step,
                 "run": ra,

@@ -465,3 +465,27 @@ def levers_plot(rows: list[dict], fits: dict[str, dict], targets: dict[str, floa
         ax.get_legend().remove()
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return _written(fig, out_path)
+
+
+def seeds_plot(result: dict, out_path: Path) -> str:
+    """One panel per verdict of ``envsched compare``: each seed's paired difference (the held-out
+    ones with their 95% sampling interval), the mean over seeds with its t interval as a band, and
+    zero marked."""
+    verdicts = result["verdicts"]
+    fig, axes = _plt().subplots(1, len(verdicts), figsize=(4.6 * len(verdicts), 3.9), squeeze=False)
+    name, other = result["runs"]["name"], result["against"]["name"]
+    for ax, v in zip(axes[0], verdicts, strict=True):
+        seeds, d = v["seeds"], v["per_seed"]
+        se = v.get("pair_se") or []
+        errs = [1.96 * x for x in se] if se and all(np.isfinite(x) for x in se) else None
+        ax.errorbar(seeds, d, yerr=errs, fmt="o", color=scheduler_color(name), capsize=3, label="one seed")
+        ax.axhline(v["mean"], color=scheduler_color(name), lw=1.4, label=f"mean over {v['n']} seeds")
+        ax.axhspan(v["ci"][0], v["ci"][1], color=scheduler_color(name), alpha=0.12, label="95% t interval")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(seeds)
+        ax.set_xlabel("seed")
+        ax.set_ylabel("paired difference")
+        ax.set_title(f"{v['key'].replace('_', ' ')} ({v['better_is']} is better)", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{name} against {other}, paired by seed")
+    return _written(fig, out_path)

@@ -28,7 +28,7 @@ from envsched_pipeline.analysis.bench import run_one
 from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.graph.store import load_graph
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, json_safe
 from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
 
@@ -161,7 +161,10 @@ def build_report(
                 + (f" (differs: {', '.join(o['notes'])})" if o["notes"] else "")
                 for o in others
             )
-            + ". Baselines are not re-run in the simulated learner when other runs are given."
+            + ". Baselines are not re-run in the simulated learner when other runs are given. These verdicts "
+            "judge this pair of runs (a held-out interval is the evaluation's sampling error, not the spread "
+            "between two runs of a seed); whether the scheduler is ahead is judged over seeds by `envsched "
+            "compare --runs LAKE... --against LAKE...`."
         )
     elif not baselines:
         base_note = "Baselines were not re-run (--no-baselines)."
@@ -437,7 +440,7 @@ def build_report(
     page = _page(config, base_note, verdicts, charts, top, spec, by_env)
     index = out_dir / "index.html"
     index.write_text(page)
-    (out_dir / "summary.json").write_text(json.dumps(_nan_to_none(summary), indent=2, default=str))
+    (out_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))
     return index
 
 
@@ -449,16 +452,6 @@ def _by_benchmark(ev: dict[str, list]) -> dict[str, tuple[list, list]]:
         xs.append(st)
         ys.append(sc)
     return dict(sorted(out.items()))
-
-
-def _nan_to_none(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def _heldout_section(by_env: list[dict]) -> str:
@@ -530,7 +523,7 @@ def _page(
         f"<section><h2>{html.escape(c['title'])}</h2><div class='chart' id='c{i}'></div></section>"
         for i, c in enumerate(charts)
     )
-    data = json.dumps(_nan_to_none(charts)).replace("</", "<\\/")
+    data = json.dumps(json_safe(charts)).replace("</", "<\\/")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>envsched report: {html.escape(spec.run_id or spec.pool)}</title>
 <style>

@@ -1,4 +1,4 @@
-"""``envsched status``, ``envsched report`` and ``envsched bench scheduler|replay|variants``."""
+"""``envsched status``, ``envsched report``, ``envsched compare`` and ``envsched bench scheduler|replay|variants``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, pro
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
+from envsched_pipeline.analysis.seeds import compare_seeds, seed_table, write_comparison
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import (
     COUNT,
@@ -96,6 +97,29 @@ def add_parser(sub) -> None:
         "replace the simulated re-runs of baselines",
     )
     rp.set_defaults(func=cmd_report)
+
+    cp = sub.add_parser(
+        "compare",
+        help="one scheduler's runs against another's, paired by seed: verdicts over seeds",
+        description="Pair each run of --runs with the --against run of the same seed (one lake per "
+        "run, e.g. `envsched --lake warehouse/form-s1 train --seed 1 ...`) and judge the mean paired "
+        "difference of the per-step metrics and of held-out by its spread over seeds. A verdict of one "
+        "pair of runs (`envsched report --against`) judges those two runs; this one, the scheduler.",
+        formatter_class=F,
+    )
+    cp.add_argument(
+        "--runs", nargs="+", required=True, metavar="LAKE", help="one scheduler's runs, one per seed"
+    )
+    cp.add_argument(
+        "--against",
+        nargs="+",
+        required=True,
+        metavar="LAKE",
+        help="another scheduler's runs of the same seeds",
+    )
+    cp.add_argument("--out", help="write summary.json, by_seed.png and comparison.md into this folder")
+    cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cp.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -304,7 +328,30 @@ def cmd_report(args) -> int:
     for v in summary["verdicts"]:
         if args.against or v["baseline"] == "random":
             print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
+    if args.against:
+        print(
+            "  (these judge this pair of runs; whether the scheduler is ahead is judged over seeds: "
+            "`envsched compare --runs LAKE... --against LAKE...`)"
+        )
     print(f"wrote {index}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    out = writable_dir("--out", args.out) if args.out else None
+    result = compare_seeds([Lake(x) for x in args.runs], [Lake(x) for x in args.against])
+    page = write_comparison(result, out) if out else None
+    if args.json:
+        print(dumps(result, indent=2))
+        return 0
+    print("\n".join(seed_table(result)))
+    for v in result["verdicts"]:
+        print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
+    for flag, left in result["unpaired"].items():
+        if left:
+            print(f"  not paired, left out: {flag} " + ", ".join(f"seed {u['seed']}" for u in left))
+    if page:
+        print(f"wrote {page}")
     return 0
 
 

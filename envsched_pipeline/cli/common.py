@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from pathlib import Path
 
 from envsched_pipeline.errors import EnvschedError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, json_safe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,17 +82,6 @@ def dagster_home() -> Path:
     if not (path / "dagster.yaml").exists():
         (path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     return path
-
-
-def json_safe(obj):
-    """NaN / inf become null, so JSON output is valid JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 def dumps(obj, **kw) -> str:

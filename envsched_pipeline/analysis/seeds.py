@@ -1,0 +1,361 @@
+"""One scheduler against another over seeds (``envsched compare --runs LAKE... --against LAKE...``).
+
+A verdict of one pair of runs (``envsched report --against``) judges those two runs: its standard
+error is the evaluation's own sampling. Two runs of one scheduler at one seed can differ by more
+than that (which tasks came up, the order of the updates), so whether a *scheduler* is ahead is a
+question over seeds. Each run of one side is paired with the other side's run of the same seed,
+and the mean paired difference is judged by its spread over the seeds (Student's t interval). That
+spread is then split into the part the evaluation's sampling explains (the pairs' own standard
+errors) and the rest, the runs' luck, which no single pair of runs can show; and the comparison
+says what a clear answer would take at the measured spread: the seeds for an interval that
+excludes zero, and the mean difference at which every seed comes out ahead with a chance of 0.9
+(the way ``bench/RESULTS.md`` states its held-out targets).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts, short_label
+from envsched_pipeline.analysis.plots import _series, seeds_plot
+from envsched_pipeline.analysis.spread import every_seed_needs
+from envsched_pipeline.errors import ConfigError
+from envsched_pipeline.lake import Lake, json_safe
+from envsched_pipeline.run import require_run
+from envsched_pipeline.scheduler.variants import scheduler_label
+
+STEP_QUERY = "select step, batch_variance, zero_variance_fraction from step_summary order by step"
+# (column, what it is, which direction is the scheduler's purpose): the per-step headline metrics
+PER_STEP = (
+    ("batch_variance", "batch reward variance", "higher"),
+    ("zero_variance_fraction", "zero-variance group fraction", "lower"),
+)
+EVERY_SEED_CHANCE = 0.9
+MAX_SEEDS = 10_000
+
+
+def _side(lakes: Sequence[Lake], flag: str) -> list[dict]:
+    """The runs a side names, each with its spec; one scheduler and one run per seed."""
+    if not lakes:
+        raise ConfigError(f"{flag}: name at least one lake")
+    runs = [{"lake": lk, "spec": require_run(lk.require())} for lk in lakes]
+    first = runs[0]
+    label = scheduler_label(first["spec"].scheduler, first["spec"].scheduler_config)
+    seen: dict[int, Lake] = {}
+    for r in runs:
+        mine = scheduler_label(r["spec"].scheduler, r["spec"].scheduler_config)
+        if mine != label:
+            raise ConfigError(
+                f"{flag} {r['lake'].root}: its run's scheduler is {mine}, {first['lake'].root}'s is {label} "
+                f"(each side is one scheduler's runs)"
+            )
+        seed = r["spec"].seed
+        if seed in seen:
+            raise ConfigError(
+                f"{flag} {r['lake'].root}: seed {seed} again (also {seen[seed].root}); name one run per seed"
+            )
+        seen[seed] = r["lake"]
+    return runs
+
+
+def over_seeds(d: np.ndarray, se: np.ndarray | None = None) -> dict:
+    """The mean of per-seed paired differences ``d`` judged by their spread over seeds: the t
+    interval, the seeds above zero, and, given each pair's own sampling standard error ``se``, how
+    much of the spread that sampling explains. Needs two seeds at least."""
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"need at least 2 seeds to judge a spread over seeds (got {n})")
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    sem = sd / math.sqrt(n)
+    t = float(stats.t.ppf(0.975, n - 1))
+    ci = [mean - t * sem, mean + t * sem]
+    out = {
+        "n": n,
+        "mean": mean,
+        "sd": sd,
+        "se": sem,
+        "ci": ci,
+        "better": None if ci[0] <= 0 <= ci[1] else mean > 0,
+        "above": int((d > 0).sum()),
+        "below": int((d < 0).sum()),
+        "per_seed": d.tolist(),
+        "sampling_sd": None,
+        "luck_share": None,
+        "understated": None,
+    }
+    if se is not None and len(se) == n and np.all(np.isfinite(se)):
+        sampling = float(np.mean(np.asarray(se, dtype=float) ** 2))
+        out["sampling_sd"] = math.sqrt(sampling)
+        if sd > 0:
+            out["luck_share"] = max(sd**2 - sampling, 0.0) / sd**2
+            out["understated"] = sd / math.sqrt(sampling) if sampling > 0 else math.inf
+    out["seeds_to_resolve"] = seeds_to_resolve(mean, sd)
+    out["every_seed_needs"] = every_seed_needs(sd, n, EVERY_SEED_CHANCE)
+    return out
+
+
+def seeds_to_resolve(mean: float, sd: float) -> int | None:
+    """The fewest seeds whose 95% t interval excludes zero at this mean and spread over seeds
+    (None when the mean is zero or it would take more than ``MAX_SEEDS``)."""
+    if sd == 0:
+        return 2 if mean != 0 else None
+    if mean == 0:
+        return None
+    n = max(2, math.ceil((1.96 * sd / abs(mean)) ** 2))  # the normal approximation, a lower bound
+    while n <= MAX_SEEDS:
+        if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < abs(mean):
+            return n
+        n += 1
+    return None
+
+
+def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake]) -> dict:
+    """``runs`` (one scheduler's runs, one per seed) against ``against`` (another's), paired by seed.
+    Every lake must hold a run of the same pool, policy, B and G (nothing differs but the scheduler,
+    the seed and what the notes name). Raises :class:`ConfigError` naming the lake that does not."""
+    mine, theirs = _side(runs, "--runs"), _side(against, "--against")
+    both = {str(r["lake"].root) for r in mine} & {str(r["lake"].root) for r in theirs}
+    ids = {r["spec"].run_id for r in mine if r["spec"].run_id}
+    both |= {str(r["lake"].root) for r in theirs if r["spec"].run_id in ids}
+    if both:
+        raise ConfigError(f"--against {sorted(both)[0]}: that run is on the --runs side too")
+    head = mine[0]
+    # every other run checked against the first (pool content, policy, batch shape; not the same run)
+    for side, flag in ((mine[1:], "--runs"), (theirs, "--against")):
+        against_runs(head["lake"], head["spec"], [r["lake"] for r in side], flag=flag)
+    name, other = short_label(head["spec"]), short_label(theirs[0]["spec"])
+    if other == name:  # one scheduler at two settings (policy settings, a lake prior): read by side
+        name, other = f"{name} (--runs)", f"{other} (--against)"
+    by_seed = {r["spec"].seed: r for r in theirs}
+    pairs, unpaired = [], {"--runs": [], "--against": []}
+    for r in sorted(mine, key=lambda r: r["spec"].seed):
+        o = by_seed.pop(r["spec"].seed, None)
+        if o is None:
+            unpaired["--runs"].append({"seed": r["spec"].seed, "lake": str(r["lake"].root)})
+            continue
+        pairs.append(_pair(r, o, other))
+    unpaired["--against"] = [{"seed": s, "lake": str(o["lake"].root)} for s, o in sorted(by_seed.items())]
+    if len(pairs) < 2:
+        raise ConfigError(
+            f"--runs and --against share {len(pairs)} seed(s) "
+            f"({', '.join(str(p['seed']) for p in pairs) or 'none'}): a spread over seeds needs two pairs "
+            "of runs at least, each pair one seed (`envsched --lake DIR train --seed S ...`)"
+        )
+    verdicts = [
+        _per_step_verdict(pairs, key, label, better, name, other)
+        for key, label, better in PER_STEP
+        if sum(key in p["per_step"] for p in pairs) >= 2
+    ]
+    benches = sorted({b for p in pairs for b in p["heldout"]})
+    for bench in benches:
+        have = [p for p in pairs if bench in p["heldout"]]
+        if len(have) >= 2:
+            verdicts.append(_heldout_verdict(have, bench, name, other))
+    return {
+        "runs": {"name": name, "lakes": [str(r["lake"].root) for r in mine]},
+        "against": {"name": other, "lakes": [str(r["lake"].root) for r in theirs]},
+        "setup": {k: getattr(head["spec"], k) for k in ("pool", "policy", "batch_size", "group_size")},
+        "pairs": pairs,
+        "unpaired": unpaired,
+        "verdicts": verdicts,
+    }
+
+
+def _pair(r: dict, o: dict, other: str) -> dict:
+    """One seed's two runs: the per-step metrics' means over the steps both hold, and the held-out
+    difference (with its sampling standard error) at the last evaluation both made."""
+    sa, sb = _series(r["lake"], STEP_QUERY), _series(o["lake"], STEP_QUERY)
+    for series, run, flag in ((sa, r, "--runs"), (sb, o, "--against")):
+        if not series.get("step"):
+            raise ConfigError(f"{flag} {run['lake'].root}: its run has no steps to compare with")
+    per_step = {}
+    for key, _, _ in PER_STEP:
+        steps, a, b = aligned(sa, sb, key)
+        if steps:
+            per_step[key] = {"run": float(a.mean()), "against": float(b.mean()), "steps": len(steps)}
+    heldout = {}
+    for v in heldout_verdicts(r["lake"], o["lake"], other):
+        heldout[v["benchmark"]] = {
+            "step": v["step"],
+            "run": v["run"],
+            "against": v["base"],
+            "diff": v["diff"],
+            "se": v["se"],
+            "reached_at": v["reach"]["reached_at"],
+            "best_step": v["reach"]["best_step"],
+        }
+    a, b = r["spec"].policy_config, o["spec"].policy_config
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return {
+        "seed": r["spec"].seed,
+        "run_lake": str(r["lake"].root),
+        "against_lake": str(o["lake"].root),
+        "steps": len(sa.get("step", [])),
+        "against_steps": len(sb.get("step", [])),
+        "policy_settings_differ": changed,
+        "per_step": per_step,
+        "heldout": heldout,
+    }
+
+
+def _words(v: dict, other: str) -> str:
+    return {None: "no clear difference from", True: "above", False: "below"}[v["better"]] + f" {other}"
+
+
+def _per_step_verdict(pairs: list[dict], key: str, label: str, better: str, name: str, other: str) -> dict:
+    have = [p for p in pairs if key in p["per_step"]]
+    a = np.array([p["per_step"][key]["run"] for p in have])
+    b = np.array([p["per_step"][key]["against"] for p in have])
+    v = over_seeds(a - b)
+    v.update(
+        metric=label,
+        kind="per_step",
+        key=key,
+        better_is=better,
+        seeds=[p["seed"] for p in have],
+        run=float(a.mean()),
+        against=float(b.mean()),
+        ratio=float(a.mean() / b.mean()) if b.mean() else float("nan"),
+    )
+    clear = v["better"] is not None
+    direction = ("higher than" if v["mean"] > 0 else "lower than") if clear else "no clear difference from"
+    if clear and better == "lower":
+        v["better"] = not v["better"]
+    wins = v["above"] if better == "higher" else v["below"]
+    v["wins"] = wins
+    v["text"] = (
+        f"{label} (mean over each run's steps) over {v['n']} seeds: {name} {v['run']:.4g} vs {other} "
+        f"{v['against']:.4g} ({v['ratio']:.2f}x), paired difference {v['mean']:+.4g} ± {v['se']:.2g} "
+        f"(s.e. over seeds; 95% t interval [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]): {direction} {other}. "
+        f"{'Higher' if better == 'higher' else 'Lower'} (the better way) than {other} in {wins} of {v['n']} seeds."
+    )
+    return v
+
+
+def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict:
+    h = [p["heldout"][bench] for p in pairs]
+    v = over_seeds(np.array([x["diff"] for x in h]), np.array([x["se"] for x in h]))
+    reached = [x["reached_at"] for x in h]
+    v.update(
+        metric=f"Held-out {bench} (each pair's last common evaluation)",
+        kind="heldout",
+        key=bench,
+        pair_se=[x["se"] for x in h],
+        better_is="higher",
+        seeds=[p["seed"] for p in pairs],
+        run=float(np.mean([x["run"] for x in h])),
+        against=float(np.mean([x["against"] for x in h])),
+        wins=v["above"],
+        reached=sum(r is not None for r in reached),
+        reached_median=_median_step(reached),
+    )
+    text = (
+        f"{bench} over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} (s.e. over "
+        f"seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {_words(v, other)}. "
+        f"Above {other} in {v['above']} of {v['n']} seeds."
+    )
+    if v["sampling_sd"] == 0:
+        text += (
+            " The scores carry no sampling error (exact), so the whole spread over seeds is the runs' luck."
+        )
+    elif v["luck_share"] is not None:
+        text += (
+            f" The evaluation's sampling explains sd {v['sampling_sd']:.4f} of the spread over seeds "
+            f"(sd {v['sd']:.4f}); the rest, {100 * v['luck_share']:.0f}% of its variance, is the runs' luck"
+        )
+        if v["understated"] is not None and math.isfinite(v["understated"]) and v["understated"] > 1:
+            text += f", so one pair of runs' interval is {v['understated']:.1f}x too narrow for the scheduler's effect"
+        text += "."
+    need = v["seeds_to_resolve"]
+    if v["better"] is None:
+        text += (
+            f" At this mean and spread about {need} seeds would resolve it."
+            if need is not None
+            else " At this mean and spread no number of seeds would resolve it."
+        )
+    text += (
+        f" Every seed above {other} with a chance of {EVERY_SEED_CHANCE:g} would need a mean difference of "
+        f"about {v['every_seed_needs']:+.4f} at this spread."
+    )
+    text += f" Reached {other}'s best held-out in {v['reached']} of {v['n']} seeds" + (
+        f" (median step {v['reached_median']:g})." if v["reached_median"] is not None else "."
+    )
+    v["text"] = text
+    return v
+
+
+def _median_step(reached: list[int | None]) -> float | None:
+    """The median of the steps at which each seed reached the other's best, a seed that never did
+    counting as later than any: None when half the seeds or more never did."""
+    n = len(reached)
+    done = sorted(r for r in reached if r is not None)
+    if len(done) * 2 <= n:
+        return None
+    ranked = done + [math.inf] * (n - len(done))
+    mid = float(np.median(ranked))
+    return mid if math.isfinite(mid) else None
+
+
+def seed_table(result: dict) -> list[str]:
+    """Markdown rows, one per seed: each verdict's paired difference at that seed."""
+    verdicts = result["verdicts"]
+    head = ["seed", *[v["key"].replace("_", " ") for v in verdicts]]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in result["pairs"]:
+        cells = [str(p["seed"])]
+        for v in verdicts:
+            if p["seed"] not in v["seeds"]:
+                cells.append("—")
+                continue
+            d = v["per_seed"][v["seeds"].index(p["seed"])]
+            se = (v.get("pair_se") or [None] * len(v["seeds"]))[v["seeds"].index(p["seed"])]
+            cells.append(
+                f"{d:+.4f}" + (f" ± {se:.4f}" if se is not None and math.isfinite(se) and se > 0 else "")
+            )
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.append(
+        "| mean ± s.e. over seeds | "
+        + " | ".join(f"{v['mean']:+.4f} ± {v['se']:.4f}" for v in verdicts)
+        + " |"
+    )
+    return rows
+
+
+def write_comparison(result: dict, out_dir) -> Path:
+    """``summary.json``, ``by_seed.png`` and ``comparison.md`` (the page that shows both) in
+    ``out_dir``; the page's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
+    seeds_plot(result, out / "by_seed.png")
+    name, other = result["runs"]["name"], result["against"]["name"]
+    setup = result["setup"]
+    lines = [
+        f"# {name} against {other}, paired by seed",
+        "",
+        f"Pool `{setup['pool']}`, policy `{setup['policy']}`, B = {setup['batch_size']}, "
+        f"G = {setup['group_size']}; {len(result['pairs'])} pairs of runs. Each cell: that seed's "
+        f"{name} minus {other} (held-out: ± the pair's sampling standard error).",
+        "",
+        *seed_table(result),
+        "",
+        "![each seed's paired difference](by_seed.png)",
+        "",
+        *[f"- {v['text']}" for v in result["verdicts"]],
+    ]
+    for flag, left in result["unpaired"].items():
+        if left:
+            lines.append(
+                f"- Not paired (no run of that seed on the other side), left out: {flag} "
+                + ", ".join(f"seed {u['seed']} ({u['lake']})" for u in left)
+            )
+    page = out / "comparison.md"
+    page.write_text("\n".join(lines) + "\n")
+    return page

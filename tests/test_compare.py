@@ -1,0 +1,169 @@
+"""`envsched compare`: one scheduler's runs against another's, paired by seed, judged by the spread of
+the paired differences over seeds (not by one pair's sampling error), on real runs in real lakes:
+the simulated learner for the per-step metrics and the pairing, the neural learner for held-out
+from evaluation episodes (where the pairs' own sampling error is known)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from envs.registry import load_synthetic
+from envsched_pipeline.analysis.seeds import compare_seeds, over_seeds, seeds_to_resolve
+from envsched_pipeline.cli import main
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.errors import EnvschedError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import RunSpec, start_run
+from envsched_pipeline.scheduler.variants import resolve
+from tests.conftest import SMALL, run_steps
+from tests.test_report import neural_run
+
+
+def sim_run(root, scheduler: str, seed: int, steps: int = 6, pool_seed: int = SMALL["seed"]) -> Lake:
+    lake = Lake(root)
+    import_pool(lake, load_synthetic("synthetic", **{**SMALL, "seed": pool_seed}))
+    name, config = resolve(scheduler)
+    spec = RunSpec(
+        pool="synthetic",
+        scheduler=name,
+        scheduler_config=config,
+        seed=seed,
+        batch_size=8,
+        group_size=4,
+        max_steps=max(steps, 1),
+    )
+    start_run(lake, spec)
+    return run_steps(lake, steps)
+
+
+@pytest.fixture(scope="module")
+def sim_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seeds")
+    form = [sim_run(root / f"form-s{s}", "envsched@success+adaptive+covsampled+lr", s) for s in (0, 1, 2)]
+    rand = [sim_run(root / f"random-s{s}", "random", s) for s in (2, 0, 1, 3)]  # seed 3: no partner
+    return form, rand
+
+
+def step_mean(lake: Lake, key: str) -> float:
+    return float(np.mean([r[key] for r in lake.sql("select * from step_summary").to_pylist()]))
+
+
+def last_score(lake: Lake, bench: str) -> float:
+    rows = [r for r in lake.read("evals").to_pylist() if r["benchmark"] == bench]
+    return max(rows, key=lambda r: r["step"])["score"]
+
+
+def test_runs_are_paired_by_seed_and_judged_by_their_spread_over_seeds(sim_runs):
+    form, rand = sim_runs
+    res = compare_seeds(form, rand)
+    assert [p["seed"] for p in res["pairs"]] == [0, 1, 2]
+    assert [p["against_lake"] for p in res["pairs"]] == [str(rand[i].root) for i in (1, 2, 0)]
+    assert res["unpaired"] == {"--runs": [], "--against": [{"seed": 3, "lake": str(rand[3].root)}]}
+    assert (
+        res["runs"]["name"] == "envsched@success+adaptive+covsampled+lr"
+        and res["against"]["name"] == "random"
+    )
+    by = {v["key"]: v for v in res["verdicts"]}
+    # the per-step metrics: each seed's mean over its steps, this side minus the other, then over seeds
+    for key, better in (("batch_variance", "higher"), ("zero_variance_fraction", "lower")):
+        v = by[key]
+        d = np.array([step_mean(form[i], key) - step_mean(rand[(1, 2, 0)[i]], key) for i in range(3)])
+        assert v["per_seed"] == pytest.approx(d.tolist())
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+        assert v["ci"] == pytest.approx([ci.low, ci.high]) and v["se"] == pytest.approx(
+            d.std(ddof=1) / math.sqrt(3)
+        )
+        clear = not (ci.low <= 0 <= ci.high)
+        assert v["better"] == (None if not clear else (d.mean() > 0) == (better == "higher"))
+        assert v["wins"] == int((d > 0).sum() if better == "higher" else (d < 0).sum())
+        assert f"in {v['wins']} of 3 seeds" in v["text"]
+    # held-out: each pair's last common evaluation, the simulator's exact scores (no sampling error),
+    # so the whole spread over seeds is the runs' own
+    for bench in ("heldout_seen (simulated)", "heldout_unseen (simulated)"):
+        v = by[bench]
+        d = [last_score(form[i], bench) - last_score(rand[(1, 2, 0)[i]], bench) for i in range(3)]
+        assert v["per_seed"] == pytest.approx(d) and v["above"] == sum(x > 0 for x in d)
+        assert v["sampling_sd"] == 0.0 and v["luck_share"] == (1.0 if np.std(d) > 0 else None)
+
+
+def test_a_side_must_be_one_scheduler_with_one_run_per_seed_and_nothing_is_written(
+    sim_runs, tmp_path, capsys
+):
+    form, rand = sim_runs
+    cases = [
+        (form[:2] + rand[:1], rand, "--runs .*random-s2: its run's scheduler is random"),
+        (form, rand + [sim_run(tmp_path / "again", "random", 0, steps=1)], "seed 0 again"),
+        (form[:1], rand, "share 1 seed"),
+        (rand[:2], rand[1:3], "on the --runs side too"),
+        (form, rand[:2] + [sim_run(tmp_path / "empty", "random", 1, steps=0)], "empty: its run has no steps"),
+        (
+            form,
+            [sim_run(tmp_path / "other-pool", "random", 0, steps=1, pool_seed=9)] + rand[2:3],
+            "other training",
+        ),
+    ]
+    for runs, against, msg in cases:
+        with pytest.raises(EnvschedError, match=msg):
+            compare_seeds(runs, against)
+    argv = ["compare", "--runs", *[str(x.root) for x in form[:1]], "--against", *[str(x.root) for x in rand]]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert "share 1 seed" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_command_prints_the_table_and_verdicts_and_writes_the_page(sim_runs, tmp_path, capsys):
+    form, rand = sim_runs
+    out = tmp_path / "cmp"
+    argv = ["compare", "--runs", *[str(x.root) for x in form], "--against", *[str(x.root) for x in rand]]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert [p["seed"] for p in summary["pairs"]] == [0, 1, 2]
+    for v in summary["verdicts"]:
+        assert v["text"] in printed
+    assert "not paired, left out: --against seed 3" in printed and f"wrote {out / 'comparison.md'}" in printed
+    page = (out / "comparison.md").read_text()
+    assert "![each seed's paired difference](by_seed.png)" in page and "| mean ± s.e. over seeds |" in page
+    assert (out / "by_seed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([*argv, "--json"]) == 0
+    printed_json = json.loads(capsys.readouterr().out)  # the view's sums may differ in the last bit
+    assert printed_json["verdicts"][0]["per_seed"] == pytest.approx(summary["verdicts"][0]["per_seed"])
+
+
+def test_held_out_from_episodes_splits_the_spread_into_sampling_and_the_runs_luck(tmp_path):
+    runs = [neural_run(tmp_path / f"env-s{s}", "envsched", seed=s, steps=2) for s in (0, 1)]
+    rand = [neural_run(tmp_path / f"rnd-s{s}", "random", seed=s, steps=2) for s in (0, 1)]
+    res = compare_seeds(runs, rand)
+    v = next(v for v in res["verdicts"] if v["key"] == "heldout_unseen")
+    diffs, ses = [], []
+    for a, b in zip(runs, rand, strict=True):
+        m = {}
+        for name, lk in (("a", a), ("b", b)):
+            m[name] = lk.sql(
+                "select task_id, avg(reward) as m, var_samp(reward) / count(*) as v from eval_rollouts "
+                "where step = 1 and split = 'unseen' group by task_id"
+            ).to_pylist()
+        n = len(m["a"])
+        diffs.append(np.mean([r["m"] for r in m["a"]]) - np.mean([r["m"] for r in m["b"]]))
+        ses.append(math.sqrt(sum(r["v"] for rs in m.values() for r in rs)) / n)
+    assert v["per_seed"] == pytest.approx(diffs) and v["pair_se"] == pytest.approx(ses)
+    sampling = np.mean(np.square(ses))
+    assert v["sampling_sd"] == pytest.approx(math.sqrt(sampling))
+    var = np.var(diffs, ddof=1)
+    assert v["luck_share"] == pytest.approx(max(var - sampling, 0) / var)
+
+
+def test_what_a_clear_answer_would_take_at_the_measured_spread():
+    v = over_seeds(np.array([0.02, 0.01, -0.005, 0.03]), np.array([0.004, 0.004, 0.004, 0.004]))
+    assert v["better"] is None and v["above"] == 3 and v["understated"] == pytest.approx(v["sd"] / 0.004)
+    n = v["seeds_to_resolve"]
+    half = lambda k: stats.t.ppf(0.975, k - 1) * v["sd"] / math.sqrt(k)  # noqa: E731
+    assert half(n) < abs(v["mean"]) <= half(n - 1)
+    assert seeds_to_resolve(0.0, 0.1) is None
+    # every one of the 4 seeds above zero with a chance of 0.9 at the needed mean (normal draws)
+    draws = np.random.default_rng(0).normal(v["every_seed_needs"], v["sd"], size=(40_000, 4))
+    assert (draws > 0).all(axis=1).mean() == pytest.approx(0.9, abs=0.01)
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        over_seeds(np.array([0.1]))

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from envsched_pipeline.analysis.compare import VERDICT_WORD
 from sections.common import HERE, machine, write_section
 
 RECORDS = HERE / "runs" / "pipeline"
 RUNS = (("the form", []), ("random", ["--scheduler", "random"]))
-WORD = {True: "better", False: "worse", None: "no clear difference"}  # a verdict's ``better``
 
 
 def record_path(seed: int, steps: int) -> Path:
@@ -125,8 +125,8 @@ def over_seeds_rows(recs: list[dict]) -> list[str]:
         )
         if held:
             reading.append(
-                f"- {metric.split(' ')[1]}: each seed's own verdict {', '.join(WORD[v['better']] for v in per)}; over "
-                f"the seeds {WORD[o['better']]}"
+                f"- {metric.split(' ')[1]}: each seed's own verdict {', '.join(VERDICT_WORD[v['better']] for v in per)}; over "
+                f"the seeds {VERDICT_WORD[o['better']]}"
                 + (
                     f" (about {o['seeds_to_resolve']} seeds would resolve this mean at this spread)."
                     if o["better"] is None and o["seeds_to_resolve"]
@@ -172,7 +172,7 @@ def section_pipeline_neural(
             ci = f" [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]" if v.get("ci") else ""
             rows.append(
                 f"| {rec['seed']} | {v['metric']} | {v['run']:.4f} | {v['base']:.4f} | {v['ratio']:.2f}x | "
-                f"{v['diff']:+.4f}{ci} | {WORD[v['better']]} |"
+                f"{v['diff']:+.4f}{ci} | {VERDICT_WORD[v['better']]} |"
             )
             if v.get("reach"):
                 r = v["reach"]

@@ -26,7 +26,16 @@ from envsched_pipeline.run import RunSpec, require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
 
 Z95 = 1.96
+VERDICT_WORD = {True: "better", False: "worse", None: "no clear difference"}  # a verdict's ``better``
 NOT_HELDOUT = ("batch_mean_reward",)  # the training batch's own reward, logged beside the evaluations
+
+
+def relation(sign: bool | None, other: str, words: tuple[str, str] = ("higher than", "lower than")) -> str:
+    """How a value stands to ``other``'s: ``sign`` True above it, False below it, None when the
+    interval holds both (``words``: the phrases for above and below)."""
+    return (
+        f"no clear difference from {other}" if sign is None else f"{words[0] if sign else words[1]} {other}"
+    )
 
 
 def short_label(spec: RunSpec) -> str:
@@ -188,7 +197,7 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
         if math.isfinite(se):
             ci = [diff - Z95 * se, diff + Z95 * se]
             good = None if ci[0] <= 0 <= ci[1] else diff > 0
-            word = {None: "no clear difference from", True: "above", False: "below"}[good] + f" {name}"
+            word = relation(good, name, ("above", "below"))
             band = f" ± {se:.4f} (s.e., {basis})" if se > 0 else " (recorded without sampling error)"
         else:
             good, word, band, ci = None, "no standard error recorded to judge it by", "", None

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from envsched_pipeline.analysis.bench import run_one
-from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts
+from envsched_pipeline.analysis.compare import VERDICT_WORD, against_runs, aligned, heldout_verdicts, relation
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake, json_safe
@@ -92,13 +92,9 @@ def verdict(label: str, better: str, run: np.ndarray, base: np.ndarray, base_nam
     lo, hi = block_bootstrap_ci(d)
     mean_r, mean_b = float(r.mean()), float(b.mean())
     ratio = mean_r / mean_b if mean_b else float("nan")
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi:
-        word = f"no clear difference from {base_name}"
-        good = None
-    else:
-        higher = lo > 0
-        word = f"{'higher' if higher else 'lower'} than {base_name}"
-        good = higher == (better == "higher")
+    higher = None if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi else lo > 0
+    word = relation(higher, base_name)
+    good = None if higher is None else higher == (better == "higher")
     text = (
         f"{label}: {mean_r:.4g} vs {base_name} {mean_b:.4g} ({ratio:.2f}×); per-step difference "
         f"{d.mean():+.4g}, 95% CI [{lo:+.4g}, {hi:+.4g}] over {n} steps: {word}."
@@ -515,7 +511,7 @@ def _page(
             "ratio": v["ratio"],
             "difference [95% CI]": f"{v['diff']:+.4g}"
             + (f" [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]" if v["ci"] else ""),
-            "verdict": {True: "better", False: "worse", None: "no clear difference"}[v["better"]],
+            "verdict": VERDICT_WORD[v["better"]],
         }
         for v in verdicts
     ]

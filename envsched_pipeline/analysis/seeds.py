@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts, short_label
+from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts, relation, short_label
 from envsched_pipeline.analysis.plots import _series, seeds_plot
 from envsched_pipeline.analysis.spread import every_seed_needs
 from envsched_pipeline.errors import ConfigError
@@ -205,10 +205,6 @@ def _pair(r: dict, o: dict, other: str) -> dict:
     }
 
 
-def _words(v: dict, other: str) -> str:
-    return {None: "no clear difference from", True: "above", False: "below"}[v["better"]] + f" {other}"
-
-
 def _per_step_verdict(pairs: list[dict], key: str, label: str, better: str, name: str, other: str) -> dict:
     have = [p for p in pairs if key in p["per_step"]]
     a = np.array([p["per_step"][key]["run"] for p in have])
@@ -224,16 +220,16 @@ def _per_step_verdict(pairs: list[dict], key: str, label: str, better: str, name
         against=float(b.mean()),
         ratio=float(a.mean() / b.mean()) if b.mean() else float("nan"),
     )
-    clear = v["better"] is not None
-    direction = ("higher than" if v["mean"] > 0 else "lower than") if clear else "no clear difference from"
-    if clear and better == "lower":
-        v["better"] = not v["better"]
+    higher = v["better"]  # over_seeds: the sign of a clear difference, None when unclear
+    if higher is not None and better == "lower":
+        v["better"] = not higher
     wins = v["above"] if better == "higher" else v["below"]
     v["wins"] = wins
     v["text"] = (
         f"{label} (mean over each run's steps) over {v['n']} seeds: {name} {v['run']:.4g} vs {other} "
         f"{v['against']:.4g} ({v['ratio']:.2f}x), paired difference {v['mean']:+.4g} ± {v['se']:.2g} "
-        f"(s.e. over seeds; 95% t interval [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]): {direction} {other}. "
+        f"(s.e. over seeds; 95% t interval [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]): "
+        f"{relation(higher, other)}. "
         f"{'Higher' if better == 'higher' else 'Lower'} (the better way) than {other} in {wins} of {v['n']} seeds."
     )
     return v
@@ -258,7 +254,7 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
     )
     text = (
         f"{bench} over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} (s.e. over "
-        f"seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {_words(v, other)}. "
+        f"seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {relation(v['better'], other, ('above', 'below'))}. "
         f"Above {other} in {v['above']} of {v['n']} seeds."
     )
     if v["sampling_sd"] == 0:

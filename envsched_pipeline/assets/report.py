@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from envsched_pipeline.analysis.compare import VERDICT_WORD
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.resources.lake import LakeResource
 
@@ -29,7 +30,6 @@ def verdict_table(verdicts: list[dict]) -> str:
     """The report's verdicts as a markdown table (the UI renders it)."""
     if not verdicts:
         return "No baselines to compare with."
-    word = {True: "better", False: "worse", None: "no clear difference"}
     lines = [
         "| metric | against | this run | theirs | difference [95% CI] | verdict |",
         "|---|---|---|---|---|---|",
@@ -38,7 +38,7 @@ def verdict_table(verdicts: list[dict]) -> str:
         ci = f" [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]" if v.get("ci") else ""
         lines.append(
             f"| {v['metric']} | {v['baseline']} | {v['run']:.4g} | {v['base']:.4g} | {v['diff']:+.4g}{ci} | "
-            f"{word[v['better']]} |"
+            f"{VERDICT_WORD[v['better']]} |"
         )
     return "\n".join(lines)
 

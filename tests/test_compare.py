@@ -56,6 +56,10 @@ def last_score(lake: Lake, bench: str) -> float:
     return max(rows, key=lambda r: r["step"])["score"]
 
 
+def mean_score(lake: Lake, bench: str) -> float:
+    return float(np.mean([r["score"] for r in lake.read("evals").to_pylist() if r["benchmark"] == bench]))
+
+
 def test_runs_are_paired_by_seed_and_judged_by_their_spread_over_seeds(sim_runs):
     form, rand = sim_runs
     res = compare_seeds(form, rand)
@@ -87,6 +91,10 @@ def test_runs_are_paired_by_seed_and_judged_by_their_spread_over_seeds(sim_runs)
         d = [last_score(form[i], bench) - last_score(rand[(1, 2, 0)[i]], bench) for i in range(3)]
         assert v["per_seed"] == pytest.approx(d) and v["above"] == sum(x > 0 for x in d)
         assert v["sampling_sd"] == 0.0 and v["luck_share"] == (1.0 if np.std(d) > 0 else None)
+        # the whole curve: the mean over every evaluation both runs of a seed made
+        curve = by[f"{bench} (curve)"]
+        d = [mean_score(form[i], bench) - mean_score(rand[(1, 2, 0)[i]], bench) for i in range(3)]
+        assert curve["per_seed"] == pytest.approx(d) and curve["sampling_sd"] is None
 
 
 def test_a_side_must_be_one_scheduler_with_one_run_per_seed_and_nothing_is_written(

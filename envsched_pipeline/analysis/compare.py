@@ -178,7 +178,8 @@ def steps_to_reach(mine: dict[int, tuple[float, float]], theirs: dict[int, tuple
 
 
 def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
-    """One verdict per held-out benchmark both runs evaluated, at the last step both evaluated."""
+    """One verdict per held-out benchmark both runs evaluated, at the last step both evaluated
+    (``curve``: both runs' mean over every evaluation both made)."""
     mine, theirs = _evals(lake), _evals(other)
     out = []
     for bench in sorted(set(mine) & set(theirs)):
@@ -230,6 +231,12 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
                 "ci": ci,
                 "better": good,
                 "reach": reach,
+                # the whole curve: the mean over every evaluation both runs made (steps both hold)
+                "curve": {
+                    "evaluations": len(common),
+                    "run": float(np.mean([mine[bench][s][0] for s in common])),
+                    "base": float(np.mean([theirs[bench][s][0] for s in common])),
+                },
                 "text": text,
             }
         )

@@ -472,9 +472,13 @@ def seeds_plot(result: dict, out_path: Path) -> str:
     ones with their 95% sampling interval), the mean over seeds with its t interval as a band, and
     zero marked."""
     verdicts = result["verdicts"]
-    fig, axes = _plt().subplots(1, len(verdicts), figsize=(4.6 * len(verdicts), 3.9), squeeze=False)
+    cols = min(4, len(verdicts))
+    rows = -(-len(verdicts) // cols)
+    fig, axes = _plt().subplots(rows, cols, figsize=(4.6 * cols, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(verdicts) :]:
+        ax.set_visible(False)
     name, other = result["runs"]["name"], result["against"]["name"]
-    for ax, v in zip(axes[0], verdicts, strict=True):
+    for ax, v in zip(axes.flat, verdicts, strict=False):
         seeds, d = v["seeds"], v["per_seed"]
         se = v.get("pair_se") or []
         errs = [1.96 * x for x in se] if se and all(np.isfinite(x) for x in se) else None

@@ -158,6 +158,7 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake]) -> dict:
         have = [p for p in pairs if bench in p["heldout"]]
         if len(have) >= 2:
             verdicts.append(_heldout_verdict(have, bench, name, other))
+            verdicts.append(_curve_verdict(have, bench, name, other))
     return {
         "runs": {"name": name, "lakes": [str(r["lake"].root) for r in mine]},
         "against": {"name": other, "lakes": [str(r["lake"].root) for r in theirs]},
@@ -190,6 +191,7 @@ def _pair(r: dict, o: dict, other: str) -> dict:
             "se": v["se"],
             "reached_at": v["reach"]["reached_at"],
             "best_step": v["reach"]["best_step"],
+            "curve": v["curve"],
         }
     a, b = r["spec"].policy_config, o["spec"].policy_config
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
@@ -284,6 +286,31 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
         f" (median step {v['reached_median']:g})." if v["reached_median"] is not None else "."
     )
     v["text"] = text
+    return v
+
+
+def _curve_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict:
+    """Held-out over the whole run: each pair's difference of the mean over the evaluations both
+    runs made (how fast it learned as well as where it ended), judged over seeds."""
+    c = [p["heldout"][bench]["curve"] for p in pairs]
+    v = over_seeds(np.array([x["run"] - x["base"] for x in c]))
+    v.update(
+        metric=f"Held-out {bench} (mean over each pair's common evaluations)",
+        kind="heldout_curve",
+        key=f"{bench} (curve)",
+        better_is="higher",
+        seeds=[p["seed"] for p in pairs],
+        run=float(np.mean([x["run"] for x in c])),
+        against=float(np.mean([x["base"] for x in c])),
+        wins=v["above"],
+    )
+    least, most = min(x["evaluations"] for x in c), max(x["evaluations"] for x in c)
+    v["text"] = (
+        f"{bench}, mean over the evaluations both runs made ({least}{f'-{most}' if most > least else ''} "
+        f"per pair), over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} (s.e. over seeds; "
+        f"95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {relation(v['better'], other, ('above', 'below'))}. "
+        f"Above {other} in {v['above']} of {v['n']} seeds."
+    )
     return v
 
 

@@ -131,7 +131,11 @@ def test_the_command_prints_the_table_and_verdicts_and_writes_the_page(sim_runs,
     assert [p["seed"] for p in summary["pairs"]] == [0, 1, 2]
     for v in summary["verdicts"]:
         assert v["text"] in printed
-    assert "not paired, left out: --against seed 3" in printed and f"wrote {out / 'comparison.md'}" in printed
+    assert (
+        f"note: Not paired (no run of that seed on the other side), left out: --against seed 3 ({rand[3].root})"
+        in printed
+    )
+    assert f"wrote {out / 'comparison.md'}" in printed
     page = (out / "comparison.md").read_text()
     assert "![each seed's paired difference](by_seed.png)" in page and "| mean ± s.e. over seeds |" in page
     assert (out / "by_seed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -175,3 +179,19 @@ def test_what_a_clear_answer_would_take_at_the_measured_spread():
     assert (draws > 0).all(axis=1).mean() == pytest.approx(0.9, abs=0.01)
     with pytest.raises(ValueError, match="at least 2 seeds"):
         over_seeds(np.array([0.1]))
+
+
+def test_a_pair_of_unequal_length_is_compared_over_the_steps_both_hold_and_said_so(sim_runs, tmp_path):
+    form, rand = sim_runs
+    short = sim_run(tmp_path / "short-s1", "random", 1, steps=3)
+    res = compare_seeds(form[:2], [rand[1], short])
+    pair = res["pairs"][1]
+    assert (pair["steps"], pair["against_steps"]) == (6, 3)
+    assert res["notes"] == [
+        "Seed 1: the --runs run has 6 steps, the --against run 3; the pair is compared over the steps and "
+        "evaluations both hold."
+    ]
+    key = "batch_variance"
+    first3 = [r[key] for r in form[1].sql("select * from step_summary where step < 3").to_pylist()]
+    assert pair["per_step"][key]["run"] == pytest.approx(np.mean(first3)) and pair["per_step"][key]["steps"] == 3
+    assert pair["heldout"]["heldout_seen (simulated)"]["step"] == 2

@@ -160,6 +160,7 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake]) -> dict:
             verdicts.append(_heldout_verdict(have, bench, name, other))
             verdicts.append(_curve_verdict(have, bench, name, other))
     return {
+        "notes": _notes(pairs, unpaired),
         "runs": {"name": name, "lakes": [str(r["lake"].root) for r in mine]},
         "against": {"name": other, "lakes": [str(r["lake"].root) for r in theirs]},
         "setup": {k: getattr(head["spec"], k) for k in ("pool", "policy", "batch_size", "group_size")},
@@ -194,7 +195,9 @@ def _pair(r: dict, o: dict, other: str) -> dict:
             "curve": v["curve"],
         }
     a, b = r["spec"].policy_config, o["spec"].policy_config
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    changed = [
+        f"{k}={a.get(k)!r} (--against: {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+    ]
     return {
         "seed": r["spec"].seed,
         "run_lake": str(r["lake"].root),
@@ -289,6 +292,28 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
     return v
 
 
+def _notes(pairs: list[dict], unpaired: dict) -> list[str]:
+    """What a reader should know before the verdicts: seeds left out, pairs of unequal length,
+    pairs whose policy settings differ."""
+    notes = [
+        f"Not paired (no run of that seed on the other side), left out: {flag} "
+        + ", ".join(f"seed {u['seed']} ({u['lake']})" for u in left)
+        for flag, left in unpaired.items()
+        if left
+    ]
+    for p in pairs:
+        if p["steps"] != p["against_steps"]:
+            notes.append(
+                f"Seed {p['seed']}: the --runs run has {p['steps']} steps, the --against run {p['against_steps']}; "
+                "the pair is compared over the steps and evaluations both hold."
+            )
+        if p["policy_settings_differ"]:
+            notes.append(
+                f"Seed {p['seed']}: policy settings differ: {', '.join(p['policy_settings_differ'])}."
+            )
+    return notes
+
+
 def _curve_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict:
     """Held-out over the whole run: each pair's difference of the mean over the evaluations both
     runs made (how fast it learned as well as where it ended), judged over seeds."""
@@ -373,12 +398,7 @@ def write_comparison(result: dict, out_dir) -> Path:
         "",
         *[f"- {v['text']}" for v in result["verdicts"]],
     ]
-    for flag, left in result["unpaired"].items():
-        if left:
-            lines.append(
-                f"- Not paired (no run of that seed on the other side), left out: {flag} "
-                + ", ".join(f"seed {u['seed']} ({u['lake']})" for u in left)
-            )
+    lines += [f"- {note}" for note in result["notes"]]
     page = out / "comparison.md"
     page.write_text("\n".join(lines) + "\n")
     return page

@@ -347,9 +347,8 @@ def cmd_compare(args) -> int:
     print("\n".join(seed_table(result)))
     for v in result["verdicts"]:
         print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
-    for flag, left in result["unpaired"].items():
-        if left:
-            print(f"  not paired, left out: {flag} " + ", ".join(f"seed {u['seed']}" for u in left))
+    for note in result["notes"]:
+        print(f"  note: {note}")
     if page:
         print(f"wrote {page}")
     return 0

@@ -117,7 +117,9 @@ def add_parser(sub) -> None:
         metavar="LAKE",
         help="another scheduler's runs of the same seeds",
     )
-    cp.add_argument("--out", help="write summary.json, by_seed.png and comparison.md into this folder")
+    cp.add_argument(
+        "--out", metavar="DIR", help="write summary.json, by_seed.png and comparison.md into this folder"
+    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cp.set_defaults(func=cmd_compare)
 

@@ -90,6 +90,7 @@ def test_runs_are_paired_by_seed_and_judged_by_their_spread_over_seeds(sim_runs)
         v = by[bench]
         d = [last_score(form[i], bench) - last_score(rand[(1, 2, 0)[i]], bench) for i in range(3)]
         assert v["per_seed"] == pytest.approx(d) and v["above"] == sum(x > 0 for x in d)
+        assert "(Rough: the spread is estimated from 3 seeds.)" in v["text"]  # fewer than 5
         assert v["sampling_sd"] == 0.0 and v["luck_share"] == (1.0 if np.std(d) > 0 else None)
         # the whole curve: the mean over every evaluation both runs of a seed made
         curve = by[f"{bench} (curve)"]
@@ -193,5 +194,7 @@ def test_a_pair_of_unequal_length_is_compared_over_the_steps_both_hold_and_said_
     ]
     key = "batch_variance"
     first3 = [r[key] for r in form[1].sql("select * from step_summary where step < 3").to_pylist()]
-    assert pair["per_step"][key]["run"] == pytest.approx(np.mean(first3)) and pair["per_step"][key]["steps"] == 3
+    assert (
+        pair["per_step"][key]["run"] == pytest.approx(np.mean(first3)) and pair["per_step"][key]["steps"] == 3
+    )
     assert pair["heldout"]["heldout_seen (simulated)"]["step"] == 2

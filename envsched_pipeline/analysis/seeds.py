@@ -37,6 +37,7 @@ PER_STEP = (
     ("zero_variance_fraction", "zero-variance group fraction", "lower"),
 )
 EVERY_SEED_CHANCE = 0.9
+ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
 MAX_SEEDS = 10_000
 
 
@@ -281,6 +282,8 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
             if need is not None
             else " At this mean and spread no number of seeds would resolve it."
         )
+    if v["n"] < ROUGH_BELOW:
+        text += f" (Rough: the spread is estimated from {v['n']} seeds.)"
     text += (
         f" Every seed above {other} with a chance of {EVERY_SEED_CHANCE:g} would need a mean difference of "
         f"about {v['every_seed_needs']:+.4f} at this spread."

@@ -106,6 +106,7 @@ def test_a_side_must_be_one_scheduler_with_one_run_per_seed_and_nothing_is_writt
         (form[:2] + rand[:1], rand, "--runs .*random-s2: its run's scheduler is random"),
         (form, rand + [sim_run(tmp_path / "again", "random", 0, steps=1)], "seed 0 again"),
         (form[:1], rand, "share 1 seed"),
+        (form, rand[:2] + [Lake(tmp_path / "nowhere")], "--against .*nowhere: no lake at"),
         (rand[:2], rand[1:3], "on the --runs side too"),
         (form, rand[:2] + [sim_run(tmp_path / "empty", "random", 1, steps=0)], "empty: its run has no steps"),
         (

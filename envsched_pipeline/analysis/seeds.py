@@ -25,7 +25,7 @@ from scipy import stats
 from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts, relation, short_label
 from envsched_pipeline.analysis.plots import _series, seeds_plot
 from envsched_pipeline.analysis.spread import every_seed_needs
-from envsched_pipeline.errors import ConfigError
+from envsched_pipeline.errors import ConfigError, EnvschedError
 from envsched_pipeline.lake import Lake, json_safe
 from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
@@ -45,7 +45,12 @@ def _side(lakes: Sequence[Lake], flag: str) -> list[dict]:
     """The runs a side names, each with its spec; one scheduler and one run per seed."""
     if not lakes:
         raise ConfigError(f"{flag}: name at least one lake")
-    runs = [{"lake": lk, "spec": require_run(lk.require())} for lk in lakes]
+    runs = []
+    for lk in lakes:
+        try:
+            runs.append({"lake": lk, "spec": require_run(lk.require())})
+        except EnvschedError as exc:  # no lake, no run, an unreadable run.json: which option named it
+            raise ConfigError(f"{flag} {lk.root}: {exc}") from exc
     first = runs[0]
     label = scheduler_label(first["spec"].scheduler, first["spec"].scheduler_config)
     seen: dict[int, Lake] = {}

@@ -12,6 +12,7 @@ from scipy import stats
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.seeds import compare_seeds, over_seeds, seeds_to_resolve
+from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import EnvschedError
@@ -199,3 +200,36 @@ def test_a_pair_of_unequal_length_is_compared_over_the_steps_both_hold_and_said_
         pair["per_step"][key]["run"] == pytest.approx(np.mean(first3)) and pair["per_step"][key]["steps"] == 3
     )
     assert pair["heldout"]["heldout_seen (simulated)"]["step"] == 2
+
+
+def test_runs_of_your_own_trainer_are_judged_with_the_standard_errors_it_logged(tmp_path):
+    """ExternalRun lakes: held-out is what the trainer logged (score and se), no episodes."""
+    rng = np.random.default_rng(7)
+    lakes, logged = {}, {}
+    for sched in ("random", "envsched"):
+        for seed in (0, 1, 2):
+            lake = Lake(tmp_path / f"{sched}-s{seed}")
+            import_pool(lake, load_synthetic("synthetic", **SMALL))
+            run = ExternalRun(
+                pool="synthetic", lake=lake, scheduler=sched, seed=seed, batch_size=6, group_size=2
+            )
+            for step in range(2):
+                picks = run.manifest(step)
+                run.observe(
+                    step,
+                    [
+                        {"task_id": p["task_id"], "rollout": r, "reward": float(rng.integers(2))}
+                        for p in picks
+                        for r in range(2)
+                    ],
+                )
+                score, se = float(rng.uniform(0.4, 0.8)), float(rng.uniform(0.01, 0.03))
+                run.log_eval(step, {"heldout_unseen": {"score": score, "se": se}})
+                logged[(sched, seed, step)] = (score, se)
+            lakes.setdefault(sched, []).append(lake)
+    res = compare_seeds(lakes["envsched"], lakes["random"])
+    v = next(v for v in res["verdicts"] if v["key"] == "heldout_unseen")
+    d = [logged[("envsched", s, 1)][0] - logged[("random", s, 1)][0] for s in (0, 1, 2)]
+    se = [math.hypot(logged[("envsched", s, 1)][1], logged[("random", s, 1)][1]) for s in (0, 1, 2)]
+    assert v["per_seed"] == pytest.approx(d) and v["pair_se"] == pytest.approx(se)
+    assert v["sampling_sd"] == pytest.approx(math.sqrt(np.mean(np.square(se))))

@@ -3,8 +3,10 @@ the paired differences over seeds (not by one pair's sampling error), on real ru
 the simulated learner for the per-step metrics and the pairing, the neural learner for held-out
 from evaluation episodes (where the pairs' own sampling error is known)."""
 
+import base64
 import json
 import math
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -21,6 +23,34 @@ from envsched_pipeline.run import RunSpec, start_run
 from envsched_pipeline.scheduler.variants import resolve
 from tests.conftest import SMALL, run_steps
 from tests.test_report import neural_run
+
+
+class PageParts(HTMLParser):
+    """A page's table rows (cell texts), image sources and list items."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.images, self.items, self._text = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th", "li"):
+            self._text = ""
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_data(self, data):
+        if self._text is not None:
+            self._text += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.rows[-1].append(self._text)
+        elif tag == "li":
+            self.items.append(self._text)
+        if tag in ("td", "th", "li"):
+            self._text = None
 
 
 def sim_run(root, scheduler: str, seed: int, steps: int = 6, pool_seed: int = SMALL["seed"]) -> Lake:
@@ -138,10 +168,27 @@ def test_the_command_prints_the_table_and_verdicts_and_writes_the_page(sim_runs,
         f"note: Not paired (no run of that seed on the other side), left out: --against seed 3 ({rand[3].root})"
         in printed
     )
-    assert f"wrote {out / 'comparison.md'}" in printed
+    assert f"wrote {out / 'index.html'}" in printed
     page = (out / "comparison.md").read_text()
     assert "![each seed's paired difference](by_seed.png)" in page and "| mean ± s.e. over seeds |" in page
     assert (out / "by_seed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the page stands alone: the seed table, the plot inline, every note and verdict; nothing fetched
+    seen = PageParts()
+    seen.feed((out / "index.html").read_text())
+    assert (
+        len(seen.rows) == 1 + 3 + 1
+        and seen.rows[1][0] == "0"
+        and seen.rows[-1][0] == "mean ± s.e. over seeds"
+    )
+    assert [base64.b64decode(src.split(",", 1)[1]) for src in seen.images] == [
+        (out / "by_seed.png").read_bytes()
+    ]
+    assert seen.items == [f"Note: {n}" for n in summary["notes"]] + [
+        f"{'✔' if v['better'] else '✘' if v['better'] is False else '·'} {v['text']}"
+        for v in summary["verdicts"]
+    ]
+    html_text = (out / "index.html").read_text()
+    assert 'src="http' not in html_text and "<link" not in html_text and "<script" not in html_text
     assert main([*argv, "--json"]) == 0
     printed_json = json.loads(capsys.readouterr().out)  # the view's sums may differ in the last bit
     assert printed_json["verdicts"][0]["per_seed"] == pytest.approx(summary["verdicts"][0]["per_seed"])

@@ -14,6 +14,8 @@ excludes zero, and the mean difference at which every seed comes out ahead with 
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import math
 from collections.abc import Sequence
@@ -359,54 +361,84 @@ def _median_step(reached: list[int | None]) -> float | None:
     return mid if math.isfinite(mid) else None
 
 
-def seed_table(result: dict) -> list[str]:
-    """Markdown rows, one per seed: each verdict's paired difference at that seed."""
+def seed_cells(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The per-seed table: its header and rows, one per seed (each verdict's paired difference at
+    that seed, held-out with the pair's sampling standard error), then the mean over seeds."""
     verdicts = result["verdicts"]
     head = ["seed", *[v["key"].replace("_", " ") for v in verdicts]]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for p in result["pairs"]:
         cells = [str(p["seed"])]
         for v in verdicts:
             if p["seed"] not in v["seeds"]:
                 cells.append("—")
                 continue
-            d = v["per_seed"][v["seeds"].index(p["seed"])]
-            se = (v.get("pair_se") or [None] * len(v["seeds"]))[v["seeds"].index(p["seed"])]
-            cells.append(
-                f"{d:+.4f}" + (f" ± {se:.4f}" if se is not None and math.isfinite(se) and se > 0 else "")
-            )
-        rows.append("| " + " | ".join(cells) + " |")
-    rows.append(
-        "| mean ± s.e. over seeds | "
-        + " | ".join(f"{v['mean']:+.4f} ± {v['se']:.4f}" for v in verdicts)
-        + " |"
-    )
-    return rows
+            k = v["seeds"].index(p["seed"])
+            se = v["pair_se"][k] if v.get("pair_se") else None
+            cells.append(f"{v['per_seed'][k]:+.4f}" + (f" ± {se:.4f}" if se and math.isfinite(se) else ""))
+        rows.append(cells)
+    rows.append(["mean ± s.e. over seeds", *[f"{v['mean']:+.4f} ± {v['se']:.4f}" for v in verdicts]])
+    return head, rows
+
+
+def seed_table(result: dict) -> list[str]:
+    """:func:`seed_cells` as markdown rows."""
+    head, rows = seed_cells(result)
+    return ["| " + " | ".join(r) + " |" for r in (head, ["---"] * len(head), *rows)]
+
+
+def mark(better: bool | None) -> str:
+    """A verdict's sign for a terminal or a page: ✔ better, ✘ worse, · no clear difference."""
+    return "✔" if better else "✘" if better is False else "·"
 
 
 def write_comparison(result: dict, out_dir) -> Path:
-    """``summary.json``, ``by_seed.png`` and ``comparison.md`` (the page that shows both) in
-    ``out_dir``; the page's path."""
+    """``summary.json``, ``by_seed.png``, ``comparison.md`` and ``index.html`` (a self-contained
+    page, the plot inline, that works offline) in ``out_dir``; the page's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
-    seeds_plot(result, out / "by_seed.png")
+    png = out / "by_seed.png"
+    seeds_plot(result, png)
     name, other = result["runs"]["name"], result["against"]["name"]
     setup = result["setup"]
-    lines = [
-        f"# {name} against {other}, paired by seed",
+    title = f"{name} against {other}, paired by seed"
+    intro = (
+        f"Pool {setup['pool']}, policy {setup['policy']}, B = {setup['batch_size']}, G = {setup['group_size']}; "
+        f"{len(result['pairs'])} pairs of runs. Each cell: that seed's {name} minus {other} (held-out: ± the "
+        "pair's sampling standard error)."
+    )
+    md = [
+        f"# {title}",
         "",
-        f"Pool `{setup['pool']}`, policy `{setup['policy']}`, B = {setup['batch_size']}, "
-        f"G = {setup['group_size']}; {len(result['pairs'])} pairs of runs. Each cell: that seed's "
-        f"{name} minus {other} (held-out: ± the pair's sampling standard error).",
+        intro,
         "",
         *seed_table(result),
         "",
         "![each seed's paired difference](by_seed.png)",
         "",
-        *[f"- {v['text']}" for v in result["verdicts"]],
     ]
-    lines += [f"- {note}" for note in result["notes"]]
-    page = out / "comparison.md"
-    page.write_text("\n".join(lines) + "\n")
+    md += [f"- Note: {n}" for n in result["notes"]] + [
+        f"- {mark(v['better'])} {v['text']}" for v in result["verdicts"]
+    ]
+    (out / "comparison.md").write_text("\n".join(md) + "\n")
+    head, rows = seed_cells(result)
+    table = "".join(
+        "<tr>" + "".join(f"<{t}>{html.escape(c)}</{t}>" for c in r) + "</tr>"
+        for t, r in (("th", head), *(("td", r) for r in rows))
+    )
+    items = [f"<li>Note: {html.escape(n)}</li>" for n in result["notes"]]
+    items += [f"<li>{mark(v['better'])} {html.escape(v['text'])}</li>" for v in result["verdicts"]]
+    data = base64.b64encode(png.read_bytes()).decode()
+    page = out / "index.html"
+    page.write_text(
+        f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>envsched compare: {html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1500px;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}li{{margin:0.4em 0}}img{{max-width:100%}}</style>
+</head><body><h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p><table>{table}</table>
+<p><img alt="each seed's paired difference" src="data:image/png;base64,{data}"></p><ul>{"".join(items)}</ul>
+</body></html>
+"""
+    )
     return page

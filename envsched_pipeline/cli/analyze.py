@@ -11,7 +11,7 @@ from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, pro
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
-from envsched_pipeline.analysis.seeds import compare_seeds, seed_table, write_comparison
+from envsched_pipeline.analysis.seeds import compare_seeds, mark, seed_table, write_comparison
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import (
     COUNT,
@@ -118,7 +118,9 @@ def add_parser(sub) -> None:
         help="another scheduler's runs of the same seeds",
     )
     cp.add_argument(
-        "--out", metavar="DIR", help="write summary.json, by_seed.png and comparison.md into this folder"
+        "--out",
+        metavar="DIR",
+        help="write index.html (the page), comparison.md, by_seed.png and summary.json into this folder",
     )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cp.set_defaults(func=cmd_compare)
@@ -329,7 +331,7 @@ def cmd_report(args) -> int:
     summary = json.loads((index.parent / "summary.json").read_text())
     for v in summary["verdicts"]:
         if args.against or v["baseline"] == "random":
-            print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
+            print(f"  {mark(v['better'])} {v['text']}")
     if args.against:
         print(
             "  (these judge this pair of runs; whether the scheduler is ahead is judged over seeds: "
@@ -347,10 +349,10 @@ def cmd_compare(args) -> int:
         print(dumps(result, indent=2))
         return 0
     print("\n".join(seed_table(result)))
-    for v in result["verdicts"]:
-        print(("  ✔ " if v["better"] else "  ✘ " if v["better"] is False else "  · ") + v["text"])
     for note in result["notes"]:
         print(f"  note: {note}")
+    for v in result["verdicts"]:
+        print(f"  {mark(v['better'])} {v['text']}")
     if page:
         print(f"wrote {page}")
     return 0

@@ -215,6 +215,8 @@ def test_held_out_from_episodes_splits_the_spread_into_sampling_and_the_runs_luc
     assert v["sampling_sd"] == pytest.approx(math.sqrt(sampling))
     var = np.var(diffs, ddof=1)
     assert v["luck_share"] == pytest.approx(max(var - sampling, 0) / var)
+    advice = "more seeds: more evaluation episodes would not" if v["luck_share"] >= 0.5 else "--eval-samples"
+    assert advice in v["text"]
 
 
 def test_what_a_clear_answer_would_take_at_the_measured_spread():

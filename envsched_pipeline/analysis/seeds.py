@@ -281,7 +281,11 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
         )
         if v["understated"] is not None and math.isfinite(v["understated"]) and v["understated"] > 1:
             text += f", so one pair of runs' interval is {v['understated']:.1f}x too narrow for the scheduler's effect"
-        text += "."
+        text += (
+            ". To narrow it, more seeds: more evaluation episodes would not."
+            if v["luck_share"] >= 0.5
+            else ". To narrow it, more evaluation episodes (`--eval-tasks`, `--eval-samples`) as well as more seeds."
+        )
     need = v["seeds_to_resolve"]
     if v["better"] is None:
         text += (

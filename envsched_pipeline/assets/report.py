@@ -1,5 +1,6 @@
 """``run_report``: the run's report page (``envsched report``) as an asset, for whoever watches the
-run in the Dagster UI: materialize it at any point of a run, optionally against runs in other lakes."""
+run in the Dagster UI: materialize it at any point of a run, optionally against runs in other lakes,
+and, given this scheduler's runs at other seeds, judged over seeds (``envsched compare``)."""
 
 import json
 from pathlib import Path
@@ -8,10 +9,13 @@ import dagster as dg
 from pydantic import Field
 
 from envsched_pipeline.analysis.compare import VERDICT_WORD
+from envsched_pipeline.analysis.plots import embed
+from envsched_pipeline.analysis.seeds import compare_seeds, write_comparison
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.resources.lake import LakeResource
 
 REPORT_DIR = "reports/latest"
+SEEDS_DIR = "seeds"  # under REPORT_DIR: the page over seeds
 
 
 class ReportConfig(dg.Config):
@@ -19,6 +23,12 @@ class ReportConfig(dg.Config):
         default_factory=list,
         description="Lakes holding runs of the same pool, policy, B and G to compare with (another "
         "scheduler's, e.g. random's); empty: baselines re-run in the simulated learner.",
+    )
+    seeds: list[str] = Field(
+        default_factory=list,
+        description="Lakes holding this scheduler's runs at other seeds (one per seed): with `against` "
+        "holding the other scheduler's runs of the same seeds, the runs are also judged over seeds, as "
+        "`envsched compare` does, and that page is written beside the report.",
     )
     baselines: bool = Field(
         default=True,
@@ -64,12 +74,34 @@ def run_report(
         against=[Lake(a) for a in config.against],
     )
     summary = json.loads((index.parent / "summary.json").read_text())
-    return dg.MaterializeResult(
-        metadata={
-            "report": dg.MetadataValue.path(str(index)),
-            "steps": summary["config"]["steps"],
-            "scheduler": summary["config"]["scheduler"],
-            "compared_with": summary["baselines"]["note"],
-            "verdicts": dg.MetadataValue.md(verdict_table(summary["verdicts"])),
-        }
-    )
+    metadata = {
+        "report": dg.MetadataValue.path(str(index)),
+        "steps": summary["config"]["steps"],
+        "scheduler": summary["config"]["scheduler"],
+        "compared_with": summary["baselines"]["note"],
+        "verdicts": dg.MetadataValue.md(verdict_table(summary["verdicts"])),
+    }
+    if config.seeds:
+        result = compare_seeds([lk, *[Lake(x) for x in config.seeds]], [Lake(a) for a in config.against])
+        page = write_comparison(result, index.parent / SEEDS_DIR)
+        metadata["over_seeds_page"] = dg.MetadataValue.path(str(page))
+        metadata["over_seeds"] = dg.MetadataValue.md(
+            "\n".join(
+                [*seeds_table(result["verdicts"]), "", embed(str(page.parent / "by_seed.png"), "by seed")]
+            )
+        )
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def seeds_table(verdicts: list[dict]) -> list[str]:
+    """The verdicts over seeds as markdown rows (the UI renders them)."""
+    lines = [
+        "| metric | seeds | this scheduler | theirs | mean difference ± s.e. [95% t interval] | better in | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        lines.append(
+            f"| {v['metric']} | {v['n']} | {v['run']:.4g} | {v['against']:.4g} | {v['mean']:+.4g} ± {v['se']:.2g} "
+            f"[{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}] | {v['wins']} of {v['n']} | {VERDICT_WORD[v['better']]} |"
+        )
+    return lines

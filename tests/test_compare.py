@@ -9,7 +9,6 @@ import math
 from html.parser import HTMLParser
 from pathlib import Path
 
-import dagster as dg
 import numpy as np
 import pytest
 from scipy import stats
@@ -17,16 +16,15 @@ from scipy import stats
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.seeds import compare_seeds, over_seeds, seeds_to_resolve
 from envsched_pipeline.api import ExternalRun
-from envsched_pipeline.assets.report import REPORT_DIR, SEEDS_DIR, run_report
+from envsched_pipeline.assets.report import REPORT_DIR, SEEDS_DIR
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import RunSpec, start_run
 from envsched_pipeline.scheduler.variants import resolve
 from tests.conftest import SMALL, run_steps
-from tests.test_report import neural_run
+from tests.test_report import materialize_report, neural_run
 
 
 class PageParts(HTMLParser):
@@ -290,24 +288,9 @@ def test_runs_of_your_own_trainer_are_judged_with_the_standard_errors_it_logged(
 
 def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
     form, rand = sim_runs
-    with dg.instance_for_test() as instance:
-        res = dg.materialize(
-            [run_report],
-            instance=instance,
-            resources={"lake": LakeResource(root=str(form[0].root))},
-            run_config={
-                "ops": {
-                    "run_report": {
-                        "config": {
-                            "seeds": [str(x.root) for x in form[1:]],
-                            "against": [str(x.root) for x in rand],
-                        }
-                    }
-                }
-            },
-        )
-    assert res.success
-    meta = res.get_asset_materialization_events()[0].materialization.metadata
+    meta = materialize_report(
+        form[0], seeds=[str(x.root) for x in form[1:]], against=[str(x.root) for x in rand]
+    )
     page = Path(meta["over_seeds_page"].value)
     assert page == Path(form[0].local) / REPORT_DIR / SEEDS_DIR / "index.html" and page.exists()
     summary = json.loads((page.parent / "summary.json").read_text())

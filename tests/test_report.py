@@ -266,17 +266,22 @@ def test_steps_to_reach_is_the_first_evaluation_at_the_others_best():
     assert never["reached_at"] is None and never["best_step"] == 80
 
 
-def test_the_report_is_an_asset_with_its_verdicts_in_the_ui(two_runs):
-    mine, rand = two_runs
+def materialize_report(lake: Lake, **config) -> dict:
+    """Materialize ``run_report`` for ``lake`` with ``config`` in a test instance; its metadata."""
     with dg.instance_for_test() as instance:
         res = dg.materialize(
             [run_report],
             instance=instance,
-            resources={"lake": LakeResource(root=str(mine.root))},
-            run_config={"ops": {"run_report": {"config": {"against": [str(rand.root)]}}}},
+            resources={"lake": LakeResource(root=str(lake.root))},
+            run_config={"ops": {"run_report": {"config": config}}},
         )
     assert res.success
-    meta = res.get_asset_materialization_events()[0].materialization.metadata
+    return res.get_asset_materialization_events()[0].materialization.metadata
+
+
+def test_the_report_is_an_asset_with_its_verdicts_in_the_ui(two_runs):
+    mine, rand = two_runs
+    meta = materialize_report(mine, against=[str(rand.root)])
     index = Path(meta["report"].value)
     assert index == Path(mine.local) / REPORT_DIR / "index.html" and index.exists()
     summary = json.loads((index.parent / "summary.json").read_text())

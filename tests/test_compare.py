@@ -275,7 +275,9 @@ def test_runs_of_your_own_trainer_are_judged_with_the_standard_errors_it_logged(
                     ],
                 )
                 score, se = float(rng.uniform(0.4, 0.8)), float(rng.uniform(0.01, 0.03))
-                run.log_eval(step, {"heldout_unseen": {"score": score, "se": se}})
+                # a second benchmark whose logged sampling error dwarfs its spread over seeds
+                seen = {"score": 0.6 + float(rng.normal(0, 0.01)), "se": 0.2}
+                run.log_eval(step, {"heldout_unseen": {"score": score, "se": se}, "heldout_seen": seen})
                 logged[(sched, seed, step)] = (score, se)
             lakes.setdefault(sched, []).append(lake)
     res = compare_seeds(lakes["envsched"], lakes["random"])
@@ -284,6 +286,14 @@ def test_runs_of_your_own_trainer_are_judged_with_the_standard_errors_it_logged(
     se = [math.hypot(logged[("envsched", s, 1)][1], logged[("random", s, 1)][1]) for s in (0, 1, 2)]
     assert v["per_seed"] == pytest.approx(d) and v["pair_se"] == pytest.approx(se)
     assert v["sampling_sd"] == pytest.approx(math.sqrt(np.mean(np.square(se))))
+    # what would narrow each interval: more seeds where the runs' luck is most of the spread, more
+    # evaluation episodes as well where the evaluation's sampling is
+    assert v["luck_share"] > 0.5 and "more seeds: more evaluation episodes would not" in v["text"]
+    seen = next(v for v in res["verdicts"] if v["key"] == "heldout_seen")
+    assert (
+        seen["luck_share"] < 0.5
+        and "more evaluation episodes (`--eval-tasks`, `--eval-samples`)" in seen["text"]
+    )
 
 
 def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):

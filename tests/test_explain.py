@@ -67,7 +67,7 @@ def test_a_step_is_recomputed_as_stored_and_a_task_gets_the_schedulers_own_numbe
     ids = list(state.task_ids)
     left = [tid for tid in ids if tid not in picked]
     exploit = [r["score"] for r in rows if r["half"] == "exploit"]
-    reasons = set()
+    reasons, weighted = set(), 0
     for tid in left[:20]:
         t = explain_step(lake, 3, tid)["task"]
         i = ids.index(tid)
@@ -76,8 +76,13 @@ def test_a_step_is_recomputed_as_stored_and_a_task_gets_the_schedulers_own_numbe
         assert t["reason"]["pred_var"] is not None and "n_within" in t["reason"]
         if not t["blocked_by"]:  # eligible: outscored by every exploit pick once penalties count
             assert t["value"] <= t["score"] and (t["value"] < min(exploit) or "tie" in t["why"])
+            lam, pen = sched.config.lambda_sim, t["reason"]["similarity_penalty"]
+            worked = f"{t['score']:.4g} - {lam:g} x {pen:.4g} = " if lam and pen else "("
+            assert f"{worked}{t['value']:.4g})" in t["why"]
+            weighted += worked != "("
         reasons.add(t["why"].split(" ")[0])
     assert reasons  # explanations came back for every task asked about
+    assert weighted  # and the similarity penalty's arithmetic was shown where it counted
     assert sorted(str(p) for p in lake.local.rglob("*")) == before  # nothing written
 
 

@@ -29,7 +29,12 @@ def left_out(sched, state: SchedulerState, i: int) -> dict:
     snap = {"env_picks_this_step": int(cons.env_now[state.env[i]]), "relax_level": cons.level}
     reason = sched._pick(state, i, "not picked", pred, inf, snap, math.nan, float(penalty[i])).reason
     score = inf["score"]
-    value = float(score[i] - sched.config.lambda_sim * penalty[i])
+    lam = sched.config.lambda_sim
+    value = float(score[i] - lam * penalty[i])
+    # the arithmetic, so the value can be checked against the estimates printed beside it
+    worked = (
+        f"{score[i]:.4g} - {lam:g} x {penalty[i]:.4g} = {value:.4g}" if lam and penalty[i] else f"{value:.4g}"
+    )
     out.update(
         score=float(score[i]),
         value=value,
@@ -44,7 +49,7 @@ def left_out(sched, state: SchedulerState, i: int) -> dict:
         out["why"] = "eligible, but the batch had no exploit half: coverage took every slot"
     elif value < min(values):
         out["why"] = (
-            f"eligible, but its score less its similarity penalty ({value:.4g}) is below the lowest "
+            f"eligible, but its score less its weighted similarity penalty ({worked}) is below the lowest "
             f"exploit pick's when it was taken ({min(values):.4g})"
         )
     elif sched.config.exploit_sampling == "proportional":
@@ -52,7 +57,7 @@ def left_out(sched, state: SchedulerState, i: int) -> dict:
     else:
         relaxed = ", ".join(cons.relaxations) or "none"
         out["why"] = (
-            f"eligible at the end of the batch with its score less its similarity penalty ({value:.4g}) "
+            f"eligible at the end of the batch with its score less its weighted similarity penalty ({worked}) "
             f"at or above the lowest exploit pick's ({min(values):.4g}): a constraint blocked it while "
             f"those picks were taken and was relaxed later (relaxed: {relaxed}), or it lost a tie"
         )

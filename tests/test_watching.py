@@ -1,6 +1,7 @@
 """Watching a run: plots that never fail a step, the rollout viewer, readable picks, CLI manners."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,8 +10,13 @@ import pytest
 from envsched_pipeline.analysis.plots import embed, manifest_plot
 from envsched_pipeline.analysis.rollouts_view import render, samples
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.gates import halt
+from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.lease import Lease
 from envsched_pipeline.orchestration.metadata import picks_table, reason_in_words
+from envsched_pipeline.run import load_run
+from tests.conftest import run_steps
 from trainer.step import run_step
 
 
@@ -238,3 +244,31 @@ def test_a_failing_plot_is_a_note_but_a_ctrl_c_in_its_query_stops_the_step():
     assert plot_md(context, "trends", broken) == {"trends_error": "ValueError: no rows"}
     with pytest.raises(KeyboardInterrupt):
         plot_md(context, "trends", interrupted)
+
+
+def test_status_reads_as_sentences_and_a_table_with_json_for_scripts(small_run, capsys):
+    lake = small_run
+    run_steps(lake, 2)
+    capsys.readouterr()
+    assert main(["--lake", str(lake.root), "status", "--last", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"run {load_run(lake).run_id} in {lake.root}"
+    assert "policy simulated, random, seed 1, B = 8, G = 4" in out[1]
+    assert out[2].startswith(
+        "  steps done: 2 of 3 (last selected 1, rollouts 1, statistics 1); next: select step 2"
+    )
+    last = step_summary(lake)[-1]
+    assert out[-2].split()[:3] == ["step", "batch_var", "zero_var"] and out[-1].split()[:2] == [
+        "1",
+        f"{last['batch_variance']:.4f}",
+    ]
+    # what stops the run and who drives it, in words; the whole record as JSON
+    halt(lake, 2, "manifest_is_valid", ["task t1 twice"])
+    with Lease(lake, kind="envsched train"):
+        assert main(["--lake", str(lake.root), "status"]) == 0
+        text = capsys.readouterr().out
+        assert "next: the run is halted at step 2: manifest_is_valid failed (task t1 twice)" in text
+        assert f"  driver: envsched train (pid {os.getpid()} on " in text
+        assert main(["--lake", str(lake.root), "status", "--json"]) == 0
+        st = json.loads(capsys.readouterr().out)
+    assert st["halted"]["problems"] == ["task t1 twice"] and st["driver"]["pid"] == os.getpid()

@@ -31,11 +31,12 @@ from envsched_pipeline.cli.common import (
     write_output,
 )
 from envsched_pipeline.cli.sql import print_table
+from envsched_pipeline.cli.train import header, row
 from envsched_pipeline.core.gates import GATES, halted, resume
-from envsched_pipeline.core.loop import explain, next_action, status
+from envsched_pipeline.core.loop import explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run
-from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
+from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
 
 F = HelpFormatter
 # the paper's ablation, the recommended form (what a new run gets) beside it, and the oracle
@@ -44,6 +45,8 @@ ALL = f"random,envsched,{RECOMMENDED},exploit-only,coverage-only,variance-greedy
 
 def add_parser(sub) -> None:
     st = sub.add_parser("status", help="the lake's run and its last steps", formatter_class=F)
+    st.add_argument("--last", type=COUNT, default=5, help="how many of the last steps to show")
+    st.add_argument("--json", action="store_true", help="the status as JSON (for scripts)")
     st.set_defaults(func=cmd_status)
 
     rs = sub.add_parser(
@@ -258,8 +261,56 @@ def add_parser(sub) -> None:
 
 
 def cmd_status(args) -> int:
-    print(dumps(status(lake_of(args).require()), indent=2))
+    lake = lake_of(args).require()
+    st = status(lake)
+    if args.json:
+        print(dumps(st, indent=2))
+    else:
+        print("\n".join(status_lines(lake, st, args.last)))
     return 0
+
+
+def status_lines(lake, st: dict, last: int) -> list[str]:
+    """``envsched status`` for a person: the run, how far it is and what comes next, whatever stops
+    it, who drives it, and its last steps' numbers (the table `envsched train` prints)."""
+    spec = st["run"]
+    if spec is None:
+        return [f"no run in {st['lake']}: start one with `envsched train` or `envsched step select`"]
+    done = 0 if st["last_statistics"] is None else st["last_statistics"] + 1
+    label = scheduler_label(spec["scheduler"], spec["scheduler_config"])
+    lines = [
+        f"run {spec['run_id'] or '(no id)'} in {st['lake']}",
+        f"  pool {spec['pool']}, policy {spec['policy']}, {label}, seed {spec['seed']}, "
+        f"B = {spec['batch_size']}, G = {spec['group_size']}, trainer {spec['trainer']}",
+        f"  steps done: {done} of {spec['max_steps']} (last selected {_step(st['last_selected'])}, rollouts "
+        f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {next_in_words(lake)}",
+    ]
+    if not st["consistent"]:
+        lines.append("  not consistent: " + "; ".join(st["problems"]))
+    for name, who in [
+        ("driver", st["driver"]),
+        *((f"step {k} lock", v) for k, v in st["step_locks"].items()),
+    ]:
+        if who:
+            lines.append(
+                f"  {name}: {who['kind']} (pid {who['pid']} on {who['host']}: {who['command']}), heartbeat "
+                f"{who['heartbeat_age_s']:g} s ago"
+                + (" — stale: the next writer takes it over" if who["stale"] else "")
+            )
+    if st["best_heldout"]:
+        b = st["best_heldout"]
+        lines.append(
+            f"  best held-out so far: step {b.get('step')}, score {b.get('score')}; policy in {b['policy']}"
+        )
+    rows = step_summary(lake)[-last:] if done else []
+    if rows:
+        training = spec["policy"] != "simulated"  # as `envsched train` prints it: the update's columns
+        lines += [f"last {len(rows)} step(s):", header(training), *(row(r, training=training) for r in rows)]
+    return lines
+
+
+def _step(t: int | None) -> str:
+    return "none" if t is None else str(t)
 
 
 def cmd_resume(args) -> int:

@@ -227,7 +227,7 @@ def test_what_a_clear_answer_would_take_at_the_measured_spread():
     n = v["seeds_to_resolve"]
     half = lambda k: stats.t.ppf(0.975, k - 1) * v["sd"] / math.sqrt(k)  # noqa: E731
     assert half(n) < abs(v["mean"]) <= half(n - 1)
-    assert seeds_to_resolve(0.0, 0.1) is None
+    assert seeds_to_resolve(0.0, 0.1) is None and seeds_to_resolve(0.001, 0.1) is None  # about 38,000: none
     # every one of the 4 seeds above zero with a chance of 0.9 at the needed mean (normal draws)
     draws = np.random.default_rng(0).normal(v["every_seed_needs"], v["sd"], size=(40_000, 4))
     assert (draws > 0).all(axis=1).mean() == pytest.approx(0.9, abs=0.01)

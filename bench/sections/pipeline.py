@@ -96,7 +96,7 @@ def over_seeds_rows(recs: list[dict]) -> list[str]:
     statistics, :func:`envsched_pipeline.analysis.seeds.over_seeds`, on the records' per-seed
     numbers): the mean paired difference by its spread over seeds, and how much of that spread the
     evaluation's sampling explains. Empty with fewer than two seeds."""
-    from envsched_pipeline.analysis.seeds import over_seeds  # scipy: this section only
+    from envsched_pipeline.analysis.seeds import MAX_SEEDS, over_seeds  # scipy: this section only
 
     if len(recs) < 2:
         return []
@@ -130,13 +130,15 @@ def over_seeds_rows(recs: list[dict]) -> list[str]:
                 + (
                     f" (about {o['seeds_to_resolve']} seeds would resolve this mean at this spread)."
                     if o["better"] is None and o["seeds_to_resolve"]
+                    else f" (no practical number of seeds, over {MAX_SEEDS}, would resolve this mean at this spread)."
+                    if o["better"] is None
                     else "."
                 )
             )
         rows.append(
             f"| {metric} | {o['n']} | {np.mean([v['run'] for v in per]):.4g} | {np.mean([v['base'] for v in per]):.4g} "
             f"| {o['mean']:+.4f} ± {o['se']:.4f} [{o['ci'][0]:+.4f}, {o['ci'][1]:+.4f}] | {better}/{o['n']} | {split} "
-            f"| {(o['seeds_to_resolve'] or '—') if o['better'] is None else 'resolved'} |"
+            f"| {(o['seeds_to_resolve'] or f'over {MAX_SEEDS}') if o['better'] is None else 'resolved'} |"
         )
     return [*rows, "", *reading, ""]
 

@@ -40,7 +40,7 @@ PER_STEP = (
 )
 EVERY_SEED_CHANCE = 0.9
 ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
-MAX_SEEDS = 10_000
+MAX_SEEDS = 1000  # beyond this, no practical number of seeds resolves the mean
 
 
 def _side(lakes: Sequence[Lake], flag: str) -> list[dict]:
@@ -291,7 +291,7 @@ def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> di
         text += (
             f" At this mean and spread about {need} seeds would resolve it."
             if need is not None
-            else " At this mean and spread no number of seeds would resolve it."
+            else f" At this mean and spread no practical number of seeds (over {MAX_SEEDS}) would resolve it."
         )
     if v["n"] < ROUGH_BELOW:
         text += f" (Rough: the spread is estimated from {v['n']} seeds.)"

@@ -13,6 +13,7 @@ from envsched_pipeline.cli import main
 from envsched_pipeline.core.gates import halt
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.select import select_manifest
+from envsched_pipeline.lake import BEST_CHECKPOINT
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.orchestration.metadata import picks_table, reason_in_words
 from envsched_pipeline.run import load_run
@@ -262,13 +263,17 @@ def test_status_reads_as_sentences_and_a_table_with_json_for_scripts(small_run, 
         "1",
         f"{last['batch_variance']:.4f}",
     ]
-    # what stops the run and who drives it, in words; the whole record as JSON
+    # what stops the run and who drives it, in words; the best held-out policy; the record as JSON
+    best = lake.local / BEST_CHECKPOINT / "best.json"
+    best.parent.mkdir(parents=True)
+    best.write_text(json.dumps({"step": 1, "score": 0.812345}))
     halt(lake, 2, "manifest_is_valid", ["task t1 twice"])
     with Lease(lake, kind="envsched train"):
         assert main(["--lake", str(lake.root), "status"]) == 0
         text = capsys.readouterr().out
         assert "next: the run is halted at step 2: manifest_is_valid failed (task t1 twice)" in text
         assert f"  driver: envsched train (pid {os.getpid()} on " in text
+        assert "  best held-out so far: step 1, score 0.8123 (the mean over the splits evaluated)" in text
         assert main(["--lake", str(lake.root), "status", "--json"]) == 0
         st = json.loads(capsys.readouterr().out)
     assert st["halted"]["problems"] == ["task t1 twice"] and st["driver"]["pid"] == os.getpid()

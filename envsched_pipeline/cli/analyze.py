@@ -300,7 +300,8 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
     if st["best_heldout"]:
         b = st["best_heldout"]
         lines.append(
-            f"  best held-out so far: step {b.get('step')}, score {b.get('score')}; policy in {b['policy']}"
+            f"  best held-out so far: step {b.get('step')}, score {b.get('score', float('nan')):.4f} (the mean "
+            f"over the splits evaluated); policy in {b['policy']}"
         )
     rows = step_summary(lake)[-last:] if done else []
     if rows:

@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.compare import changed_settings
 from envsched_pipeline.analysis.seeds import compare_seeds, over_seeds, seeds_to_resolve
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.assets.report import REPORT_DIR, SEEDS_DIR
@@ -313,3 +314,15 @@ def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
             f"| {v['metric']} | 3 | {v['run']:.4g} | {v['against']:.4g} | {v['mean']:+.4g} ± "
         )
     assert table[2 + n :] == ["", f"![by seed](data:image/png;base64,{by_seed})"]
+
+
+def test_differing_policy_settings_are_named_both_ways():
+    mine, theirs = {"lr": 0.001, "eval_every": 10}, {"lr": 0.002, "eval_every": 10, "resident": True}
+    assert changed_settings(mine, theirs, "--against") == [
+        "lr=0.001 (--against: 0.002)",
+        "resident=None (--against: True)",
+    ]
+    assert changed_settings(mine, theirs, "this run", mine_first=False) == [
+        "lr=0.002 (this run: 0.001)",
+        "resident=True (this run: None)",
+    ]

@@ -84,15 +84,23 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
                     f"({differ} tasks differ), so the runs are not on one pool"
                 )
         notes = [f"seed {o.seed} (this run: {spec.seed})"] if o.seed != spec.seed else []
-        a, b = spec.policy_config, o.policy_config
-        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        changed = changed_settings(spec.policy_config, o.policy_config, "this run", mine_first=False)
         if changed:
-            notes.append(
-                "policy settings " + ", ".join(f"{k}={b.get(k)!r} (this run: {a.get(k)!r})" for k in changed)
-            )
+            notes.append("policy settings " + ", ".join(changed))
         out.append({"lake": other, "spec": o, "name": short_label(o), "notes": notes})
     _unique_names(out, spec)
     return out
+
+
+def changed_settings(mine: dict, theirs: dict, other: str, mine_first: bool = True) -> list[str]:
+    """The settings two runs do not share, each as ``key=value (<other>: value)``, in key order:
+    this run's value first (``mine_first``), else the other run's with this run's in brackets."""
+    first, second = (mine, theirs) if mine_first else (theirs, mine)
+    return [
+        f"{k}={first.get(k)!r} ({other}: {second.get(k)!r})"
+        for k in sorted(set(mine) | set(theirs))
+        if mine.get(k) != theirs.get(k)
+    ]
 
 
 def _unique_names(runs: list[dict], spec: RunSpec) -> None:

@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from envsched_pipeline.analysis.compare import against_runs, aligned, heldout_verdicts, relation, short_label
+from envsched_pipeline.analysis.compare import (
+    against_runs,
+    aligned,
+    changed_settings,
+    heldout_verdicts,
+    relation,
+    short_label,
+)
 from envsched_pipeline.analysis.plots import _series, seeds_plot
 from envsched_pipeline.analysis.spread import every_seed_needs
 from envsched_pipeline.errors import ConfigError, EnvschedError
@@ -202,10 +209,7 @@ def _pair(r: dict, o: dict, other: str) -> dict:
             "best_step": v["reach"]["best_step"],
             "curve": v["curve"],
         }
-    a, b = r["spec"].policy_config, o["spec"].policy_config
-    changed = [
-        f"{k}={a.get(k)!r} (--against: {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-    ]
+    changed = changed_settings(r["spec"].policy_config, o["spec"].policy_config, "--against")
     return {
         "seed": r["spec"].seed,
         "run_lake": str(r["lake"].root),

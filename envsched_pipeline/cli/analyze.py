@@ -283,7 +283,7 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         f"  pool {spec['pool']}, policy {spec['policy']}, {label}, seed {spec['seed']}, "
         f"B = {spec['batch_size']}, G = {spec['group_size']}, trainer {spec['trainer']}",
         f"  steps done: {done} of {spec['max_steps']} (last selected {_step(st['last_selected'])}, rollouts "
-        f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {next_in_words(lake)}",
+        f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {in_words(lake, st['next'])}",
     ]
     if not st["consistent"]:
         lines.append("  not consistent: " + "; ".join(st["problems"]))
@@ -334,7 +334,11 @@ def cmd_resume(args) -> int:
 
 
 def next_in_words(lake) -> str:
-    action = next_action(lake)
+    return in_words(lake, next_action(lake))
+
+
+def in_words(lake, action: tuple[str, int] | None) -> str:
+    """What the loop does next (``next_action``'s answer), in words."""
     return "nothing, the run is complete" if action is None else explain(lake, action)
 
 

@@ -316,6 +316,14 @@ def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
     assert table[2 + n :] == ["", f"![by seed](data:image/png;base64,{by_seed})"]
 
 
+def test_a_seeds_lake_the_report_asset_refuses_leaves_no_report(sim_runs, tmp_path):
+    form, rand = sim_runs
+    materialize_report(form[1], succeed=False, seeds=[str(tmp_path / "nowhere")], against=[str(rand[2].root)])
+    assert not (
+        Path(form[1].local) / REPORT_DIR
+    ).exists()  # form[0] is the one the other asset test reports on
+
+
 def test_differing_policy_settings_are_named_both_ways():
     mine, theirs = {"lr": 0.001, "eval_every": 10}, {"lr": 0.002, "eval_every": 10, "resident": True}
     assert changed_settings(mine, theirs, "--against") == [

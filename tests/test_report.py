@@ -266,17 +266,19 @@ def test_steps_to_reach_is_the_first_evaluation_at_the_others_best():
     assert never["reached_at"] is None and never["best_step"] == 80
 
 
-def materialize_report(lake: Lake, **config) -> dict:
-    """Materialize ``run_report`` for ``lake`` with ``config`` in a test instance; its metadata."""
+def materialize_report(lake: Lake, succeed: bool = True, **config) -> dict | None:
+    """Materialize ``run_report`` for ``lake`` with ``config`` in a test instance; its metadata, or
+    None where it is expected to fail (``succeed=False``) and did."""
     with dg.instance_for_test() as instance:
         res = dg.materialize(
             [run_report],
             instance=instance,
             resources={"lake": LakeResource(root=str(lake.root))},
             run_config={"ops": {"run_report": {"config": config}}},
+            raise_on_error=succeed,
         )
-    assert res.success
-    return res.get_asset_materialization_events()[0].materialization.metadata
+    assert res.success == succeed
+    return res.get_asset_materialization_events()[0].materialization.metadata if succeed else None
 
 
 def test_the_report_is_an_asset_with_its_verdicts_in_the_ui(two_runs):

@@ -66,6 +66,13 @@ def run_report(
     from envsched_pipeline.analysis.report import build_report  # can reach torch: only when it runs
 
     lk = lake.lake_for(context)
+    # the runs over seeds are checked (and compared) before anything is written: a lake refused there
+    # leaves no report behind
+    seeds = (
+        compare_seeds([lk, *[Lake(x) for x in config.seeds]], [Lake(a) for a in config.against])
+        if config.seeds
+        else None
+    )
     index = build_report(
         lk,
         Path(lk.local) / REPORT_DIR,
@@ -81,13 +88,12 @@ def run_report(
         "compared_with": summary["baselines"]["note"],
         "verdicts": dg.MetadataValue.md(verdict_table(summary["verdicts"])),
     }
-    if config.seeds:
-        result = compare_seeds([lk, *[Lake(x) for x in config.seeds]], [Lake(a) for a in config.against])
-        page = write_comparison(result, index.parent / SEEDS_DIR)
+    if seeds is not None:
+        page = write_comparison(seeds, index.parent / SEEDS_DIR)
         metadata["over_seeds_page"] = dg.MetadataValue.path(str(page))
         metadata["over_seeds"] = dg.MetadataValue.md(
             "\n".join(
-                [*seeds_table(result["verdicts"]), "", embed(str(page.parent / "by_seed.png"), "by seed")]
+                [*seeds_table(seeds["verdicts"]), "", embed(str(page.parent / "by_seed.png"), "by seed")]
             )
         )
     return dg.MaterializeResult(metadata=metadata)

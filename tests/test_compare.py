@@ -22,7 +22,7 @@ from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, start_run
+from envsched_pipeline.run import RunSpec, require_run, start_run
 from envsched_pipeline.scheduler.variants import resolve
 from tests.conftest import SMALL, run_steps
 from tests.test_report import materialize_report, neural_run
@@ -314,6 +314,11 @@ def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
             f"| {v['metric']} | 3 | {v['run']:.4g} | {v['against']:.4g} | {v['mean']:+.4g} ± "
         )
     assert table[2 + n :] == ["", f"![by seed](data:image/png;base64,{by_seed})"]
+    # the report beside it judges one pair: this run (seed 0) against random's run of seed 0 only
+    report = json.loads((Path(meta["report"].value).parent / "summary.json").read_text())
+    named = [str(x.root) for x in rand if str(x.root) in report["baselines"]["note"]]
+    assert named == [str(rand[1].root)] and require_run(rand[1]).seed == 0
+    assert {v["baseline"] for v in report["verdicts"]} == {"random"}
 
 
 def test_a_seeds_lake_the_report_asset_refuses_leaves_no_report(sim_runs, tmp_path):

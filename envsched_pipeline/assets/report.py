@@ -28,7 +28,8 @@ class ReportConfig(dg.Config):
         default_factory=list,
         description="Lakes holding this scheduler's runs at other seeds (one per seed): with `against` "
         "holding the other scheduler's runs of the same seeds, the runs are also judged over seeds, as "
-        "`envsched compare` does, and that page is written beside the report.",
+        "`envsched compare` does, and that page is written beside the report; the report itself then "
+        "compares this run with the `against` run of its own seed only.",
     )
     baselines: bool = Field(
         default=True,
@@ -68,17 +69,19 @@ def run_report(
     lk = lake.lake_for(context)
     # the runs over seeds are checked (and compared) before anything is written: a lake refused there
     # leaves no report behind
-    seeds = (
-        compare_seeds([lk, *[Lake(x) for x in config.seeds]], [Lake(a) for a in config.against])
-        if config.seeds
-        else None
-    )
+    against = [Lake(a) for a in config.against]
+    seeds = compare_seeds([lk, *[Lake(x) for x in config.seeds]], against) if config.seeds else None
+    if seeds is not None:
+        # the report judges one pair of runs: this run against the other scheduler's run of its own
+        # seed (the rest of `against` are the other seeds' partners, judged on the page over seeds)
+        mine = str(lk.root)
+        against = [Lake(p["against_lake"]) for p in seeds["pairs"] if p["run_lake"] == mine]
     index = build_report(
         lk,
         Path(lk.local) / REPORT_DIR,
         baselines=config.baselines,
         log=context.log.info,
-        against=[Lake(a) for a in config.against],
+        against=against,
     )
     summary = json.loads((index.parent / "summary.json").read_text())
     metadata = {

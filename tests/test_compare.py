@@ -15,7 +15,14 @@ from scipy import stats
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.compare import changed_settings
-from envsched_pipeline.analysis.seeds import compare_seeds, over_seeds, seeds_to_resolve
+from envsched_pipeline.analysis.seeds import (
+    MAX_SEEDS,
+    compare_seeds,
+    over_seeds,
+    seeds_for_power,
+    seeds_to_resolve,
+    t_power,
+)
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.assets.report import REPORT_DIR, SEEDS_DIR
 from envsched_pipeline.cli import main
@@ -236,6 +243,41 @@ def test_what_a_clear_answer_would_take_at_the_measured_spread():
         over_seeds(np.array([0.1]))
 
 
+def test_planning_for_an_effect_gives_the_seeds_a_t_test_needs_to_find_it():
+    # the one-sample two-sided t test's published sample sizes for a power of 0.8 at alpha 0.05
+    # (Cohen's effect sizes d = effect / sd): 0.2 -> 199, 0.5 -> 34, 0.8 -> 15, 1.0 -> 10
+    for d, n in ((0.2, 199), (0.5, 34), (0.8, 15), (1.0, 10)):
+        assert seeds_for_power(0.01 * d, 0.01) == n and seeds_for_power(-0.01 * d, 0.01) == n
+    # the chance itself, against simulated seeds: t intervals clear of zero over 20,000 draws of 6 seeds
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.012, 0.015, size=(20_000, 6))
+    half = stats.t.ppf(0.975, 5) * d.std(axis=1, ddof=1) / math.sqrt(6)
+    assert t_power(0.012, 0.015, 6) == pytest.approx((np.abs(d.mean(axis=1)) > half).mean(), abs=0.01)
+    assert seeds_for_power(0.0, 0.01) is None and seeds_for_power(1e-5, 0.01) is None  # over MAX_SEEDS
+    assert seeds_for_power(0.01, 0.0) == 2 and MAX_SEEDS == 1000
+
+
+def test_compare_plans_for_the_effect_a_user_names(sim_runs, tmp_path, capsys):
+    form, rand = sim_runs
+    argv = ["compare", "--runs", *[str(x.root) for x in form], "--against", *[str(x.root) for x in rand]]
+    assert main([*argv, "--effect", "0.01", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    held = [v for v in res["verdicts"] if v["kind"] != "per_step"]
+    assert held and all("plan" not in v for v in res["verdicts"] if v["kind"] == "per_step")
+    for v in held:
+        p = v["plan"]
+        assert p["seeds_for_power"] == seeds_for_power(0.01, v["sd"]) and p["power_now"] == pytest.approx(
+            t_power(0.01, v["sd"], 3)
+        )
+        need = f"{p['seeds_for_power']} seeds" if p["seeds_for_power"] else f"over {MAX_SEEDS} seeds"
+        assert "Planning for a true difference of +0.01: these 3 seeds would resolve it" in v["text"]
+        assert f"a chance of 0.8 needs {need} of each scheduler" in v["text"]
+    for bad in ("0", "nan", "inf"):
+        assert main([*argv, "--effect", bad, "--out", str(tmp_path / "out")]) == 2
+        assert "--effect: a held-out difference to plan for" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_pair_of_unequal_length_is_compared_over_the_steps_both_hold_and_said_so(sim_runs, tmp_path):
     form, rand = sim_runs
     short = sim_run(tmp_path / "short-s1", "random", 1, steps=3)
@@ -300,12 +342,13 @@ def test_runs_of_your_own_trainer_are_judged_with_the_standard_errors_it_logged(
 def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
     form, rand = sim_runs
     meta = materialize_report(
-        form[0], seeds=[str(x.root) for x in form[1:]], against=[str(x.root) for x in rand]
+        form[0], seeds=[str(x.root) for x in form[1:]], against=[str(x.root) for x in rand], effect=0.02
     )
     page = Path(meta["over_seeds_page"].value)
     assert page == Path(form[0].local) / REPORT_DIR / SEEDS_DIR / "index.html" and page.exists()
     summary = json.loads((page.parent / "summary.json").read_text())
     assert [p["seed"] for p in summary["pairs"]] == [0, 1, 2]
+    assert all(v["plan"]["effect"] == 0.02 for v in summary["verdicts"] if v["kind"] != "per_step")
     by_seed = base64.b64encode((page.parent / "by_seed.png").read_bytes()).decode()
     table = meta["over_seeds"].value.splitlines()
     n = len(summary["verdicts"])

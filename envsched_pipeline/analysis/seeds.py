@@ -48,6 +48,7 @@ PER_STEP = (
 EVERY_SEED_CHANCE = 0.9
 ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
 MAX_SEEDS = 1000  # beyond this, no practical number of seeds resolves the mean
+POWER = 0.8  # planning for an effect: the chance of resolving it that a number of seeds should give
 
 
 def _side(lakes: Sequence[Lake], flag: str) -> list[dict]:
@@ -131,10 +132,70 @@ def seeds_to_resolve(mean: float, sd: float) -> int | None:
     return None
 
 
-def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake]) -> dict:
+def t_power(effect: float, sd: float, n: int) -> float:
+    """The chance that ``n`` seeds' 95% t interval excludes zero when the true mean paired
+    difference is ``effect`` and its sd over seeds ``sd`` (the noncentral t distribution)."""
+    if sd == 0:
+        return float(effect != 0)
+    df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
+    crit = float(stats.t.ppf(0.975, df))
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_for_power(effect: float, sd: float, power: float = POWER) -> int | None:
+    """The fewest seeds at which a true mean paired difference of ``effect`` (sd over seeds ``sd``)
+    gives a 95% t interval that excludes zero with a chance of ``power``; None when it would take
+    more than ``MAX_SEEDS``."""
+    if effect == 0:
+        return None
+    if sd == 0:
+        return 2
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(power)
+    n = max(2, math.ceil((z * sd / abs(effect)) ** 2))  # the normal approximation, a lower bound
+    while n <= MAX_SEEDS:
+        if t_power(effect, sd, n) >= power:
+            return n
+        n += 1
+    return None
+
+
+def plan(v: dict, effect: float) -> dict:
+    """What resolving a true mean difference of ``effect`` would take at verdict ``v``'s measured
+    spread over seeds: the chance these seeds had, and the seeds for a chance of ``POWER``."""
+    return {
+        "effect": effect,
+        "power_now": t_power(effect, v["sd"], v["n"]),
+        "seeds_for_power": seeds_for_power(effect, v["sd"]),
+        "power": POWER,
+    }
+
+
+def plan_text(p: dict, n: int, other: str) -> str:
+    need = p["seeds_for_power"]
+    return (
+        f" Planning for a true difference of {p['effect']:+.4g}: these {n} seeds would resolve it (a 95% t "
+        f"interval clear of zero) with a chance of {p['power_now']:.2f}; a chance of {p['power']:g} needs "
+        + (f"{need} seeds" if need is not None else f"over {MAX_SEEDS} seeds")
+        + f" of each scheduler at this spread (an effect smaller than that is easily read as level with {other})."
+    )
+
+
+def check_effect(effect: float | None) -> float | None:
+    """``effect`` as given, or :class:`ConfigError` when it is not a finite number other than 0."""
+    if effect is not None and (not math.isfinite(effect) or effect == 0):
+        raise ConfigError(
+            f"--effect: a held-out difference to plan for, a finite number other than 0 (got {effect})"
+        )
+    return effect
+
+
+def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake], effect: float | None = None) -> dict:
     """``runs`` (one scheduler's runs, one per seed) against ``against`` (another's), paired by seed.
     Every lake must hold a run of the same pool, policy, B and G (nothing differs but the scheduler,
-    the seed and what the notes name). Raises :class:`ConfigError` naming the lake that does not."""
+    the seed and what the notes name). Raises :class:`ConfigError` naming the lake that does not.
+    ``effect``: a held-out difference to plan for (each held-out verdict then says how many seeds
+    would resolve it at the measured spread)."""
+    check_effect(effect)
     mine, theirs = _side(runs, "--runs"), _side(against, "--against")
     both = {str(r["lake"].root) for r in mine} & {str(r["lake"].root) for r in theirs}
     ids = {r["spec"].run_id for r in mine if r["spec"].run_id}
@@ -174,6 +235,11 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake]) -> dict:
         if len(have) >= 2:
             verdicts.append(_heldout_verdict(have, bench, name, other))
             verdicts.append(_curve_verdict(have, bench, name, other))
+    if effect is not None:
+        for v in verdicts:
+            if v["kind"] != "per_step":
+                v["plan"] = plan(v, effect)
+                v["text"] += plan_text(v["plan"], v["n"], other)
     return {
         "notes": _notes(pairs, unpaired),
         "runs": {"name": name, "lakes": [str(r["lake"].root) for r in mine]},

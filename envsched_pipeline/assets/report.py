@@ -31,6 +31,11 @@ class ReportConfig(dg.Config):
         "`envsched compare` does, and that page is written beside the report; the report itself then "
         "compares this run with the `against` run of its own seed only.",
     )
+    effect: float | None = Field(
+        default=None,
+        description="With `seeds`: a held-out difference worth finding (e.g. 0.01); each held-out verdict "
+        "over seeds then says how many seeds would resolve it (`envsched compare --effect`).",
+    )
     baselines: bool = Field(
         default=True,
         description="Re-run baselines in the simulated learner (a simulated run without `against`).",
@@ -70,7 +75,11 @@ def run_report(
     # the runs over seeds are checked (and compared) before anything is written: a lake refused there
     # leaves no report behind
     against = [Lake(a) for a in config.against]
-    seeds = compare_seeds([lk, *[Lake(x) for x in config.seeds]], against) if config.seeds else None
+    seeds = (
+        compare_seeds([lk, *[Lake(x) for x in config.seeds]], against, effect=config.effect)
+        if config.seeds
+        else None
+    )
     if seeds is not None:
         # the report judges one pair of runs: this run against the other scheduler's run of its own
         # seed (the rest of `against` are the other seeds' partners, judged on the page over seeds)

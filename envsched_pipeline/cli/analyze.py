@@ -125,6 +125,13 @@ def add_parser(sub) -> None:
         metavar="DIR",
         help="write index.html (the page), comparison.md, by_seed.png and summary.json into this folder",
     )
+    cp.add_argument(
+        "--effect",
+        type=float,
+        metavar="X",
+        help="a held-out difference worth finding (e.g. 0.01): each held-out verdict then says how "
+        "many seeds would resolve it with a chance of 0.8 at the measured spread over seeds",
+    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cp.set_defaults(func=cmd_compare)
 
@@ -399,7 +406,7 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     out = writable_dir("--out", args.out) if args.out else None
-    result = compare_seeds([Lake(x) for x in args.runs], [Lake(x) for x in args.against])
+    result = compare_seeds([Lake(x) for x in args.runs], [Lake(x) for x in args.against], effect=args.effect)
     page = write_comparison(result, out) if out else None
     if args.json:
         print(dumps(result, indent=2))

@@ -6,6 +6,7 @@ from evaluation episodes (where the pairs' own sampling error is known)."""
 import base64
 import json
 import math
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from scipy import stats
 
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.ablation import compare_rows, table_cells, table_markdown
 from envsched_pipeline.analysis.compare import changed_settings
 from envsched_pipeline.analysis.seeds import (
     MAX_SEEDS,
@@ -382,3 +384,87 @@ def test_differing_policy_settings_are_named_both_ways():
         "lr=0.002 (this run: 0.001)",
         "resident=True (this run: None)",
     ]
+
+
+@pytest.fixture(scope="module")
+def mopps_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mopps")
+    return [sim_run(root / f"mopps-s{s}", "mopps", s) for s in (1, 0)]  # no seed 2: two pairs only
+
+
+def test_an_ablation_table_judges_each_scheduler_against_the_baseline_over_seeds(sim_runs, mopps_runs):
+    form, rand = sim_runs
+    res = compare_rows([form, mopps_runs], rand)
+    assert [r["runs"]["name"] for r in res["rows"]] == ["envsched@success+adaptive+covsampled+lr", "mopps"]
+    # each row is that scheduler's own comparison with the baseline, over the seeds it shares with it
+    for row, group in zip(res["rows"], (form, mopps_runs), strict=True):
+        alone = compare_seeds(group, rand)
+        assert [p["seed"] for p in row["pairs"]] == [p["seed"] for p in alone["pairs"]]
+        for v, w in zip(row["verdicts"], alone["verdicts"], strict=True):
+            assert v["key"] == w["key"] and v["per_seed"] == pytest.approx(w["per_seed"])
+    assert [p["seed"] for p in res["rows"][1]["pairs"]] == [0, 1]
+    head, cells = table_cells(res)
+    for bench in ("heldout_seen (simulated)", "heldout_unseen (simulated)"):
+        means = {
+            r["runs"]["name"]: next(v for v in r["verdicts"] if v["key"] == bench)["run"] for r in res["rows"]
+        }
+        lead = next(x for x in res["leaders"] if x["benchmark"] == bench)
+        best, second = sorted(means, key=means.get, reverse=True)
+        assert (lead["best"], lead["runner_up"]) == (best, second)
+        # the lead: the two rows' runs paired by seed (seeds 0 and 1, the ones both ran)
+        groups = {"envsched@success+adaptive+covsampled+lr": form, "mopps": mopps_runs}
+        d = [
+            last_score(next(x for x in groups[best] if require_run(x).seed == s), bench)
+            - last_score(next(x for x in groups[second] if require_run(x).seed == s), bench)
+            for s in (0, 1)
+        ]
+        assert lead["lead"]["seeds"] == [0, 1] and lead["lead"]["mean"] == pytest.approx(np.mean(d))
+        assert f"paired by seed, {best} minus {second} {lead['lead']['mean']:+.4f}" in lead["text"]
+        col = head.index(f"mean {bench}")
+        marked = [c[0] for c in cells if c[col].endswith("(best)")]
+        assert marked == [best]
+    col = head.index("batch variance (x random)")
+    v = next(v for v in res["rows"][1]["verdicts"] if v["key"] == "batch_variance")
+    assert cells[1][col].startswith(f"{v['ratio']:.2f} ({v['wins']}/2)")
+
+
+def test_the_ablation_command_writes_one_page_with_a_page_per_row(sim_runs, mopps_runs, tmp_path, capsys):
+    form, rand = sim_runs
+    out = tmp_path / "ablation"
+    argv = ["compare", "--runs", *[str(x.root) for x in form], "--runs", *[str(x.root) for x in mopps_runs]]
+    argv += ["--against", *[str(x.root) for x in rand]]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    for line in table_markdown(summary):
+        assert line in printed
+    for lead in summary["leaders"]:
+        assert lead["text"] in printed
+    seen = PageParts()
+    seen.feed((out / "index.html").read_text())
+    assert len(seen.rows) == 1 + 2 and [r[0] for r in seen.rows[1:]] == [
+        "envsched@success+adaptive+covsampled+lr",
+        "mopps",
+    ]
+    assert [base64.b64decode(src.split(",", 1)[1]) for src in seen.images] == [
+        (out / "rows.png").read_bytes()
+    ]
+    links = re.findall(r'href="([^"]+)"', (out / "index.html").read_text())
+    assert len(links) == 2 and all((out / link).exists() for link in links)
+    row_page = json.loads((out / links[1]).parent.joinpath("summary.json").read_text())
+    assert row_page["runs"]["name"] == "mopps" and [p["seed"] for p in row_page["pairs"]] == [0, 1]
+    # refusals name the group, and nothing is written
+    bad = [
+        (["--runs", *[str(x.root) for x in form], "--runs", *[str(x.root) for x in form[:2]]], "group 2"),
+        (
+            ["--runs", *[str(x.root) for x in form], "--runs", str(tmp_path / "nowhere"), str(rand[0].root)],
+            "group 2",
+        ),
+    ]
+    for runs, msg in bad:
+        assert (
+            main(["compare", *runs, "--against", *[str(x.root) for x in rand], "--out", str(tmp_path / "no")])
+            == 2
+        )
+        assert f"--runs ({msg})" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()

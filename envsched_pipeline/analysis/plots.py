@@ -493,3 +493,45 @@ def seeds_plot(result: dict, out_path: Path) -> str:
         ax.legend(fontsize=7)
     fig.suptitle(f"{name} against {other}, paired by seed")
     return _written(fig, out_path)
+
+
+def rows_plot(result: dict, out_path: Path) -> str:
+    """The ablation over seeds (``envsched compare`` with several ``--runs``): one panel per metric,
+    each scheduler's mean paired difference against the baseline with its 95% t interval over
+    seeds, zero marked (a forest plot)."""
+    rows = result["rows"]
+    keys = [
+        v["key"] for v in rows[0]["verdicts"] if v["kind"] in ("per_step", "heldout")
+    ]  # the per-step metrics and held-out at the last evaluation
+    keys += sorted(
+        {v["key"] for r in rows for v in r["verdicts"] if v["kind"] in ("per_step", "heldout")} - set(keys)
+    )
+    cols = min(2, len(keys))  # the schedulers' names label the first column only
+    nrows = -(-len(keys) // cols)
+    height = max(2.6, 0.55 * len(rows) + 1.6)
+    fig, axes = _plt().subplots(
+        nrows, cols, figsize=(5.2 * cols + 2.5, height * nrows), squeeze=False, sharey=True
+    )
+    for ax in axes.flat[len(keys) :]:
+        ax.set_visible(False)
+    names = [r["runs"]["name"] for r in rows]
+    for ax, key in zip(axes.flat, keys, strict=False):
+        better_is = None
+        for y, r in enumerate(rows):
+            v = next((v for v in r["verdicts"] if v["key"] == key), None)
+            if v is None:
+                continue
+            better_is = v["better_is"]
+            lo, hi = v["ci"]
+            col = scheduler_color(r["runs"]["name"])
+            ax.errorbar(
+                [v["mean"]], [y], xerr=[[v["mean"] - lo], [hi - v["mean"]]], fmt="o", color=col, capsize=3
+            )
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(names, fontsize=8)
+        ax.set_xlabel(f"minus {result['against']['name']} (mean over seeds, 95% t interval)", fontsize=8)
+        ax.set_title(f"{key.replace('_', ' ')} ({better_is} is better)", fontsize=10)
+    axes.flat[0].invert_yaxis()  # shared: the first row on top in every panel
+    fig.suptitle(f"{len(rows)} schedulers against {result['against']['name']}, paired by seed")
+    return _written(fig, out_path)

@@ -455,10 +455,14 @@ def seed_cells(result: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A header and rows of cells as markdown table lines."""
+    return ["| " + " | ".join(r) + " |" for r in (head, ["---"] * len(head), *rows)]
+
+
 def seed_table(result: dict) -> list[str]:
     """:func:`seed_cells` as markdown rows."""
-    head, rows = seed_cells(result)
-    return ["| " + " | ".join(r) + " |" for r in (head, ["---"] * len(head), *rows)]
+    return markdown_table(*seed_cells(result))
 
 
 def mark(better: bool | None) -> str:
@@ -482,37 +486,45 @@ def write_comparison(result: dict, out_dir) -> Path:
         f"{len(result['pairs'])} pairs of runs. Each cell: that seed's {name} minus {other} (held-out: ± the "
         "pair's sampling standard error)."
     )
-    md = [
-        f"# {title}",
-        "",
-        intro,
-        "",
-        *seed_table(result),
-        "",
-        "![each seed's paired difference](by_seed.png)",
-        "",
-    ]
-    md += [f"- Note: {n}" for n in result["notes"]] + [
-        f"- {mark(v['better'])} {v['text']}" for v in result["verdicts"]
-    ]
-    (out / "comparison.md").write_text("\n".join(md) + "\n")
-    head, rows = seed_cells(result)
+    items = [f"Note: {n}" for n in result["notes"]]
+    items += [f"{mark(v['better'])} {v['text']}" for v in result["verdicts"]]
+    return write_page(
+        out / "comparison.md", title, intro, seed_cells(result), png, "each seed's paired difference", items
+    )
+
+
+def write_page(
+    md_path: Path,
+    title: str,
+    intro: str,
+    cells: tuple[list[str], list[list[str]]],
+    png: Path,
+    alt: str,
+    items: list[str],
+    links: Sequence[tuple[str, str]] = (),
+) -> Path:
+    """One comparison written twice beside ``png``: as markdown (``md_path``) and as ``index.html``,
+    a page that stands alone and works offline (the plot inline). ``cells``: the table's header and
+    rows; ``items``: sentences listed under it; ``links``: (text, relative href) pairs. The page's
+    path."""
+    head, rows = cells
+    md = [f"# {title}", "", intro, "", *markdown_table(head, rows), "", f"![{alt}]({png.name})", ""]
+    md += [f"- {x}" for x in items] + [f"- [{text}]({href})" for text, href in links]
+    md_path.write_text("\n".join(md) + "\n")
     table = "".join(
         "<tr>" + "".join(f"<{t}>{html.escape(c)}</{t}>" for c in r) + "</tr>"
         for t, r in (("th", head), *(("td", r) for r in rows))
     )
-    items = [f"<li>Note: {html.escape(n)}</li>" for n in result["notes"]]
-    items += [f"<li>{mark(v['better'])} {html.escape(v['text'])}</li>" for v in result["verdicts"]]
+    li = [f"<li>{html.escape(x)}</li>" for x in items]
+    li += [f'<li><a href="{html.escape(href)}">{html.escape(text)}</a></li>' for text, href in links]
     data = base64.b64encode(png.read_bytes()).decode()
-    page = out / "index.html"
-    page.write_text(
-        f"""<!doctype html>
+    page = md_path.parent / "index.html"
+    page.write_text(f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>envsched compare: {html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1500px;margin:2em auto}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}li{{margin:0.4em 0}}img{{max-width:100%}}</style>
 </head><body><h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p><table>{table}</table>
-<p><img alt="each seed's paired difference" src="data:image/png;base64,{data}"></p><ul>{"".join(items)}</ul>
+<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p><ul>{"".join(li)}</ul>
 </body></html>
-"""
-    )
+""")
     return page

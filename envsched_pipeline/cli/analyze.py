@@ -7,6 +7,7 @@ import sys
 
 import duckdb
 
+from envsched_pipeline.analysis.ablation import compare_rows, table_markdown, write_rows
 from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, provenance_text, run_benchmark
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
@@ -111,7 +112,13 @@ def add_parser(sub) -> None:
         formatter_class=F,
     )
     cp.add_argument(
-        "--runs", nargs="+", required=True, metavar="LAKE", help="one scheduler's runs, one per seed"
+        "--runs",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar="LAKE",
+        help="one scheduler's runs, one per seed; repeat --runs for another scheduler's runs, and the "
+        "schedulers are tabled side by side against --against (the ablation table, over seeds)",
     )
     cp.add_argument(
         "--against",
@@ -406,16 +413,22 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     out = writable_dir("--out", args.out) if args.out else None
-    result = compare_seeds([Lake(x) for x in args.runs], [Lake(x) for x in args.against], effect=args.effect)
-    page = write_comparison(result, out) if out else None
+    against = [Lake(x) for x in args.against]
+    if len(args.runs) > 1:  # several schedulers: the ablation table over seeds
+        result = compare_rows([[Lake(x) for x in g] for g in args.runs], against, effect=args.effect)
+        writer, lines = write_rows, table_markdown(result)
+        lines += [f"  note ({r['runs']['name']}): {n}" for r in result["rows"] for n in r["notes"]]
+        lines += [f"  {lead['text']}" for lead in result["leaders"]]
+    else:
+        result = compare_seeds([Lake(x) for x in args.runs[0]], against, effect=args.effect)
+        writer, lines = write_comparison, seed_table(result)
+        lines += [f"  note: {n}" for n in result["notes"]]
+        lines += [f"  {mark(v['better'])} {v['text']}" for v in result["verdicts"]]
+    page = writer(result, out) if out else None
     if args.json:
         print(dumps(result, indent=2))
         return 0
-    print("\n".join(seed_table(result)))
-    for note in result["notes"]:
-        print(f"  note: {note}")
-    for v in result["verdicts"]:
-        print(f"  {mark(v['better'])} {v['text']}")
+    print("\n".join(lines))
     if page:
         print(f"wrote {page}")
     return 0

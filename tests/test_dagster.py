@@ -1,7 +1,10 @@
 """Dagster layer: definitions load, assets materialize on a test instance, the sensor drives the loop."""
 
+from pathlib import Path
+
 import dagster as dg
 
+from envsched_pipeline.assets.report import REPORT_DIR
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
@@ -85,6 +88,44 @@ def test_sensor_requests_select_then_train_then_next_select(small_run):
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
         assert r.run_requests[0].job_name == "select_job" and r.run_requests[0].partition_key == f"{rid}-1"
         assert r.run_requests[0].run_key.endswith("select-1-a0")
+
+
+def test_a_complete_run_gets_its_report_once_per_completion(small_run):
+    """When the run is complete the sensor requests `report_job` once (its cursor remembers), the
+    job writes the report into the lake, and a run rewound and completed again gets a new one."""
+    from envsched_pipeline.orchestration.rewind import rewind_run  # this test only
+    from tests.conftest import run_steps  # the step service's loop: this test only
+
+    lake = run_steps(small_run, 3)  # max_steps = 3: complete
+    rid = load_run(lake).run_id
+    with dg.instance_for_test() as instance:
+        r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(lake)))
+        (req,) = r.run_requests
+        assert (
+            req.job_name == "report_job" and req.run_key == f"{rid}-report-2-r0" and r.cursor == req.run_key
+        )
+        assert req.tags["envsched/report_of"] == rid and "envsched/run_id" not in req.tags  # not a step
+        again = training_loop_sensor(
+            dg.build_sensor_context(instance=instance, resources=resources(lake), cursor=r.cursor)
+        )
+        assert isinstance(again, dg.SkipReason) and "its report was requested" in again.skip_message
+        res = defs.resolve_job_def("report_job").execute_in_process(
+            instance=instance, resources=resources(lake), tags=req.tags
+        )
+        assert res.success
+        (mat,) = res.get_asset_materialization_events()
+        assert mat.asset_key == dg.AssetKey("run_report")
+        assert (
+            Path(mat.materialization.metadata["report"].value) == Path(lake.local) / REPORT_DIR / "index.html"
+        )
+        assert mat.materialization.metadata["steps"].value == 3
+        # taken back to step 2 and redone: the same last step, another end of the run
+        rewind_run(lake, instance, 2, who="test")
+        run_steps(lake, [2])
+        r = training_loop_sensor(
+            dg.build_sensor_context(instance=instance, resources=resources(lake), cursor=r.cursor)
+        )
+        assert [q.run_key for q in r.run_requests] == [f"{rid}-report-2-r1"]
 
 
 def test_sensor_skips_without_a_run(lake):

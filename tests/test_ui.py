@@ -104,6 +104,20 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
         "the sensor did not advance the loop: " + (tmp / "dagster.log").read_text()[-3000:]
     )
     assert lake.read("rollouts").num_rows == 2 * 8 * 4
+    # the run is complete (max_steps 2): the sensor has its report written, once, without being asked
+    query = (
+        '{ assetOrError(assetKey: {path: ["run_report"]}) { ... on Asset { assetMaterializations(limit: 5) '
+        "{ runId metadataEntries { label ... on PathMetadataEntry { path } } } } } }"
+    )
+    deadline = time.time() + 240
+    reports = []
+    while time.time() < deadline and not reports:
+        reports = graphql(port, query)["data"]["assetOrError"]
+        reports = reports["assetMaterializations"] if reports else []
+        time.sleep(3)
+    assert len(reports) == 1, "no report after the run ended: " + (tmp / "dagster.log").read_text()[-3000:]
+    page = next(e["path"] for e in reports[0]["metadataEntries"] if e["label"] == "report")
+    assert Path(page) == Path(lake.local) / "reports" / "latest" / "index.html" and Path(page).exists()
     # every batch_manifest partition embeds its own plot and a readable picks table
     mats = graphql(
         port,

@@ -28,6 +28,12 @@ train_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets("training_step", "reward_statistics"),
     description="Run the GRPO step t (through Pipes) and update the reward statistics.",
 )
+report_job = dg.define_asset_job(
+    "report_job",
+    selection=dg.AssetSelection.assets("run_report"),
+    description="Write the run's report page (`run_report`, default config): the loop sensor requests it once "
+    "when a run completes.",
+)
 pool_job = dg.define_asset_job(
     "pool_job",
     selection=dg.AssetSelection.groups("pool", "graph"),

@@ -32,16 +32,38 @@ def wait_for_port(port: int, proc: subprocess.Popen | None = None, what: str = "
             time.sleep(0.2)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, theirs, ...), read from /proc."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:  # gone meanwhile
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces
+    out, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == above]
+        out += kids
+        todo += kids
+    return out
+
+
 def stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds. A process started with
     ``start_new_session=True`` leads its own group: the signals go to the whole group (Dagster's
-    daemon and webserver start children)."""
+    daemon and webserver start children). Children that left the group (the daemon's code server
+    starts in a session of its own and outlives it) are ended after it."""
     if proc.poll() is not None:
         return
     try:
         group = os.getpgid(proc.pid) == proc.pid
     except ProcessLookupError:  # exited between the poll and here
         return
+    below = descendants(proc.pid)
 
     def send(sig: int) -> None:
         try:
@@ -55,3 +77,8 @@ def stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
     except subprocess.TimeoutExpired:
         send(signal.SIGKILL)
         proc.wait()
+    for pid in below:  # an escaped child is reparented, never reaped by us: signal it by pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

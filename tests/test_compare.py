@@ -115,7 +115,11 @@ def test_runs_are_paired_by_seed_and_judged_by_their_spread_over_seeds(sim_runs)
     )
     by = {v["key"]: v for v in res["verdicts"]}
     # the per-step metrics: each seed's mean over its steps, this side minus the other, then over seeds
-    for key, better in (("batch_variance", "higher"), ("zero_variance_fraction", "lower")):
+    for key, better in (
+        ("batch_variance", "higher"),
+        ("zero_variance_fraction", "lower"),
+        ("envs_touched", "higher"),
+    ):
         v = by[key]
         d = np.array([step_mean(form[i], key) - step_mean(rand[(1, 2, 0)[i]], key) for i in range(3)])
         assert v["per_seed"] == pytest.approx(d.tolist())
@@ -423,7 +427,7 @@ def test_an_ablation_table_judges_each_scheduler_against_the_baseline_over_seeds
         col = head.index(f"mean {bench}")
         marked = [c[0] for c in cells if c[col].endswith("(best)")]
         assert marked == [best]
-    col = head.index("batch variance (x random)")
+    col = head.index("batch reward variance (x random)")
     v = next(v for v in res["rows"][1]["verdicts"] if v["key"] == "batch_variance")
     assert cells[1][col].startswith(f"{v['ratio']:.2f} ({v['wins']}/2)")
 

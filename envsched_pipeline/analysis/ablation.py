@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from envsched_pipeline.analysis.compare import relation
+from envsched_pipeline.analysis.compare import HEADLINES, relation
 from envsched_pipeline.analysis.plots import rows_plot
 from envsched_pipeline.analysis.seeds import (
     compare_seeds,
@@ -108,12 +108,6 @@ def _lead_text(bench: str, best: str, bv: dict, second: str, sv: dict, lead: dic
     )
 
 
-COLUMNS = (  # (verdict key, column title, how the cell reads)
-    ("batch_variance", "batch variance", "ratio"),
-    ("zero_variance_fraction", "zero-variance share", "ratio"),
-)
-
-
 def table_cells(result: dict) -> tuple[list[str], list[list[str]]]:
     """The ablation table: one row per scheduler; per-step metrics as a ratio to the baseline with
     the seeds better, held-out as the mean paired difference ± its s.e. over seeds (seeds above), and
@@ -122,14 +116,14 @@ def table_cells(result: dict) -> tuple[list[str], list[list[str]]]:
     benches = sorted({v["key"] for r in rows for v in r["verdicts"] if v["kind"] == "heldout"})
     other = result["against"]["name"]
     head = ["scheduler", "seeds"]
-    head += [f"{title} (x {other})" for _, title, _ in COLUMNS]
+    head += [f"{label.lower()} (x {other})" for _, label, _ in HEADLINES]
     head += [f"Δ {b} vs {other}" for b in benches] + [f"mean {b}" for b in benches]
     best = {x["benchmark"]: x["best"] for x in result["leaders"]}
     out = []
     for r in rows:
         name = r["runs"]["name"]
         cells = [name, str(len(r["pairs"]))]
-        for key, _, _ in COLUMNS:
+        for key, _, _ in HEADLINES:
             v = _verdict(r, key)
             cells.append("—" if v is None else f"{v['ratio']:.2f} ({v['wins']}/{v['n']}) {mark(v['better'])}")
         for b in benches:

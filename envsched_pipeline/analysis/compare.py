@@ -28,6 +28,13 @@ from envsched_pipeline.scheduler.variants import scheduler_label
 Z95 = 1.96
 VERDICT_WORD = {True: "better", False: "worse", None: "no clear difference"}  # a verdict's ``better``
 NOT_HELDOUT = ("batch_mean_reward",)  # the training batch's own reward, logged beside the evaluations
+# the per-step headline metrics two runs are compared on: (step_summary column, label, which
+# direction is better for the scheduler's purpose)
+HEADLINES = (
+    ("batch_variance", "Batch reward variance", "higher"),
+    ("zero_variance_fraction", "Zero-variance group fraction", "lower"),
+    ("envs_touched", "Environments touched per step", "higher"),
+)
 
 
 def relation(sign: bool | None, other: str, words: tuple[str, str] = ("higher than", "lower than")) -> str:

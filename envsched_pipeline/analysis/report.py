@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from envsched_pipeline.analysis.bench import run_one
-from envsched_pipeline.analysis.compare import VERDICT_WORD, against_runs, aligned, heldout_verdicts, relation
+from envsched_pipeline.analysis.compare import (
+    HEADLINES,
+    VERDICT_WORD,
+    against_runs,
+    aligned,
+    heldout_verdicts,
+    relation,
+)
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake, json_safe
@@ -35,12 +42,6 @@ from envsched_pipeline.scheduler.variants import scheduler_label
 BASELINES = ("random", "exploit-only", "greso", "mopps", "dps")
 MIN_GROUPS = 3
 COLOURS = SCHEDULER_COLORS  # one colour per scheduler, the same as every other plot of the project
-# (metric, label, which direction is better for the scheduler's purpose)
-HEADLINES = (
-    ("batch_variance", "Batch reward variance", "higher"),
-    ("zero_variance_fraction", "Zero-variance group fraction", "lower"),
-    ("envs_touched", "Environments touched per step", "higher"),
-)
 
 
 def colour(name: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from scipy import stats
 
 from envsched_pipeline.analysis.compare import (
+    HEADLINES,
     against_runs,
     aligned,
     changed_settings,
@@ -39,12 +40,7 @@ from envsched_pipeline.lake import Lake, json_safe
 from envsched_pipeline.run import require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
 
-STEP_QUERY = "select step, batch_variance, zero_variance_fraction from step_summary order by step"
-# (column, what it is, which direction is the scheduler's purpose): the per-step headline metrics
-PER_STEP = (
-    ("batch_variance", "batch reward variance", "higher"),
-    ("zero_variance_fraction", "zero-variance group fraction", "lower"),
-)
+STEP_QUERY = f"select step, {', '.join(k for k, _, _ in HEADLINES)} from step_summary order by step"
 EVERY_SEED_CHANCE = 0.9
 ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
 MAX_SEEDS = 1000  # beyond this, no practical number of seeds resolves the mean
@@ -226,7 +222,7 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake], effect: float |
         )
     verdicts = [
         _per_step_verdict(pairs, key, label, better, name, other)
-        for key, label, better in PER_STEP
+        for key, label, better in HEADLINES
         if sum(key in p["per_step"] for p in pairs) >= 2
     ]
     benches = sorted({b for p in pairs for b in p["heldout"]})
@@ -259,7 +255,7 @@ def _pair(r: dict, o: dict, other: str) -> dict:
         if not series.get("step"):
             raise ConfigError(f"{flag} {run['lake'].root}: its run has no steps to compare with")
     per_step = {}
-    for key, _, _ in PER_STEP:
+    for key, _, _ in HEADLINES:
         steps, a, b = aligned(sa, sb, key)
         if steps:
             per_step[key] = {"run": float(a.mean()), "against": float(b.mean()), "steps": len(steps)}

@@ -172,7 +172,8 @@ def plan_text(p: dict, n: int, other: str) -> str:
         f" Planning for a true difference of {p['effect']:+.4g}: these {n} seeds would resolve it (a 95% t "
         f"interval clear of zero) with a chance of {p['power_now']:.2f}; a chance of {p['power']:g} needs "
         + (f"{need} seeds" if need is not None else f"over {MAX_SEEDS} seeds")
-        + f" of each scheduler at this spread (an effect smaller than that is easily read as level with {other})."
+        + f" of each scheduler at this spread (with fewer, a true effect of that size is easily read as level "
+        f"with {other})."
     )
 
 

@@ -23,6 +23,7 @@ from sections.common import HERE, machine, write_section
 
 RECORDS = HERE / "runs" / "pipeline"
 RUNS = (("the form", []), ("random", ["--scheduler", "random"]))
+PLAN_EFFECTS = (0.01, 0.02)  # held-out differences the over-seeds reading plans for
 
 
 def record_path(seed: int, steps: int) -> Path:
@@ -96,7 +97,7 @@ def over_seeds_rows(recs: list[dict]) -> list[str]:
     statistics, :func:`envsched_pipeline.analysis.seeds.over_seeds`, on the records' per-seed
     numbers): the mean paired difference by its spread over seeds, and how much of that spread the
     evaluation's sampling explains. Empty with fewer than two seeds."""
-    from envsched_pipeline.analysis.seeds import MAX_SEEDS, over_seeds  # scipy: this section only
+    from envsched_pipeline.analysis.seeds import MAX_SEEDS, over_seeds, plan  # scipy: this section only
 
     if len(recs) < 2:
         return []
@@ -134,6 +135,14 @@ def over_seeds_rows(recs: list[dict]) -> list[str]:
                     if o["better"] is None
                     else "."
                 )
+                + " Planning at this spread (`envsched compare --effect`): a true difference of "
+                + "; of ".join(
+                    f"{x:+.2f} would be resolved by these {o['n']} seeds with a chance of {p['power_now']:.2f}, "
+                    f"with a chance of {p['power']:g} by {p['seeds_for_power'] or f'over {MAX_SEEDS}'} seeds"
+                    for x in PLAN_EFFECTS
+                    for p in [plan(o, x)]
+                )
+                + "."
             )
         rows.append(
             f"| {metric} | {o['n']} | {np.mean([v['run'] for v in per]):.4g} | {np.mean([v['base'] for v in per]):.4g} "

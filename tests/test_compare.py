@@ -472,3 +472,45 @@ def test_the_ablation_command_writes_one_page_with_a_page_per_row(sim_runs, mopp
         )
         assert f"--runs ({msg})" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
+
+
+def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_runs, tmp_path, capsys):
+    form, rand = sim_runs
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "run.json").write_text("{not json")
+    dirs = [str(form[0].root.parent), str(mopps_runs[0].root.parent), str(broken)]
+    assert main(["runs", *dirs, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by_lake = {r["lake"]: r for r in out["runs"]}
+    assert set(by_lake) == {str(x.root) for x in (*form, *rand, *mopps_runs)} | {str(broken)}
+    assert "run.json" in by_lake[str(broken)]["problem"]  # listed with why, not skipped
+    for lk in (*form, *rand, *mopps_runs):
+        r, spec = by_lake[str(lk.root)], require_run(lk)
+        assert (r["seed"], r["steps"], r["max_steps"], r["state"]) == (spec.seed, 6, 6, "complete")
+        assert r["means"]["batch_variance"] == pytest.approx(step_mean(lk, "batch_variance"))
+        assert r["heldout"]["heldout_seen (simulated)"] == [
+            5,
+            pytest.approx(last_score(lk, "heldout_seen (simulated)")),
+        ]
+    (cmp,) = out["comparisons"]
+    assert cmp["schedulers"] == ["envsched@success+adaptive+covsampled+lr", "mopps"] and cmp["seeds"] == [
+        0,
+        1,
+        2,
+    ]
+    runs = lambda group: " ".join(str(x.root) for x in sorted(group, key=lambda x: require_run(x).seed))  # noqa: E731
+    assert cmp["command"] == (
+        f"envsched compare --runs {runs(form)} --runs {runs(mopps_runs)} --against {runs(rand[:3])}"
+    )
+    # the command it suggests runs as printed: the ablation table of those lakes
+    assert main(["runs", *dirs]) == 0
+    printed = capsys.readouterr().out
+    assert cmp["command"] in printed and "| complete |" in printed
+    assert main(cmp["command"].split()[1:]) == 0
+    assert "Best mean heldout_seen (simulated)" in capsys.readouterr().out
+    # nothing to list: said so, exit code 2
+    (tmp_path / "empty").mkdir()
+    for where, msg in ((tmp_path / "empty", "no lake in"), (tmp_path / "nowhere", "no such folder")):
+        assert main(["runs", str(where)]) == 2
+        assert msg in capsys.readouterr().err

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import duckdb
 
 from envsched_pipeline.analysis.ablation import compare_rows, table_markdown, write_rows
 from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, provenance_text, run_benchmark
+from envsched_pipeline.analysis.catalog import BASELINE, comparisons, describe, find_lakes
+from envsched_pipeline.analysis.catalog import table as catalog_table
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report
-from envsched_pipeline.analysis.seeds import compare_seeds, mark, seed_table, write_comparison
+from envsched_pipeline.analysis.seeds import compare_seeds, mark, markdown_table, seed_table, write_comparison
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import (
     COUNT,
@@ -101,6 +104,24 @@ def add_parser(sub) -> None:
         "replace the simulated re-runs of baselines",
     )
     rp.set_defaults(func=cmd_report)
+
+    ru = sub.add_parser(
+        "runs",
+        help="the runs in a folder of lakes, and the `envsched compare` commands they allow",
+        description="One line per lake (a folder holding run.json) found in each DIR or one level "
+        "below it: its scheduler, seed, policy, pool, batch shape, how far it is and its latest numbers; "
+        "then, for runs of the same pool, policy, B and G with random's runs at two seeds or more, the "
+        "`envsched compare` command that judges each other scheduler against random over those seeds.",
+        formatter_class=F,
+    )
+    ru.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        help="folders of lakes, or lakes (default: the folder holding --lake, e.g. warehouse/)",
+    )
+    ru.add_argument("--json", action="store_true", help="the runs and the comparisons as JSON")
+    ru.set_defaults(func=cmd_runs)
 
     cp = sub.add_parser(
         "compare",
@@ -408,6 +429,32 @@ def cmd_report(args) -> int:
             "`envsched compare --runs LAKE... --against LAKE...`)"
         )
     print(f"wrote {index}")
+    return 0
+
+
+def cmd_runs(args) -> int:
+    lake = lake_of(args)
+    dirs = args.dirs or [str(lake.root) if lake.remote else str(lake.root.parent)]
+    for d in dirs:
+        if "://" not in d and not Path(d).is_dir():
+            raise UsageError(f"{d}: no such folder")
+    lakes = find_lakes(dirs)
+    if not lakes:
+        raise UsageError(
+            f"no lake in {', '.join(dirs)} (a lake is a folder holding run.json; start one with "
+            "`envsched --lake DIR train ...`)"
+        )
+    rows = [describe(lk) for lk in lakes]
+    found = comparisons(rows)
+    if args.json:
+        print(dumps({"runs": rows, "comparisons": found}, indent=2))
+        return 0
+    print("\n".join(markdown_table(*catalog_table(rows))))
+    for c in found:
+        print(
+            f"\n{', '.join(c['schedulers'])} against {BASELINE} over seeds {', '.join(map(str, c['seeds']))} "
+            f"(pool {c['pool']}, policy {c['policy']}, B = {c['batch_size']}, G = {c['group_size']}):\n  {c['command']}"
+        )
     return 0
 
 

@@ -101,7 +101,7 @@ def section_infcap(runs: str, base_runs: str, steps: int, n_envs: int = 51) -> N
             else f"{np.mean(relax[INFCAP]):.2f} relaxations a step (the form {np.mean(relax[form]):.2f})"
         )
         + ". Verdict: "
-        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
+        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond the 95% t interval over seeds). "
         + provenance_text(pair.provenance),
     ]
     write_section("neural_infcap", "\n".join(body), after="neural_valslice")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from envsched_pipeline.analysis.bench import (
     VARIANTS,
@@ -21,7 +22,7 @@ from envsched_pipeline.analysis.spread import (
     every_seed_needs,
 )
 from sections.common import COMPARED, FORCED_STOP, HERE, PAPER, LearnerExperiment, fmt, machine, write_section
-from sections.records import paired_cell, part_means, ratio_over, recorded_seeds
+from sections.records import paired_cell, part_means, ratio_over, recorded_seeds, t_half
 
 PAPER_HELDOUT = {
     "random": 28.83,
@@ -135,18 +136,18 @@ def _met(c: bool | str) -> str:
 def neural_targets(S: dict, P: dict) -> tuple[list[str], str]:
     """Issue 17's targets for envsched (each marked met or not) and what the seeds can resolve."""
     pe = P["envsched"]
-    # what the seeds can resolve: two standard errors of envsched's mean paired difference
+    # what the seeds can resolve: the 95% t interval of envsched's mean paired difference
     resolve = []
     for k, label in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
         d = pe[k]
         if d["n"] > 1:
+            half = stats.t.ppf(0.975, d["n"] - 1) * d["sd"] / np.sqrt(d["n"])
             resolve.append(
-                f"{label} environments: mean {d['mean']:+.4f}, two standard errors "
-                f"{2 * d['sd'] / np.sqrt(d['n']):.4f} over {d['n']} seeds"
+                f"{label} environments: mean {d['mean']:+.4f}, 95% t interval ± {half:.4f} over {d['n']} seeds"
             )
     resolution = (
         "What the seeds can resolve (envsched's paired held-out difference against random; a mean inside "
-        "two standard errors of zero is not distinguishable from no effect): " + "; ".join(resolve) + "."
+        "its 95% t interval of zero is not distinguishable from no effect): " + "; ".join(resolve) + "."
         if resolve
         else ""
     )
@@ -437,15 +438,15 @@ HELDOUT_METRICS = (
 
 
 def _paired_se_cell(a: dict, b: dict, metric: str) -> str:
-    """Mean paired difference a - b over the seeds both have, ± two standard errors, wins, and
-    whether the mean lies outside the two standard errors."""
+    """Mean paired difference a - b over the seeds both have, ± its 95% t interval's half-width,
+    wins, and whether the interval is clear of zero."""
     d = [a[s][metric] - b[s][metric] for s in sorted(set(a) & set(b))]
     if len(d) < 2:
         return "—"
-    se2 = 2 * np.std(d, ddof=1) / np.sqrt(len(d))
+    half = t_half(d)
     return (
-        f"{np.mean(d):+.4f} ± {se2:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
-        f"{' (resolved)' if abs(np.mean(d)) > se2 else ''}"
+        f"{np.mean(d):+.4f} ± {half:.4f}, {sum(x > 0 for x in d)}/{len(d)}"
+        f"{' (resolved)' if abs(np.mean(d)) > half else ''}"
     )
 
 
@@ -457,7 +458,7 @@ def section_neural_seeds(
     exp: LearnerExperiment | None = None,
 ) -> dict | None:
     """The rows recorded over more seeds than the ablation table's: paired differences against
-    random and against each other, with two standard errors, over every seed both rows have. With
+    random and against each other, with 95% t intervals, over every seed both rows have. With
     ``exp``, the same for a learner-setting experiment's runs (section ``<experiment>_seeds``)."""
     section, after, config, title = (
         (f"{exp.section}_seeds", exp.section, exp.config, f"Experiment: {exp.title}, over more seeds")
@@ -515,8 +516,9 @@ def section_neural_seeds(
                 f"The rows recorded over more than the table's {base_seeds} seeds (runs in "
                 f"`bench/runs/{Path(runs).name}/`, random over seeds {seeds[0]}..{seeds[-1]}; same learner, "
                 "pool and warm start per seed as the table above). Each cell: mean paired difference over "
-                "the seeds both rows have ± two standard errors, in how many seeds it is positive, and "
-                '"resolved" where the mean lies outside the two standard errors. '
+                "the seeds both rows have ± the half-width of its 95% t interval over those seeds (about 2.1 "
+                "standard errors at 15 seeds, 2.3 at 10; two before 2026-12-05), in how many seeds it is "
+                'positive, and "resolved" where the interval is clear of zero. '
                 + provenance_text(out["provenance"]),
                 "",
                 "Against random:",

@@ -9,7 +9,7 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import run_benchmark
 from sections.common import BESIDE_ORACLE
-from sections.records import mean_se_wins, recorded_seeds
+from sections.records import mean_se_wins, recorded_seeds, t_half
 
 KINDS = ("seen", "unseen")
 
@@ -74,10 +74,8 @@ class Paired:
         )
 
     def verdict(self) -> str:
-        """Kept only if ahead of the form on both kinds beyond two standard errors."""
-        ahead = all(
-            np.mean(d) - 2 * np.std(d, ddof=1) / np.sqrt(len(d)) > 0 for d in (self.delta[k] for k in KINDS)
-        )
+        """Kept only if ahead of the form on both kinds beyond the 95% t interval over seeds."""
+        ahead = all(np.mean(d) - t_half(d) > 0 for d in (self.delta[k] for k in KINDS))
         return "kept" if ahead else "not kept"
 
     def summary(self, what: str) -> str:

@@ -88,7 +88,7 @@ def section_peak(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
         )
         + pair.beside_random_here("the variant")
         + "Verdict: "
-        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
+        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond the 95% t interval over seeds). "
         + provenance_text(pair.provenance),
     ]
     write_section("neural_peak", "\n".join(body), after="neural_infcap")
@@ -142,7 +142,7 @@ def section_peak_overrun(runs: str, base_runs: str, steps: int) -> None:
         + ". "
         + pair.beside_random_here("the variant", section=None)
         + "Verdict: "
-        f"**{pair.verdict()}** (kept only if ahead of the form on both kinds beyond two standard errors). "
+        f"**{pair.verdict()}** (kept only if ahead of the form on both kinds beyond the 95% t interval over seeds). "
         + provenance_text(pair.provenance)
         + f" Random's {len(seeds)} runs beside them are in the same folder, made in the same environment.",
     ]

@@ -57,7 +57,7 @@ def section_valslice(runs: str, base_runs: str, steps: int, batch: int = 64, gro
         + f"; at {len(never)} of {len(seeds)} seeds it never stalled, and there "
         f"({len(same)} of those) the run is the form's own to the last digit (scoring the slice leaves "
         "training as it was). Verdict: "
-        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond two standard errors). "
+        f"**{pair.verdict()}** (kept only if ahead on both kinds beyond the 95% t interval over seeds). "
         + provenance_text(pair.provenance),
     ]
     write_section("neural_valslice", "\n".join(body), after="neural_within_run")

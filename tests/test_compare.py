@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -479,12 +480,16 @@ def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_ru
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "run.json").write_text("{not json")
-    dirs = [str(form[0].root.parent), str(mopps_runs[0].root.parent), str(broken)]
+    damaged = tmp_path / "damaged"  # a lake whose rollouts table is damaged
+    shutil.copytree(rand[3].root, damaged)
+    next((damaged / "rollouts" / "step=2").iterdir()).write_bytes(b"not parquet")
+    dirs = [str(form[0].root.parent), str(mopps_runs[0].root.parent), str(broken), str(damaged)]
     assert main(["runs", *dirs, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     by_lake = {r["lake"]: r for r in out["runs"]}
-    assert set(by_lake) == {str(x.root) for x in (*form, *rand, *mopps_runs)} | {str(broken)}
+    assert set(by_lake) == {str(x.root) for x in (*form, *rand, *mopps_runs)} | {str(broken), str(damaged)}
     assert "run.json" in by_lake[str(broken)]["problem"]  # listed with why, not skipped
+    assert by_lake[str(damaged)]["problem"].startswith("its tables cannot be read")
     for lk in (*form, *rand, *mopps_runs):
         r, spec = by_lake[str(lk.root)], require_run(lk)
         assert (r["seed"], r["steps"], r["max_steps"], r["state"]) == (spec.seed, 6, 6, "complete")

@@ -14,6 +14,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import duckdb
+import pyarrow as pa
+
 from envsched_pipeline.analysis.compare import short_label
 from envsched_pipeline.core.loop import explain, next_action
 from envsched_pipeline.errors import EnvschedError
@@ -62,8 +65,12 @@ def describe(lake: Lake) -> dict:
             heldout=_last_heldout(lake),
             means=_means(lake) if done else {},
         )
-    except EnvschedError as exc:  # a broken run.json or lake: listed with why
-        return {**row, "problem": str(exc)}
+    except (EnvschedError, OSError, ValueError, duckdb.Error, pa.ArrowException) as exc:
+        # a broken run.json, a damaged table: the lake is listed with why, the listing goes on
+        if isinstance(exc, EnvschedError):
+            return {**row, "problem": str(exc)}
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return {**row, "problem": f"its tables cannot be read ({type(exc).__name__}: {first})"}
     return row
 
 

@@ -483,11 +483,17 @@ def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_ru
     damaged = tmp_path / "damaged"  # a lake whose rollouts table is damaged
     shutil.copytree(rand[3].root, damaged)
     next((damaged / "rollouts" / "step=2").iterdir()).write_bytes(b"not parquet")
-    dirs = [str(form[0].root.parent), str(mopps_runs[0].root.parent), str(broken), str(damaged)]
+    again = tmp_path / "zz-form-again"  # a second lake of the form's seed 1: one run per seed is taken
+    shutil.copytree(form[1].root, again)
+    dirs = [str(form[0].root.parent), str(mopps_runs[0].root.parent), str(broken), str(damaged), str(again)]
     assert main(["runs", *dirs, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     by_lake = {r["lake"]: r for r in out["runs"]}
-    assert set(by_lake) == {str(x.root) for x in (*form, *rand, *mopps_runs)} | {str(broken), str(damaged)}
+    assert set(by_lake) == {str(x.root) for x in (*form, *rand, *mopps_runs)} | {
+        str(broken),
+        str(damaged),
+        str(again),
+    }
     assert "run.json" in by_lake[str(broken)]["problem"]  # listed with why, not skipped
     assert by_lake[str(damaged)]["problem"].startswith("its tables cannot be read")
     for lk in (*form, *rand, *mopps_runs):
@@ -499,6 +505,10 @@ def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_ru
             pytest.approx(last_score(lk, "heldout_seen (simulated)")),
         ]
     (cmp,) = out["comparisons"]
+    assert cmp["notes"] == [
+        f"{again} left out: {form[1].root} holds envsched@success+adaptive+covsampled+lr's run of seed 1 too "
+        "(a comparison takes one run per seed)"
+    ]
     assert cmp["schedulers"] == ["envsched@success+adaptive+covsampled+lr", "mopps"] and cmp["seeds"] == [
         0,
         1,
@@ -511,7 +521,7 @@ def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_ru
     # the command it suggests runs as printed: the ablation table of those lakes
     assert main(["runs", *dirs]) == 0
     printed = capsys.readouterr().out
-    assert cmp["command"] in printed and "| complete |" in printed
+    assert cmp["command"] in printed and "| complete |" in printed and f"  note: {cmp['notes'][0]}" in printed
     assert main(cmp["command"].split()[1:]) == 0
     assert "Best mean heldout_seen (simulated)" in capsys.readouterr().out
     # nothing to list: said so, exit code 2

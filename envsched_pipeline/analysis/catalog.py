@@ -116,13 +116,20 @@ def comparisons(rows: list[dict]) -> list[dict]:
     """The ``envsched compare`` commands the runs allow: for each (pool, policy, B, G) with runs of
     ``BASELINE`` and of another scheduler sharing two seeds or more, every such scheduler judged
     against it (one --runs each; of two lakes of one scheduler and seed, the first by path).
-    ``command``: the command line; ``seeds``: the seeds any of them shares with the baseline."""
+    ``command``: the command line; ``seeds``: the seeds any of them shares with the baseline;
+    ``notes``: the lakes left out because another lake holds the same scheduler's run of that seed."""
     groups: dict[tuple, dict[str, dict[int, str]]] = {}
-    for r in rows:
-        if "problem" in r:
-            continue
+    left: dict[tuple, list[str]] = {}
+    for r in sorted((r for r in rows if "problem" not in r), key=lambda r: r["lake"]):
         key = (r["pool"], r["policy"], r["batch_size"], r["group_size"])
-        groups.setdefault(key, {}).setdefault(r["scheduler"], {}).setdefault(r["seed"], shown(r["lake"]))
+        seeds = groups.setdefault(key, {}).setdefault(r["scheduler"], {})
+        if r["seed"] in seeds:
+            left.setdefault(key, []).append(
+                f"{shown(r['lake'])} left out: {seeds[r['seed']]} holds {r['scheduler']}'s run of seed {r['seed']} "
+                "too (a comparison takes one run per seed)"
+            )
+            continue
+        seeds[r["seed"]] = shown(r["lake"])
     out = []
     for (pool, policy, b, g), by_sched in sorted(groups.items()):
         base = by_sched.get(BASELINE)
@@ -147,6 +154,7 @@ def comparisons(rows: list[dict]) -> list[dict]:
                 "schedulers": [name for name, _ in sides],
                 "seeds": seeds,
                 "command": f"envsched compare {runs} --against {against}",
+                "notes": left.get((pool, policy, b, g), []),
             }
         )
     return out

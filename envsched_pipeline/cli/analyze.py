@@ -455,6 +455,8 @@ def cmd_runs(args) -> int:
             f"\n{', '.join(c['schedulers'])} against {BASELINE} over seeds {', '.join(map(str, c['seeds']))} "
             f"(pool {c['pool']}, policy {c['policy']}, B = {c['batch_size']}, G = {c['group_size']}):\n  {c['command']}"
         )
+        for note in c["notes"]:
+            print(f"  note: {note}")
     return 0
 
 

@@ -52,6 +52,7 @@ def compare_rows(
         names[name] = i
         rows.append(row)
     leaders = []
+    heads: dict[tuple[int, int], dict | None] = {}  # (best row, runner-up row) -> their runs compared
     benches = sorted({v["key"] for r in rows for v in r["verdicts"] if v["kind"] == "heldout"})
     for bench in benches:
         have = [(r, _verdict(r, bench)) for r in rows if _verdict(r, bench)]
@@ -59,7 +60,10 @@ def compare_rows(
             continue
         ranked = sorted(have, key=lambda rv: rv[1]["run"], reverse=True)
         (best, bv), (second, sv) = ranked[0], ranked[1]
-        lead = _lead(groups[rows.index(best)], groups[rows.index(second)], bench)
+        pair = (rows.index(best), rows.index(second))
+        if pair not in heads:  # one comparison per pair of rows, whichever benchmarks it leads on
+            heads[pair] = _head_to_head(groups[pair[0]], groups[pair[1]])
+        lead = _lead(heads[pair], bench)
         leaders.append(
             {
                 "benchmark": bench,
@@ -83,14 +87,18 @@ def _verdict(row: dict, key: str) -> dict | None:
     return next((v for v in row["verdicts"] if v["key"] == key), None)
 
 
-def _lead(best: Sequence[Lake], second: Sequence[Lake], bench: str) -> dict | None:
-    """The best row's runs against the runner-up's, paired by seed, on ``bench``: None when they
-    share fewer than two seeds."""
+def _head_to_head(best: Sequence[Lake], second: Sequence[Lake]) -> dict | None:
+    """The best row's runs against the runner-up's, paired by seed: None when they share fewer
+    than two seeds."""
     try:
-        res = compare_seeds(best, second)
+        return compare_seeds(best, second)
     except ConfigError:  # fewer than two shared seeds: the lead cannot be judged over seeds
         return None
-    v = _verdict(res, bench)
+
+
+def _lead(res: dict | None, bench: str) -> dict | None:
+    """The head-to-head comparison's verdict on ``bench`` (None without one)."""
+    v = None if res is None else _verdict(res, bench)
     return None if v is None else {k: v[k] for k in ("n", "mean", "se", "ci", "better", "above", "seeds")}
 
 

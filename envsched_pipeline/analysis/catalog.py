@@ -9,7 +9,6 @@ with the reason, never skipped in silence.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from envsched_pipeline.analysis.compare import short_label
+from envsched_pipeline.analysis.compare import heldout_scores, short_label
 from envsched_pipeline.core.loop import explain, next_action
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
@@ -85,14 +84,10 @@ def _state(lake: Lake, action: tuple[str, int]) -> str:
 
 def _last_heldout(lake: Lake) -> dict:
     """Benchmark -> (step, score) of its latest evaluation."""
-    if not lake.steps("evals"):
-        return {}
-    out: dict[str, tuple[int, float]] = {}
-    for r in lake.read("evals", columns=["step", "benchmark", "score"]).to_pylist():
-        if r["score"] is None or not math.isfinite(r["score"]) or r["benchmark"] == "batch_mean_reward":
-            continue
-        if r["benchmark"] not in out or r["step"] >= out[r["benchmark"]][0]:
-            out[r["benchmark"]] = (r["step"], float(r["score"]))
+    out = {}
+    for bench, by_step in heldout_scores(lake).items():
+        last = max(by_step)
+        out[bench] = (last, by_step[last][0])
     return out
 
 

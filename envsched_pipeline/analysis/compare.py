@@ -166,7 +166,7 @@ def episode_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> di
     return {"diff": diff, "se": se, "basis": "different tasks"}
 
 
-def _evals(lake: Lake) -> dict[str, dict[int, tuple[float, float]]]:
+def heldout_scores(lake: Lake) -> dict[str, dict[int, tuple[float, float]]]:
     """Benchmark -> step -> (score, se) of the lake's evaluations (se NaN when not recorded)."""
     if not lake.steps("evals"):
         return {}
@@ -195,7 +195,7 @@ def steps_to_reach(mine: dict[int, tuple[float, float]], theirs: dict[int, tuple
 def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
     """One verdict per held-out benchmark both runs evaluated, at the last step both evaluated
     (``curve``: both runs' mean over every evaluation both made)."""
-    mine, theirs = _evals(lake), _evals(other)
+    mine, theirs = heldout_scores(lake), heldout_scores(other)
     out = []
     for bench in sorted(set(mine) & set(theirs)):
         common = sorted(set(mine[bench]) & set(theirs[bench]))

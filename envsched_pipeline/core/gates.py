@@ -24,6 +24,7 @@ from envsched_pipeline.scheduler import make_scheduler
 
 HALT_FILE = "halt.json"
 RETRIED_FILE = "retried_runs.json"  # failed attempts a resume answered (see retried_runs)
+REWIND_ARCHIVE = "rewind-to-step"  # a rewind's archive folder: archive/<this><step>-<ms>/
 
 
 # ---------------------------------------------------------------------------- manifests
@@ -287,6 +288,11 @@ def _local_checkpoint_steps(lake: Lake) -> list[int]:
     return found
 
 
+def rewinds(lake: Lake) -> int:
+    """How many times the lake's run was rewound (its rewinds' archive folders)."""
+    return len(lake.store.glob(f"archive/{REWIND_ARCHIVE}*"))
+
+
 def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
     """Take the run back to ``step``: every partition and artifact of ``step`` and later (manifests,
     rollouts, metrics, evals, statistics, scheduler state, plots, checkpoints) moves to
@@ -315,7 +321,7 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
                 f"--to {step}: the policy after step {step - 1} is not on disk; rewind to a step after "
                 f"one that is: {', '.join(map(str, ok[-12:]))}"
             )
-    moved = lake.archive(f"rewind-to-step{step}", lambda kind, s: s >= step)
+    moved = lake.archive(f"{REWIND_ARCHIVE}{step}", lambda kind, s: s >= step)
     # checkpoints kept on local disk go to the same archive's folder there
     into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"
     best = best_record(lake)

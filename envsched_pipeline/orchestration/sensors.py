@@ -12,6 +12,7 @@ UI without anyone asking; a run extended or rewound and completed again gets a n
 
 import dagster as dg
 
+from envsched_pipeline.core.gates import rewinds
 from envsched_pipeline.orchestration.jobs import report_job, select_job, train_job
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.plan import Request, next_request
@@ -39,8 +40,7 @@ def final_report(lake, cursor: str | None) -> dg.SensorResult | dg.SkipReason:
     step and how often it was rewound (a rewound run completed again is another run's end)."""
     spec = load_run(lake)
     last = max(lake.steps("statistics"), default=-1)
-    rewinds = len(lake.store.glob("archive/rewind-to-step*"))
-    key = f"{spec.run_id}-report-{last}-r{rewinds}"
+    key = f"{spec.run_id}-report-{last}-r{rewinds(lake)}"
     if cursor == key:
         return dg.SkipReason(
             f"the run in {lake.root} is complete; its report was requested (report_job): see `run_report`"

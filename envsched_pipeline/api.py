@@ -45,13 +45,16 @@ class ExternalRun:
         group_size: int | None = None,
         prior_lake: str | None = None,
         prior_discount: float | None = None,
+        against: list[str] | None = None,
         **config_overrides,
     ):
         """Start a run on ``lake``, or resume the one it holds. A setting left as None is the run's
         own when resuming (a restarted trainer passes only the lake), else a new run's default:
         pool ``synthetic``, the recommended envsched form (``envsched@success+adaptive+covsampled+lr``;
         ``"envsched"``: the paper's constants), seed 0, B = 64, G = 8, no prior lake, prior discount
-        0.5. ``scheduler`` may be any scheduler or named variant: its overrides under
+        0.5, compared with no other run. ``against``: lakes of other runs of this pool and batch shape
+        (a baseline's) that the run's report compares with (`envsched report`, `run_report`).
+        ``scheduler`` may be any scheduler or named variant: its overrides under
         ``config_overrides``. Every setting is checked before anything is
         written; one that changes a run under way is refused, naming it."""
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
@@ -68,6 +71,7 @@ class ExternalRun:
                 group_size=group_size,
                 prior_lake=prior_lake,
                 prior_discount=prior_discount,
+                against=against,
                 trainer="external",
             )
         except ValueError as exc:

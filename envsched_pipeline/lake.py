@@ -151,6 +151,9 @@ def json_safe(obj: Any) -> Any:
 # the best held-out policy of a language-model run (trainer.policy_step.PolicySession.keep_best):
 # a folder under Lake.local with the policy and best.json (step, score, each split's score)
 BEST_CHECKPOINT = "checkpoints/best"
+# the run's latest report page (under Lake.local): the run_report asset's and the one `envsched train`
+# writes at a run's end when the run names runs to compare with
+LATEST_REPORT = "reports/latest"
 
 
 def best_record(lake: Lake) -> dict | None:

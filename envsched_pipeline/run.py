@@ -275,6 +275,9 @@ class RunSpec:
     prior_lake: str = ""  # start the estimates from this lake's final scheduler state (cross-run prior)
     prior_discount: float = 0.5
     report_to: str = ""  # experiment trackers, comma-separated: tensorboard, wandb, mlflow (or none)
+    # lakes of other runs on this pool (a baseline's, e.g. random's at this seed) that the run's
+    # report compares with: the report at the run's end, `envsched report`, `run_report`
+    against: list[str] = field(default_factory=list)
     scheduler_config: dict = field(default_factory=dict)
     policy_config: dict = field(default_factory=dict)
 
@@ -314,6 +317,11 @@ class RunSpec:
             raise ConfigError(
                 f"unknown tracker(s) {', '.join(bad)}; choose from tensorboard, wandb, mlflow or none"
             )
+        for i, path in enumerate(self.against):
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(f"run.against[{i}]: expected a lake's path or URL, got {path!r}")
+        if len(set(self.against)) < len(self.against):
+            raise ConfigError(f"run.against: names a lake twice ({', '.join(self.against)})")
         if not 0.0 <= self.prior_discount <= 1.0:
             raise ConfigError(f"prior discount must be in [0, 1], got {self.prior_discount}")
         if not _is_name(self.pool):
@@ -330,6 +338,36 @@ class RunSpec:
         if self.trainer != "external":
             self.policy_settings().validate(self.policy)
         return self
+
+
+# what two runs must share to be compared (a run's `against`, `envsched report --against`, `envsched
+# compare`), with why
+COMPARABLE = (
+    ("policy", "runs of different learners cannot be compared"),
+    ("pool", "runs on different pools do not share tasks or held-out sets"),
+    ("batch_size", "batch variance and zero-variance shares depend on the batch shape"),
+    ("group_size", "batch variance and zero-variance shares depend on the batch shape"),
+)
+
+
+def check_partner(lake: Lake, spec: RunSpec, other: Lake, where: str) -> RunSpec | None:
+    """The run in ``other``, checked as one that ``spec``'s run (in ``lake``) may be compared with,
+    or None when ``other`` holds no run yet. Raises :class:`ConfigError` starting with ``where``
+    (what named the lake) for this run's own lake or run, or a setting of ``COMPARABLE`` the two
+    runs do not share."""
+    if str(other.root) == str(lake.root):
+        raise ConfigError(f"{where}: that is this run's own lake")
+    theirs = load_run(other)
+    if theirs is None:
+        return None
+    if theirs.run_id and theirs.run_id == spec.run_id:
+        raise ConfigError(f"{where}: it holds this same run ({theirs.run_id}), not another one")
+    for key, why in COMPARABLE:
+        if getattr(spec, key) != getattr(theirs, key):
+            raise ConfigError(
+                f"{where}: its run's {key} is {getattr(theirs, key)!r}, this run's is {getattr(spec, key)!r} ({why})"
+            )
+    return theirs
 
 
 def _is_name(name: str) -> bool:

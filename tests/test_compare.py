@@ -27,11 +27,11 @@ from envsched_pipeline.analysis.seeds import (
     t_power,
 )
 from envsched_pipeline.api import ExternalRun
-from envsched_pipeline.assets.report import REPORT_DIR, SEEDS_DIR
+from envsched_pipeline.assets.report import SEEDS_DIR
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import EnvschedError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.run import RunSpec, require_run, start_run
 from envsched_pipeline.scheduler.variants import resolve
 from tests.conftest import SMALL, run_steps
@@ -352,7 +352,7 @@ def test_the_report_asset_judges_the_run_over_seeds_in_the_ui(sim_runs):
         form[0], seeds=[str(x.root) for x in form[1:]], against=[str(x.root) for x in rand], effect=0.02
     )
     page = Path(meta["over_seeds_page"].value)
-    assert page == Path(form[0].local) / REPORT_DIR / SEEDS_DIR / "index.html" and page.exists()
+    assert page == Path(form[0].local) / LATEST_REPORT / SEEDS_DIR / "index.html" and page.exists()
     summary = json.loads((page.parent / "summary.json").read_text())
     assert [p["seed"] for p in summary["pairs"]] == [0, 1, 2]
     assert all(v["plan"]["effect"] == 0.02 for v in summary["verdicts"] if v["kind"] != "per_step")
@@ -375,7 +375,7 @@ def test_a_seeds_lake_the_report_asset_refuses_leaves_no_report(sim_runs, tmp_pa
     form, rand = sim_runs
     materialize_report(form[1], succeed=False, seeds=[str(tmp_path / "nowhere")], against=[str(rand[2].root)])
     assert not (
-        Path(form[1].local) / REPORT_DIR
+        Path(form[1].local) / LATEST_REPORT
     ).exists()  # form[0] is the one the other asset test reports on
 
 

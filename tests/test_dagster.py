@@ -4,8 +4,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from envsched_pipeline.assets.report import REPORT_DIR
 from envsched_pipeline.definitions import defs
+from envsched_pipeline.lake import LATEST_REPORT
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.sensors import training_loop_sensor
 from envsched_pipeline.resources.lake import LakeResource
@@ -116,7 +116,8 @@ def test_a_complete_run_gets_its_report_once_per_completion(small_run):
         (mat,) = res.get_asset_materialization_events()
         assert mat.asset_key == dg.AssetKey("run_report")
         assert (
-            Path(mat.materialization.metadata["report"].value) == Path(lake.local) / REPORT_DIR / "index.html"
+            Path(mat.materialization.metadata["report"].value)
+            == Path(lake.local) / LATEST_REPORT / "index.html"
         )
         assert mat.materialization.metadata["steps"].value == 3
         # taken back to step 2 and redone: the same last step, another end of the run

@@ -15,11 +15,11 @@ import pytest
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.compare import episode_difference, steps_to_reach
 from envsched_pipeline.analysis.report import COLOURS, MIN_GROUPS, block_bootstrap_ci, build_report
-from envsched_pipeline.assets.report import REPORT_DIR, run_report
+from envsched_pipeline.assets.report import run_report
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import EnvschedError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import RunSpec, start_run
 from tests.conftest import run_steps
@@ -285,7 +285,7 @@ def test_the_report_is_an_asset_with_its_verdicts_in_the_ui(two_runs):
     mine, rand = two_runs
     meta = materialize_report(mine, against=[str(rand.root)])
     index = Path(meta["report"].value)
-    assert index == Path(mine.local) / REPORT_DIR / "index.html" and index.exists()
+    assert index == Path(mine.local) / LATEST_REPORT / "index.html" and index.exists()
     summary = json.loads((index.parent / "summary.json").read_text())
     table = meta["verdicts"].value.splitlines()
     assert len(table) == 2 + len(summary["verdicts"]) and "random in" in meta["compared_with"].value

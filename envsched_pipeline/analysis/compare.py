@@ -22,7 +22,7 @@ import numpy as np
 
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.run import RunSpec, check_partner, load_run, require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
 
 Z95 = 1.96
@@ -35,6 +35,14 @@ HEADLINES = (
     ("zero_variance_fraction", "Zero-variance group fraction", "lower"),
     ("envs_touched", "Environments touched per step", "higher"),
 )
+
+
+def interval_text(ci) -> str:
+    """`` [lo, hi]`` of a verdict's 95% interval, or "" where it has none (a comparison over one
+    step: NaN, or null once stored)."""
+    if not ci or any(x is None or not math.isfinite(x) for x in ci):
+        return ""
+    return f" [{ci[0]:+.4g}, {ci[1]:+.4g}]"
 
 
 def relation(sign: bool | None, other: str, words: tuple[str, str] = ("higher than", "lower than")) -> str:
@@ -68,20 +76,7 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
     mine = {t: _tasks(lake, t, spec.pool) for t in ("tasks", "eval_tasks")}
     for other in others:
         where = f"{flag} {other.root}"
-        if str(other.root) == str(lake.root):
-            raise ConfigError(f"{where}: that is this run's own lake")
-        o = require_run(other.require())
-        if o.run_id and o.run_id == spec.run_id:
-            raise ConfigError(f"{where}: it holds this same run ({o.run_id}), not another one")
-        for key, why in (
-            ("policy", "runs of different learners cannot be compared"),
-            ("pool", "runs on different pools do not share tasks or held-out sets"),
-            ("batch_size", "batch variance and zero-variance shares depend on the batch shape"),
-            ("group_size", "batch variance and zero-variance shares depend on the batch shape"),
-        ):
-            a, b = getattr(spec, key), getattr(o, key)
-            if a != b:
-                raise ConfigError(f"{where}: its run's {key} is {b!r}, this run's is {a!r} ({why})")
+        o = check_partner(lake, spec, other.require(), where) or require_run(other)
         for table, what in (("tasks", "training"), ("eval_tasks", "held-out")):
             theirs = _tasks(other, table, o.pool)
             if theirs != mine[table]:
@@ -97,6 +92,22 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
         out.append({"lake": other, "spec": o, "name": short_label(o), "notes": notes})
     _unique_names(out, spec)
     return out
+
+
+def recorded_against(spec: RunSpec) -> tuple[list[Lake], list[str]]:
+    """The lakes the run is to be compared with (its ``against``: `envsched train --against`) that
+    hold steps, and why each other one is left out for now (its run has not started, or has no
+    steps yet); a lake whose run cannot be compared is refused where it is compared."""
+    ready, waiting = [], []
+    for path in spec.against:
+        other = Lake(path)
+        if load_run(other) is None:
+            waiting.append(f"{other.root} holds no run yet")
+        elif not other.steps("statistics"):
+            waiting.append(f"{other.root}'s run has no steps yet")
+        else:
+            ready.append(other)
+    return ready, waiting
 
 
 def changed_settings(mine: dict, theirs: dict, other: str, mine_first: bool = True) -> list[str]:

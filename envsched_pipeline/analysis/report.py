@@ -31,9 +31,12 @@ from envsched_pipeline.analysis.compare import (
     against_runs,
     aligned,
     heldout_verdicts,
+    interval_text,
+    recorded_against,
     relation,
 )
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
+from envsched_pipeline.analysis.seeds import mark
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake, json_safe
 from envsched_pipeline.run import require_run
@@ -96,9 +99,14 @@ def verdict(label: str, better: str, run: np.ndarray, base: np.ndarray, base_nam
     higher = None if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi else lo > 0
     word = relation(higher, base_name)
     good = None if higher is None else higher == (better == "higher")
+    interval = (
+        f"95% CI [{lo:+.4g}, {hi:+.4g}] over {n} steps"
+        if n >= 2
+        else f"over {n} step{'s' * (n != 1)} (an interval needs two or more)"
+    )
     text = (
         f"{label}: {mean_r:.4g} vs {base_name} {mean_b:.4g} ({ratio:.2f}×); per-step difference "
-        f"{d.mean():+.4g}, 95% CI [{lo:+.4g}, {hi:+.4g}] over {n} steps: {word}."
+        f"{d.mean():+.4g}, {interval}: {word}."
     )
     return {
         "metric": label,
@@ -121,22 +129,44 @@ STEP_QUERY = (
 EVAL_QUERY = "select step, benchmark, avg(score) as score from evals group by 1, 2 order by 2, 1"
 
 
+def verdict_lines(summary: dict) -> list[str]:
+    """A report's verdicts (its ``summary.json``) for the terminal: all of them against other runs,
+    else random's, and the runs it names that it could not compare with yet."""
+    named = bool(summary["against"])
+    lines = [
+        f"  {mark(v['better'])} {v['text']}"
+        for v in summary["verdicts"]
+        if named or v["baseline"] == "random"
+    ]
+    lines += [f"  not compared yet: {why}" for why in summary["not_compared"]]
+    if named:
+        lines.append(
+            "  (these judge this pair of runs; whether the scheduler is ahead is judged over seeds: "
+            "`envsched compare --runs LAKE... --against LAKE...`)"
+        )
+    return lines
+
+
 def build_report(
-    lake: Lake, out_dir: Path, baselines: bool = True, log=print, against: Sequence[Lake] = ()
+    lake: Lake, out_dir: Path, baselines: bool = True, log=print, against: Sequence[Lake] | None = None
 ) -> Path:
     """The report page and its ``summary.json`` in ``out_dir``. ``against``: lakes holding runs of the
     same pool, policy and batch shape (another scheduler's, most often random's) to compare with,
-    instead of baselines re-run in the simulated learner. Bad input writes nothing."""
+    instead of baselines re-run in the simulated learner; None: the lakes the run names itself
+    (``run.json``'s ``against``) that hold steps by now. Bad input writes nothing."""
     out_dir = Path(out_dir)
     spec = require_run(lake)
     s = _series(lake, STEP_QUERY)
     if not s.get("step"):
         raise ValueError(f"no steps in {lake.root}: nothing to report")
-    others = against_runs(lake, spec, against)
+    flag, waiting = "--against", []
+    if against is None:
+        (against, waiting), flag = recorded_against(spec), "the run's against"
+    others = against_runs(lake, spec, against, flag=flag)
     for o in others:
         o["series"], o["evals"] = _series_each(o["lake"], STEP_QUERY, EVAL_QUERY)
         if not o["series"].get("step"):
-            raise ValueError(f"--against {o['lake'].root}: its run has no steps to compare with")
+            raise ValueError(f"{flag} {o['lake'].root}: its run has no steps to compare with")
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = s["step"]
     n_steps = len(steps)
@@ -162,6 +192,10 @@ def build_report(
             "judge this pair of runs (a held-out interval is the evaluation's sampling error, not the spread "
             "between two runs of a seed); whether the scheduler is ahead is judged over seeds by `envsched "
             "compare --runs LAKE... --against LAKE...`."
+        )
+    elif waiting:
+        base_note = (
+            "Baselines are not re-run in the simulated learner when the run names runs to compare with."
         )
     elif not baselines:
         base_note = "Baselines were not re-run (--no-baselines)."
@@ -193,6 +227,8 @@ def build_report(
                 f"simulated learner with B = {spec.batch_size}, G = {spec.group_size}, seed {spec.seed}, "
                 f"{n_steps} steps."
             )
+    if waiting:  # named by the run, not started or without steps when this report was written
+        base_note += f" Not compared yet: {'; '.join(waiting)}."
 
     run_name = f"this run ({scheduler_label(spec.scheduler, spec.scheduler_config)})"
     run_colour = colour(spec.scheduler)
@@ -428,6 +464,7 @@ def build_report(
             {"name": o["name"], "lake": str(o["lake"].root), "run_id": o["spec"].run_id, "notes": o["notes"]}
             for o in others
         ],
+        "not_compared": waiting,
         "means": {k: float(np.nanmean(np.asarray(s[k], float))) for k, _, _ in HEADLINES},
         "verdicts": verdicts,
         "top_tasks": top,
@@ -510,8 +547,7 @@ def _page(
             "this run": v["run"],
             "baseline value": v["base"],
             "ratio": v["ratio"],
-            "difference [95% CI]": f"{v['diff']:+.4g}"
-            + (f" [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]" if v["ci"] else ""),
+            "difference [95% CI]": f"{v['diff']:+.4g}{interval_text(v['ci'])}",
             "verdict": VERDICT_WORD[v["better"]],
         }
         for v in verdicts

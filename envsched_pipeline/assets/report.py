@@ -8,21 +8,21 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from envsched_pipeline.analysis.compare import VERDICT_WORD
+from envsched_pipeline.analysis.compare import VERDICT_WORD, interval_text
 from envsched_pipeline.analysis.plots import embed
 from envsched_pipeline.analysis.seeds import compare_seeds, write_comparison
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.resources.lake import LakeResource
 
-REPORT_DIR = "reports/latest"
-SEEDS_DIR = "seeds"  # under REPORT_DIR: the page over seeds
+SEEDS_DIR = "seeds"  # under LATEST_REPORT: the page over seeds
 
 
 class ReportConfig(dg.Config):
     against: list[str] = Field(
         default_factory=list,
         description="Lakes holding runs of the same pool, policy, B and G to compare with (another "
-        "scheduler's, e.g. random's); empty: baselines re-run in the simulated learner.",
+        "scheduler's, e.g. random's); empty: the runs this run names (`envsched train --against`) that "
+        "hold steps, else baselines re-run in the simulated learner.",
     )
     seeds: list[str] = Field(
         default_factory=list,
@@ -51,9 +51,9 @@ def verdict_table(verdicts: list[dict]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for v in verdicts:
-        ci = f" [{v['ci'][0]:+.4g}, {v['ci'][1]:+.4g}]" if v.get("ci") else ""
         lines.append(
-            f"| {v['metric']} | {v['baseline']} | {v['run']:.4g} | {v['base']:.4g} | {v['diff']:+.4g}{ci} | "
+            f"| {v['metric']} | {v['baseline']} | {v['run']:.4g} | {v['base']:.4g} | "
+            f"{v['diff']:+.4g}{interval_text(v.get('ci'))} | "
             f"{VERDICT_WORD[v['better']]} |"
         )
     return "\n".join(lines)
@@ -74,9 +74,9 @@ def run_report(
     lk = lake.lake_for(context)
     # the runs over seeds are checked (and compared) before anything is written: a lake refused there
     # leaves no report behind
-    against = [Lake(a) for a in config.against]
+    against = [Lake(a) for a in config.against] or None  # none named here: the run's own
     seeds = (
-        compare_seeds([lk, *[Lake(x) for x in config.seeds]], against, effect=config.effect)
+        compare_seeds([lk, *[Lake(x) for x in config.seeds]], against or [], effect=config.effect)
         if config.seeds
         else None
     )
@@ -87,7 +87,7 @@ def run_report(
         against = [Lake(p["against_lake"]) for p in seeds["pairs"] if p["run_lake"] == mine]
     index = build_report(
         lk,
-        Path(lk.local) / REPORT_DIR,
+        Path(lk.local) / LATEST_REPORT,
         baselines=config.baselines,
         log=context.log.info,
         against=against,
@@ -100,6 +100,10 @@ def run_report(
         "compared_with": summary["baselines"]["note"],
         "verdicts": dg.MetadataValue.md(verdict_table(summary["verdicts"])),
     }
+    if summary["not_compared"]:  # runs this run names, not started or without steps yet
+        metadata["not_compared_yet"] = dg.MetadataValue.md(
+            "\n".join(f"- {w}" for w in summary["not_compared"])
+        )
     if seeds is not None:
         page = write_comparison(seeds, index.parent / SEEDS_DIR)
         metadata["over_seeds_page"] = dg.MetadataValue.path(str(page))

@@ -14,7 +14,7 @@ from envsched_pipeline.analysis.catalog import BASELINE, comparisons, describe, 
 from envsched_pipeline.analysis.catalog import table as catalog_table
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
-from envsched_pipeline.analysis.report import build_report
+from envsched_pipeline.analysis.report import build_report, verdict_lines
 from envsched_pipeline.analysis.seeds import compare_seeds, mark, markdown_table, seed_table, write_comparison
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import (
@@ -101,7 +101,8 @@ def add_parser(sub) -> None:
         metavar="LAKE",
         help="compare with the run in another lake (same pool, policy, B and G; another scheduler's, "
         "e.g. `envsched --lake warehouse/random train --scheduler random ...`); repeatable. Real runs "
-        "replace the simulated re-runs of baselines",
+        "replace the simulated re-runs of baselines. Default: the lakes the run names itself "
+        "(`envsched train --against`) that hold steps",
     )
     rp.set_defaults(func=cmd_report)
 
@@ -416,18 +417,9 @@ def cmd_report(args) -> int:
         out,
         baselines=not args.no_baselines,
         log=lambda m: print(m, file=sys.stderr, flush=True),
-        against=[Lake(a) for a in args.against],
+        against=[Lake(a) for a in args.against] or None,  # none named: the run's own (train --against)
     )
-    # the verdicts in the terminal too: all of them against runs the user named, else random's
-    summary = json.loads((index.parent / "summary.json").read_text())
-    for v in summary["verdicts"]:
-        if args.against or v["baseline"] == "random":
-            print(f"  {mark(v['better'])} {v['text']}")
-    if args.against:
-        print(
-            "  (these judge this pair of runs; whether the scheduler is ahead is judged over seeds: "
-            "`envsched compare --runs LAKE... --against LAKE...`)"
-        )
+    print("\n".join(verdict_lines(json.loads((index.parent / "summary.json").read_text()))))
     print(f"wrote {index}")
     return 0
 

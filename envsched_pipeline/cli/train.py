@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 import time
 from pathlib import Path
 
+from envsched_pipeline.analysis.report import build_report, verdict_lines
 from envsched_pipeline.cli.common import (
     COUNT,
     GROUP,
@@ -24,7 +26,8 @@ from envsched_pipeline.cli.common import (
 from envsched_pipeline.core.build import asked_run, new_run, open_run, scheduler_config
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool, environment_kinds
-from envsched_pipeline.errors import ConfigError
+from envsched_pipeline.errors import ConfigError, EnvschedError
+from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.run import (
     LOSS_DENOMINATORS,
     POLICIES,
@@ -208,6 +211,16 @@ def add_parser(sub) -> None:
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
     )
     t.add_argument(
+        "--against",
+        action="append",
+        default=None,
+        metavar="LAKE",
+        help="a lake holding another scheduler's run of this pool, policy, B and G (random's at this "
+        "seed, say; it may start later) that this run's report compares with: the report at the run's "
+        "end (written to <lake>/reports/latest, its verdicts printed), the sensor's, `envsched report`; "
+        "repeatable. A resumed run given --against replaces the list; `--against none` clears it",
+    )
+    t.add_argument(
         "--allow-config-change",
         action="store_true",
         help="resume with another scheduler/policy config (recorded in run.json)",
@@ -270,6 +283,7 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
             prior_lake=args.prior_lake,
             prior_discount=args.prior_discount,
             report_to=args.report_to,
+            against=None if args.against is None else [a for a in args.against if a != "none"],
             policy_config={**kept, **policy_config(args)},
             max_steps=max(args.steps, args.max_steps or 0),
             trainer="subprocess",
@@ -436,10 +450,29 @@ def run(args) -> int:
     except Interrupted as stop:
         print(interrupted_line(stop, step_summary(lake), args.steps), file=sys.stderr, flush=True)
         return 130
+    if spec.against:
+        print(f"done in {time.perf_counter() - t0:.1f}s.", flush=True)
+        return end_report(lake)
     print(
         f"done in {time.perf_counter() - t0:.1f}s. Next: `make ui` (Dagster UI on 127.0.0.1:3000), "
         f'`envsched sql "select * from step_summary"`, or `envsched report --out DIR` (add `--against LAKE` '
         "for another scheduler's run of this pool, e.g. random's)",
         file=sys.stdout,
     )
+    return 0
+
+
+def end_report(lake: Lake) -> int:
+    """The finished run's report against the runs it names (`--against`), where the sensor's goes
+    (``<lake>/reports/latest``), and its verdicts. A partner refused there (its tasks are not this
+    pool's) is named on stderr: the run itself is complete either way."""
+    try:
+        index = build_report(
+            lake, lake.local / LATEST_REPORT, log=lambda m: print(m, file=sys.stderr, flush=True)
+        )
+    except (EnvschedError, ValueError) as exc:
+        print(f"the run is complete; its report was not written: {exc}", file=sys.stderr, flush=True)
+        return 0
+    print("\n".join(verdict_lines(json.loads((index.parent / "summary.json").read_text()))))
+    print(f"report: {index} (`envsched report --out DIR` writes it again, later partners' steps included)")
     return 0

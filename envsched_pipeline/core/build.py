@@ -10,7 +10,7 @@ from envsched_pipeline.core.state_store import prior_source
 from envsched_pipeline.errors import ConfigError, PoolError
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, start_run
+from envsched_pipeline.run import RunSpec, check_partner, start_run
 from envsched_pipeline.scheduler import (
     SCHEDULERS,
     Scheduler,
@@ -43,6 +43,10 @@ def asked_run(base: RunSpec, scheduler: str | None = None, overrides: dict | Non
     kept = {k: v for k, v in given.items() if v is not None}
     if kept.get("prior_lake"):  # a lake is named by its root, however the caller spelled it
         kept["prior_lake"] = str(Lake(kept["prior_lake"]).root)
+    if kept.get("against"):  # a blank name stays blank, for the run's validation to refuse
+        kept["against"] = [
+            str(Lake(p).root) if isinstance(p, str) and p.strip() else p for p in kept["against"]
+        ]
     return replace(base, **kept, scheduler=name, scheduler_config={**config, **(overrides or {})})
 
 
@@ -70,9 +74,12 @@ def build_scheduler(lake: Lake, spec: RunSpec, state: SchedulerState | None = No
 
 def check_run(lake: Lake, spec: RunSpec) -> None:
     """Every setting of a run about to start or resume on ``lake``, checked without writing: the
-    spec's own fields, its scheduler config and, for a run not started yet, its prior lake."""
+    spec's own fields, its scheduler config, the runs it is to be compared with (those already
+    started) and, for a run not started yet, its prior lake."""
     spec.validate(SCHEDULERS)
     scheduler_config(spec)
+    for i, path in enumerate(spec.against):
+        check_partner(lake, spec, Lake(path), f"against[{i}] {path}")
     if spec.prior_lake and not lake.steps("manifests"):
         prior_source(lake, spec)
 

@@ -6,13 +6,18 @@ what is in flight). It never requests while a run of the same envsched run is qu
 progress, never while ``envsched train`` holds the run's lease, retries a failed step at most
 ``MAX_ATTEMPTS`` times (a new run key per attempt) and then halts the run with the reason, which
 its skip message shows. Once the run is complete it requests the run's report (``report_job``:
-``run_report`` with its default config) once, so the finished run's page and verdicts are in the
-UI without anyone asking; a run extended or rewound and completed again gets a new one.
+``run_report`` with its default config, so against the runs the run names: ``envsched train
+--against``) once, so the finished run's page and verdicts are in the UI without anyone asking; a
+run extended or rewound and completed again gets a new one, and so does a run whose named partner
+completes after it.
 """
 
 import dagster as dg
 
 from envsched_pipeline.core.gates import rewinds
+from envsched_pipeline.core.loop import next_action
+from envsched_pipeline.errors import EnvschedError
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.orchestration.jobs import report_job, select_job, train_job
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.plan import Request, next_request
@@ -40,7 +45,7 @@ def final_report(lake, cursor: str | None) -> dg.SensorResult | dg.SkipReason:
     step and how often it was rewound (a rewound run completed again is another run's end)."""
     spec = load_run(lake)
     last = max(lake.steps("statistics"), default=-1)
-    key = f"{spec.run_id}-report-{last}-r{rewinds(lake)}"
+    key = f"{spec.run_id}-report-{last}-r{rewinds(lake)}{partners_mark(spec)}"
     if cursor == key:
         return dg.SkipReason(
             f"the run in {lake.root} is complete; its report was requested (report_job): see `run_report`"
@@ -59,6 +64,23 @@ def final_report(lake, cursor: str | None) -> dg.SensorResult | dg.SkipReason:
         ],
         cursor=key,
     )
+
+
+def partners_mark(spec) -> str:
+    """How far the runs the report compares with (the run's ``against``) have got, for the report's
+    key: a partner that completes after this run gets the report again (one under way is compared
+    over the steps it holds, one not started yet is named as not compared)."""
+    if not spec.against:
+        return ""
+    marks = []
+    for path in spec.against:
+        other = Lake(path)
+        try:
+            done = load_run(other) is not None and next_action(other) is None
+        except (EnvschedError, OSError):  # a damaged partner: the report names it
+            done = False
+        marks.append(str(max(other.steps("statistics"), default=-1)) if done else "open")
+    return "-vs-" + ".".join(marks)
 
 
 def to_run_request(req: Request) -> dg.RunRequest:

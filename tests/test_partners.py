@@ -15,6 +15,7 @@ from envs.registry import load_synthetic
 from envsched_pipeline.analysis.seeds import mark
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.errors import ConfigError
@@ -61,6 +62,10 @@ def test_a_run_compares_itself_with_the_runs_it_names_at_its_end(small_pool, dag
     for v in summary["verdicts"]:
         assert f"  {mark(v['better'])} {v['text']}" in out
     assert f"  not compared yet: {later} holds no run yet" in out and f"report: {index}" in out
+    assert main(["--lake", str(mine.root), "status"]) == 0
+    status = capsys.readouterr().out
+    assert f"  compared with: {rand.root} (random, 3 of 3 steps, complete)\n" in status
+    assert f"  compared with: {later} (no run there yet)\n" in status
     # the partner runs later: `envsched report` without --against compares with both
     pool_lake(later)
     assert main(["--lake", str(later), *TRAIN, "--seed", "3", "--scheduler", "mopps", "--steps", "2"]) == 0
@@ -155,6 +160,23 @@ def test_the_sensor_reports_again_when_a_named_partner_completes_later(small_run
             dg.build_sensor_context(instance=instance, resources=resources(mine), cursor=r.cursor)
         )
         assert isinstance(again, dg.SkipReason)
+        # a named lake damaged meanwhile: named on the report and by the status, never their end
+        (broken := tmp_path / "broken").mkdir()
+        (broken / "run.json").write_text("[1, 2]")
+        start_run(mine, replace(load_run(mine), against=[str(partner.root), str(broken)]))
+        r = training_loop_sensor(
+            dg.build_sensor_context(instance=instance, resources=resources(mine), cursor=r.cursor)
+        )
+        (req,) = r.run_requests
+        assert req.run_key == f"{rid}-report-2-r0-vs-open.open"
+        summary = report(instance, req)
+        assert [a["lake"] for a in summary["against"]] == [str(partner.root)]
+        assert summary["not_compared"] == [
+            f"{broken} cannot be read ({broken / 'run.json'}: expected a JSON object)"
+        ]
+        (bad,) = [p for p in status(mine)["against"] if p["lake"] == str(broken)]
+        assert bad["state"] == "unreadable" and "expected a JSON object" in bad["problem"]
+        start_run(mine, replace(load_run(mine), against=[str(partner.root)]))
         run_steps(partner, [1, 2])  # the partner completes: the report is asked for again
         r = training_loop_sensor(
             dg.build_sensor_context(instance=instance, resources=resources(mine), cursor=r.cursor)

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from envsched_pipeline.core.loop import partner
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, check_partner, load_run, require_run
+from envsched_pipeline.run import RunSpec, check_partner, require_run
 from envsched_pipeline.scheduler.variants import scheduler_label
 
 Z95 = 1.96
@@ -96,17 +97,18 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
 
 def recorded_against(spec: RunSpec) -> tuple[list[Lake], list[str]]:
     """The lakes the run is to be compared with (its ``against``: `envsched train --against`) that
-    hold steps, and why each other one is left out for now (its run has not started, or has no
-    steps yet); a lake whose run cannot be compared is refused where it is compared."""
+    hold steps, and why each other one is left out for now (its run has not started, has no steps
+    yet or cannot be read); a lake whose run cannot be compared is refused where it is compared."""
     ready, waiting = [], []
-    for path in spec.against:
-        other = Lake(path)
-        if load_run(other) is None:
-            waiting.append(f"{other.root} holds no run yet")
-        elif not other.steps("statistics"):
-            waiting.append(f"{other.root}'s run has no steps yet")
+    for p in map(partner, spec.against):
+        if p["state"] == "unreadable":
+            waiting.append(f"{p['lake']} cannot be read ({p['problem']})")
+        elif p["state"] == "not started":
+            waiting.append(f"{p['lake']} holds no run yet")
+        elif not p["steps"]:
+            waiting.append(f"{p['lake']}'s run has no steps yet")
         else:
-            ready.append(other)
+            ready.append(Lake(p["lake"]))
     return ready, waiting
 
 

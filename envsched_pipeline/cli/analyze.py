@@ -333,6 +333,14 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
                 f"{who['heartbeat_age_s']:g} s ago"
                 + (" — stale: the next writer takes it over" if who["stale"] else "")
             )
+    for p in st["against"]:  # the runs the report compares with (`envsched train --against`)
+        if p["state"] == "unreadable":
+            where = f"cannot be read: {p['problem']}"
+        elif p["state"] == "not started":
+            where = "no run there yet"
+        else:
+            where = f"{p['scheduler']}, {p['steps']} of {p['max_steps']} steps, {p['state']}"
+        lines.append(f"  compared with: {p['lake']} ({where})")
     if st["best_heldout"]:
         b = st["best_heldout"]
         lines.append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from envsched_pipeline.core.gates import halt_message, halted
 from envsched_pipeline.core.state_store import has_state
-from envsched_pipeline.errors import LakeError
+from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
 from envsched_pipeline.run import load_run
@@ -56,8 +56,31 @@ def status(lake: Lake) -> dict:
         "consistent": not problems,
         "problems": problems,
         "best_heldout": best_heldout(lake),
+        "against": [partner(path) for path in spec.against] if spec else [],
         **holders(lake),
     }
+
+
+def partner(path: str) -> dict:
+    """How far a run the report compares with (a lake of the run's ``against``) has got: ``state``
+    is "complete", "under way", "not started" or "unreadable" (``problem`` says why), with its
+    scheduler and statistics steps where it has a run."""
+    other = Lake(path)
+    try:
+        spec = load_run(other)
+        if spec is None:
+            return {"lake": str(other.root), "state": "not started"}
+        stats = other.steps("statistics")
+        return {
+            "lake": str(other.root),
+            "state": "complete" if next_action(other) is None else "under way",
+            "scheduler": spec.scheduler,
+            "steps": len(stats),
+            "last_step": stats[-1] if stats else None,
+            "max_steps": spec.max_steps,
+        }
+    except (EnvschedError, OSError) as exc:  # a damaged partner: named, never the status's end
+        return {"lake": str(other.root), "state": "unreadable", "problem": str(exc)}
 
 
 def best_heldout(lake: Lake) -> dict | None:

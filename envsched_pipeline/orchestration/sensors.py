@@ -15,9 +15,7 @@ completes after it.
 import dagster as dg
 
 from envsched_pipeline.core.gates import rewinds
-from envsched_pipeline.core.loop import next_action
-from envsched_pipeline.errors import EnvschedError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.core.loop import partner
 from envsched_pipeline.orchestration.jobs import report_job, select_job, train_job
 from envsched_pipeline.orchestration.partitions import training_steps
 from envsched_pipeline.orchestration.plan import Request, next_request
@@ -72,15 +70,8 @@ def partners_mark(spec) -> str:
     over the steps it holds, one not started yet is named as not compared)."""
     if not spec.against:
         return ""
-    marks = []
-    for path in spec.against:
-        other = Lake(path)
-        try:
-            done = load_run(other) is not None and next_action(other) is None
-        except (EnvschedError, OSError):  # a damaged partner: the report names it
-            done = False
-        marks.append(str(max(other.steps("statistics"), default=-1)) if done else "open")
-    return "-vs-" + ".".join(marks)
+    states = [partner(path) for path in spec.against]
+    return "-vs-" + ".".join(str(p["last_step"]) if p["state"] == "complete" else "open" for p in states)
 
 
 def to_run_request(req: Request) -> dg.RunRequest:

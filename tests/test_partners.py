@@ -74,6 +74,13 @@ def test_a_run_compares_itself_with_the_runs_it_names_at_its_end(small_pool, dag
     again = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert [a["lake"] for a in again["against"]] == [str(rand.root), str(later)] and not again["not_compared"]
     assert {v["baseline"] for v in again["verdicts"]} == {"random", "mopps"}
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path), "--json"]) == 0
+    rows = {r["lake"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert (
+        rows[str(mine.root)]["against"] == [str(rand.root), str(later)]
+        and rows[str(rand.root)]["against"] == []
+    )
     # resumed with `--against none`: compared with nothing, the usual closing line
     assert main(["--lake", str(mine.root), "train", "--steps", "4", "--against", "none"]) == 0
     assert load_run(mine).against == [] and "envsched report --out DIR" in capsys.readouterr().out

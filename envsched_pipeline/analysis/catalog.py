@@ -60,6 +60,7 @@ def describe(lake: Lake) -> dict:
             group_size=spec.group_size,
             steps=len(done),
             max_steps=spec.max_steps,
+            against=list(spec.against),  # the runs its report compares with (`train --against`)
             state="complete" if action is None else _state(lake, action),
             heldout=_last_heldout(lake),
             means=_means(lake) if done else {},

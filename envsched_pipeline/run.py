@@ -422,26 +422,11 @@ def start_run(
     spec = with_neural_defaults(spec)  # the run states them: a later default change cannot reach it
     current = load_run(lake)
     if current is not None and lake.steps("manifests"):
-        diff = [
-            f"{k}: lake has {getattr(current, k)!r}, asked {getattr(spec, k)!r}"
-            for k in FIXED
-            if getattr(current, k) != getattr(spec, k)
-        ]
-        if diff:
-            raise StepError(
-                f"{lake.root} already holds a run with other settings ({'; '.join(diff)}). "
-                "Use another lake (--lake DIR or ENVSCHED_LAKE) or the same settings to resume."
-            )
-        changed = [
-            k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)
-        ]
+        refusal = resume_refusal(lake, current, spec, allow_config_change)
+        if refusal:
+            raise StepError(refusal)
+        changed = _changed_configs(current, spec)
         record = lake.read_json(RUN_FILE) or {}
-        if changed and not allow_config_change and _training_changes(current, spec):
-            raise StepError(
-                f"{lake.root}: the run was started with {', '.join(f'{k}={getattr(current, k)}' for k in changed)}; "
-                f"this command asks for {', '.join(f'{k}={getattr(spec, k)}' for k in changed)}. "
-                "Resume with the same settings, or allow the change explicitly (--allow-config-change)."
-            )
         spec = replace(
             spec,
             max_steps=max(current.max_steps, spec.max_steps),
@@ -467,6 +452,36 @@ def start_run(
         spec = replace(spec, run_id=uuid.uuid4().hex[:8])
     lake.write_json(RUN_FILE, spec.to_dict())
     return spec
+
+
+def resume_refusal(
+    lake: Lake, current: RunSpec, spec: RunSpec, allow_config_change: bool = False
+) -> str | None:
+    """Why ``spec`` may not resume ``current``, the run ``lake`` holds with steps: a setting of
+    ``FIXED`` differs, or a scheduler or policy config that changes training, without
+    ``allow_config_change``; None when it may (only ``max_steps`` grows, the rest is recorded)."""
+    diff = [
+        f"{k}: lake has {getattr(current, k)!r}, asked {getattr(spec, k)!r}"
+        for k in FIXED
+        if getattr(current, k) != getattr(spec, k)
+    ]
+    if diff:
+        return (
+            f"{lake.root} already holds a run with other settings ({'; '.join(diff)}). "
+            "Use another lake (--lake DIR or ENVSCHED_LAKE) or the same settings to resume."
+        )
+    changed = _changed_configs(current, spec)
+    if changed and not allow_config_change and _training_changes(current, spec):
+        return (
+            f"{lake.root}: the run was started with {', '.join(f'{k}={getattr(current, k)}' for k in changed)}; "
+            f"this command asks for {', '.join(f'{k}={getattr(spec, k)}' for k in changed)}. "
+            "Resume with the same settings, or allow the change explicitly (--allow-config-change)."
+        )
+    return None
+
+
+def _changed_configs(current: RunSpec, spec: RunSpec) -> list[str]:
+    return [k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)]
 
 
 def _training_changes(current: RunSpec, spec: RunSpec) -> bool:

@@ -22,7 +22,7 @@ import sys
 import warnings
 
 from envsched_pipeline import __version__
-from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, train
+from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, sweep, train
 from envsched_pipeline.cli.common import HelpFormatter, Parser
 from envsched_pipeline.errors import EnvschedError
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lake", default=None, help="lake root (default: $ENVSCHED_LAKE, else warehouse/lake)")
     p.add_argument("--version", action="version", version=f"envsched {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (train, sql, pool, step, rollouts, analyze, deploy):
+    for module in (train, sweep, sql, pool, step, rollouts, analyze, deploy):
         module.add_parser(sub)
     return p
 

@@ -462,19 +462,27 @@ def cmd_runs(args) -> int:
 
 def cmd_compare(args) -> int:
     out = writable_dir("--out", args.out) if args.out else None
-    against = [Lake(x) for x in args.against]
-    if len(args.runs) > 1:  # several schedulers: the ablation table over seeds
-        result = compare_rows([[Lake(x) for x in g] for g in args.runs], against, effect=args.effect)
+    groups = [[Lake(x) for x in g] for g in args.runs]
+    return print_comparison(groups, [Lake(x) for x in args.against], args.effect, out, args.json)
+
+
+def print_comparison(
+    groups: list[list[Lake]], against: list[Lake], effect: float | None, out: Path | None, as_json: bool
+) -> int:
+    """One scheduler's runs (one group) against ``against`` over seeds, or several side by side
+    (the ablation table): printed, as JSON with ``as_json``, and its page written to ``out``."""
+    if len(groups) > 1:  # several schedulers: the ablation table over seeds
+        result = compare_rows(groups, against, effect=effect)
         writer, lines = write_rows, table_markdown(result)
         lines += [f"  note ({r['runs']['name']}): {n}" for r in result["rows"] for n in r["notes"]]
         lines += [f"  {lead['text']}" for lead in result["leaders"]]
     else:
-        result = compare_seeds([Lake(x) for x in args.runs[0]], against, effect=args.effect)
+        result = compare_seeds(groups[0], against, effect=effect)
         writer, lines = write_comparison, seed_table(result)
         lines += [f"  note: {n}" for n in result["notes"]]
         lines += [f"  {mark(v['better'])} {v['text']}" for v in result["verdicts"]]
     page = writer(result, out) if out else None
-    if args.json:
+    if as_json:
         print(dumps(result, indent=2))
         return 0
     print("\n".join(lines))

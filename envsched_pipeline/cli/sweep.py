@@ -1,0 +1,294 @@
+"""``envsched sweep``: the paper's ablation on your own pool in one command.
+
+Each scheduler runs at each seed in a lake of its own (``DIR/<scheduler>-s<seed>``) through
+``envsched train``, up to ``--jobs`` at once; the baseline's run of a seed goes first and every
+other run of that seed names it (``train --against``), so each run's own report compares with it.
+At the end the runs are judged over seeds, side by side (``envsched compare --runs ... --runs ...
+--against ...``). Every run is checked before any starts; the same command again resumes the
+runs that did not finish and leaves the finished ones as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envsched_pipeline.cli import train
+from envsched_pipeline.cli.analyze import print_comparison
+from envsched_pipeline.cli.common import (
+    COUNT,
+    INDEX,
+    HelpFormatter,
+    Parser,
+    UsageError,
+    dagster_home,
+    names,
+    writable_dir,
+)
+from envsched_pipeline.core.build import check_run
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import load_run, resume_refusal, with_neural_defaults
+from envsched_pipeline.scheduler.variants import resolve
+
+# what the sweep sets for each run itself, so a train flag after `--` may not
+SET_BY_SWEEP = ("--scheduler", "--seed", "--steps", "--max-steps", "--against", "--lake")
+PROGRESS_EVERY = 30.0  # seconds between the lines that say how far the running runs are
+LOG_LINES = 5  # of a failed run's log, shown with the failure
+
+
+@dataclass
+class Planned:
+    """One run of the sweep: its scheduler, seed, lake and the `envsched train` arguments."""
+
+    scheduler: str
+    seed: int
+    steps: int
+    lake: Path
+    argv: list[str]
+    baseline: bool
+    log: Path
+    result: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.scheduler} s{self.seed}"
+
+
+def seed_list(text: str) -> list[int]:
+    """An argparse type: seeds as ``0,1,2`` or ranges ``0-4`` (mixed, in order, repeats dropped)."""
+    seeds: list[int] = []
+    for part in names(text):
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = INDEX(lo), INDEX(hi) if sep else INDEX(lo)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{part!r}: {exc}") from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"{part!r}: a range goes up (e.g. 0-4)")
+        seeds += [s for s in range(first, last + 1) if s not in seeds]
+    if not seeds:
+        raise argparse.ArgumentTypeError("names no seed")
+    return seeds
+
+
+def add_parser(sub) -> None:
+    sw = sub.add_parser(
+        "sweep",
+        help="each scheduler at each seed, one lake per run, then the table over seeds",
+        description="Run each of --schedulers at each of --seeds through `envsched train` (one lake "
+        "per run under --dir, up to --jobs at once; the baseline's runs first, every other run "
+        "compared with its seed's baseline run), then judge them over seeds side by side, as `envsched "
+        "compare` does. Flags after `--` go to every `envsched train` (pool, policy, B, G, held-out "
+        "settings...). Every run is checked before any starts; the same command again resumes what did "
+        "not finish.",
+        formatter_class=HelpFormatter,
+    )
+    sw.add_argument("--dir", required=True, help="folder of the sweep's lakes (DIR/<scheduler>-s<seed>)")
+    sw.add_argument(
+        "--schedulers",
+        required=True,
+        help="comma-separated schedulers or named variants (e.g. envsched@success+adaptive+covsampled+lr,mopps); "
+        "the baseline is added when not named",
+    )
+    sw.add_argument("--seeds", type=seed_list, required=True, help="seeds: 0,1,2 or 0-4 (two at least)")
+    sw.add_argument("--steps", type=COUNT, required=True, help="steps per run")
+    sw.add_argument("--baseline", default="random", help="the scheduler every other is judged against")
+    sw.add_argument("--jobs", type=COUNT, default=1, help="runs at once (each takes a core or more)")
+    sw.add_argument(
+        "--effect", type=float, default=None, help="plan for this held-out difference (compare --effect)"
+    )
+    sw.add_argument("--out", default=None, help="the table's page (default DIR/comparison)")
+    sw.add_argument("--json", action="store_true", help="the table as JSON")
+    sw.add_argument("train_flags", nargs=argparse.REMAINDER, help="-- then flags for every `envsched train`")
+    sw.set_defaults(func=cmd_sweep)
+
+
+def slug(scheduler: str) -> str:
+    """A scheduler or variant name as a folder name (``envsched@a+b`` -> ``envsched_a_b``)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", scheduler).strip("_")
+
+
+def plan(args) -> list[Planned]:
+    """Every run of the sweep, each checked as `envsched train` would check it (its settings, the
+    run its lake already holds, its baseline's run where that exists), before any starts."""
+    flags = list(args.train_flags)
+    if flags[:1] == ["--"]:
+        flags = flags[1:]
+    for flag in flags:
+        if flag.split("=", 1)[0] in SET_BY_SWEEP:
+            raise UsageError(
+                f"-- {flag}: the sweep sets it for each run (--schedulers, --seeds, --steps, --dir; the "
+                "baseline is named to every other run)"
+            )
+    chosen = names(args.schedulers)
+    twice = sorted({n for n in chosen if chosen.count(n) > 1})
+    if twice:
+        raise UsageError(f"--schedulers: {', '.join(twice)} is named twice")
+    schedulers = chosen if args.baseline in chosen else [args.baseline, *chosen]
+    for flag, name in [("--baseline", args.baseline), *(("--schedulers", n) for n in chosen)]:
+        try:
+            resolve(name)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from exc
+    if len(schedulers) < 2:
+        raise UsageError(f"--schedulers: name a scheduler besides the baseline ({args.baseline})")
+    folders = [slug(s) for s in schedulers]
+    for i, f in enumerate(folders):
+        if f in folders[:i]:
+            raise UsageError(
+                f"--schedulers: {schedulers[folders.index(f)]} and {schedulers[i]} would share the lakes "
+                f"{f}-s<seed> (each is named once)"
+            )
+    if len(args.seeds) < 2:
+        raise UsageError("--seeds: two seeds at least (the runs are judged over seeds)")
+    root = Path(args.dir).resolve()
+    parser = Parser(prog="envsched")  # `envsched train`'s own options, to check each run's flags here
+    train.add_parser(parser.add_subparsers())
+    runs = []
+    for scheduler, folder in zip(schedulers, folders, strict=True):
+        for seed in args.seeds:
+            lake = root / f"{folder}-s{seed}"
+            base = root / f"{slug(args.baseline)}-s{seed}"
+            argv = [
+                "train",
+                *flags,
+                "--scheduler",
+                scheduler,
+                "--seed",
+                str(seed),
+                "--steps",
+                str(args.steps),
+            ]
+            is_base = scheduler == args.baseline
+            if not is_base:
+                argv += ["--against", str(base)]
+            log = root / "logs" / f"{lake.name}.log"
+            runs.append(Planned(scheduler, seed, args.steps, lake, argv, is_base, log))
+    for r in runs:
+        try:
+            parsed = parser.parse_args(r.argv)
+        except UsageError as exc:
+            raise UsageError(f"-- {' '.join(flags)}: {exc}") from exc
+        lake = Lake(r.lake)
+        current = load_run(lake)
+        spec = train.requested_run(parsed, current)
+        check_run(lake, spec)
+        if current is not None and lake.steps("manifests"):
+            refusal = resume_refusal(lake, current, with_neural_defaults(spec), parsed.allow_config_change)
+            if refusal:
+                raise UsageError(f"{r.name}: {refusal}")
+    return runs
+
+
+def cmd_sweep(args) -> int:
+    runs = plan(args)
+    if args.out:
+        writable_dir("--out", args.out)  # before hours of runs
+    from envsched_pipeline.orchestration.driver import get_instance  # Dagster: once the runs are checked
+
+    home = dagster_home()  # one instance for every run: they all show in the UI
+    get_instance().dispose()  # its storage made here, once: runs starting together would race to make it
+    (runs[0].log.parent).mkdir(parents=True, exist_ok=True)
+    root = runs[0].lake.parent
+    print(
+        f"sweep: {len(runs)} runs ({len({r.scheduler for r in runs})} schedulers x {len(args.seeds)} seeds, "
+        f"{args.steps} steps each), {args.jobs} at a time, in {root}; logs in {root / 'logs'}",
+        flush=True,
+    )
+    code = run_all(runs, args.jobs, dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1"))
+    if code:
+        return code
+    schedulers = dict.fromkeys(r.scheduler for r in runs if not r.baseline)
+    groups = [[Lake(r.lake) for r in runs if r.scheduler == s] for s in schedulers]
+    against = [Lake(r.lake) for r in runs if r.baseline]
+    out = writable_dir("--out", args.out) if args.out else root / "comparison"
+    return print_comparison(groups, against, args.effect, out, args.json)
+
+
+def run_all(runs: list[Planned], jobs: int, env: dict) -> int:
+    """Run ``runs`` (baselines first; another run of a seed once its baseline has ended), up to
+    ``jobs`` at once, saying what starts, ends and how far the running ones are. 0 when every run
+    completed; 1 when one failed (the others still run); 130 on Ctrl-C (the runs stop cleanly)."""
+    waiting = sorted(runs, key=lambda r: not r.baseline)
+    running: dict[str, tuple[Planned, subprocess.Popen, float]] = {}
+    ended: set[int] = set()  # seeds whose baseline run has ended
+    t0 = last_line = time.time()
+    try:
+        while waiting or running:
+            for r in [r for r in waiting if r.baseline or r.seed in ended]:
+                if len(running) >= jobs:
+                    break
+                waiting.remove(r)
+                running[r.name] = (r, start(r, env), time.time())
+                print(f"started {r.name} ({r.lake})", flush=True)
+            for name, (r, proc, started) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                if r.baseline:
+                    ended.add(r.seed)
+                r.result = {"rc": proc.returncode, "seconds": time.time() - started}
+                print(ended_line(r), flush=True)
+            if running and time.time() - last_line >= PROGRESS_EVERY:
+                last_line = time.time()
+                print(progress_line(runs, [r for r, _, _ in running.values()], t0), flush=True)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        # each run (a session of its own: Ctrl-C reaches this process only) is asked once to stop
+        # after its step, as `envsched train` stops on Ctrl-C
+        for _, proc, _ in running.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for _, proc, _ in running.values():
+            proc.wait()
+        print("interrupted: the same command resumes the sweep", file=sys.stderr, flush=True)
+        return 130
+    failed = [r for r in runs if r.result.get("rc")]
+    if failed:
+        print(
+            f"{len(failed)} of {len(runs)} runs failed ({', '.join(r.name for r in failed)}): no table; the "
+            "same command runs them again (the finished runs are kept)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    print(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+def start(r: Planned, env: dict) -> subprocess.Popen:
+    with open(r.log, "a") as log:  # the child keeps its own handle
+        log.write(f"$ envsched --lake {r.lake} {' '.join(r.argv)}\n")
+        log.flush()
+        return subprocess.Popen(
+            [sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(r.lake), *r.argv],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def ended_line(r: Planned) -> str:
+    steps = len(Lake(r.lake).steps("statistics"))
+    if r.result["rc"] == 0:
+        return f"done {r.name}: {steps} steps in {r.result['seconds']:.0f}s"
+    tail = r.log.read_text(errors="replace").strip().splitlines()[-LOG_LINES:]
+    return (
+        f"failed {r.name} (exit {r.result['rc']}) after {r.result['seconds']:.0f}s at {steps} steps; its log "
+        f"{r.log} ends:\n" + "\n".join(f"    {line}" for line in tail)
+    )
+
+
+def progress_line(runs: list[Planned], running: list[Planned], t0: float) -> str:
+    now = ", ".join(f"{r.name} step {len(Lake(r.lake).steps('statistics'))}/{r.steps}" for r in running)
+    done = sum(1 for r in runs if r.result)
+    return f"[{time.time() - t0:.0f}s] running: {now}; ended {done} of {len(runs)}"

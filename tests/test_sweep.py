@@ -111,6 +111,10 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
             ["--schedulers", "mopps", "--seeds", "0,1", "--", "--against=x"],
             "-- --against=x: the sweep sets it",
         ),
+        (
+            ["--schedulers", "mopps", "--seeds", "0,1", "--", "--again", "x"],
+            "sets the scheduler, seed, steps or",
+        ),
         (["--schedulers", "mopps", "--seeds", "4"], "--seeds: two seeds at least"),
         (["--schedulers", "mopps", "--seeds", "3-1"], "argument --seeds: '3-1': a range goes up"),
         (["--schedulers", "random", "--seeds", "0,1"], "--schedulers: name a scheduler besides the baseline"),

@@ -54,6 +54,7 @@ class Planned:
     argv: list[str]
     baseline: bool
     log: Path
+    base: str  # the folder of its seed's baseline run
     result: dict = field(default_factory=dict)
 
     @property
@@ -170,12 +171,18 @@ def plan(args) -> list[Planned]:
             if not is_base:
                 argv += ["--against", str(base)]
             log = root / "logs" / f"{lake.name}.log"
-            runs.append(Planned(scheduler, seed, args.steps, lake, argv, is_base, log))
+            runs.append(Planned(scheduler, seed, args.steps, lake, argv, is_base, log, base.name))
     for r in runs:
         try:
             parsed = parser.parse_args(r.argv)
         except UsageError as exc:
             raise UsageError(f"-- {' '.join(flags)}: {exc}") from exc
+        asked = (parsed.scheduler, parsed.seed, parsed.steps, parsed.max_steps, parsed.against)
+        if asked != (r.scheduler, r.seed, r.steps, None, None if r.baseline else [str(root / r.base)]):
+            raise UsageError(  # an abbreviation argparse took for one of them (--sched, --again)
+                f"-- {' '.join(flags)}: sets the scheduler, seed, steps or runs compared with, which the "
+                "sweep sets for each run"
+            )
         lake = Lake(r.lake)
         current = load_run(lake)
         spec = train.requested_run(parsed, current)

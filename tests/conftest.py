@@ -71,6 +71,7 @@ LAYERS = {
         "test_shape",
         "test_neural",
         "test_settings",
+        "test_levers",
     ),
     "steps": (
         "test_loop",
@@ -84,6 +85,9 @@ LAYERS = {
         "test_trainer",
         "test_yield",
         "test_explain",
+        "test_sandbox_reach",
+        "test_trust",
+        "test_trackers",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (
@@ -96,6 +100,9 @@ LAYERS = {
         "test_s3_lake",
         "test_report",
         "test_compare",
+        "test_partners",
+        "test_sweep",
+        "test_watching",
     ),
 }
 

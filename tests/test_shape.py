@@ -52,6 +52,16 @@ def test_function_level_imports_carry_a_reason():
     assert not bare, "function-level imports without a reason:\n" + "\n".join(sorted(set(bare)))
 
 
+def test_every_test_module_belongs_to_a_layer():
+    """`make test-unit|steps|dagster|e2e` select by layer: a module in none would run only in `make test`."""
+    from tests.conftest import LAYERS  # the layers this test checks
+
+    layered = [m for modules in LAYERS.values() for m in modules]
+    modules = sorted(p.stem for p in (ROOT / "tests").glob("test_*.py"))
+    assert [m for m in modules if m not in layered] == []
+    assert sorted(set(layered)) == sorted(layered) and set(layered) <= set(modules)
+
+
 def test_no_references_to_specs_outside_the_repository():
     hits = []
     paths = [p for d in (*PACKAGES, "docs", "bench", "examples") for p in (ROOT / d).rglob("*")]

@@ -96,7 +96,8 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     assert p.returncode == 0, p.stderr
     assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "random s1"} == before
     assert len(stuck.steps("statistics")) == 4
-    result = json.loads(p.stdout[p.stdout.index("{\n") :])
+    result = json.loads(p.stdout)  # the progress went to stderr
+    assert "all 6 runs complete in " in p.stderr
     assert [r["runs"]["name"] for r in result["rows"]] == ["mopps", FORM]
     assert {p["seed"] for r in result["rows"] for p in r["pairs"]} == {0, 1}
 

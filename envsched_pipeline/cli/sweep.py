@@ -11,6 +11,7 @@ runs that did not finish and leaves the finished ones as they are.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import signal
@@ -204,12 +205,13 @@ def cmd_sweep(args) -> int:
     get_instance().dispose()  # its storage made here, once: runs starting together would race to make it
     (runs[0].log.parent).mkdir(parents=True, exist_ok=True)
     root = runs[0].lake.parent
-    print(
+    # with --json, stdout is the table's JSON alone: the progress goes to stderr
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
+    say(
         f"sweep: {len(runs)} runs ({len({r.scheduler for r in runs})} schedulers x {len(args.seeds)} seeds, "
-        f"{args.steps} steps each), {args.jobs} at a time, in {root}; logs in {root / 'logs'}",
-        flush=True,
+        f"{args.steps} steps each), {args.jobs} at a time, in {root}; logs in {root / 'logs'}"
     )
-    code = run_all(runs, args.jobs, dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1"))
+    code = run_all(runs, args.jobs, dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1"), say)
     if code:
         return code
     schedulers = dict.fromkeys(r.scheduler for r in runs if not r.baseline)
@@ -219,9 +221,9 @@ def cmd_sweep(args) -> int:
     return print_comparison(groups, against, args.effect, out, args.json)
 
 
-def run_all(runs: list[Planned], jobs: int, env: dict) -> int:
+def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     """Run ``runs`` (baselines first; another run of a seed once its baseline has ended), up to
-    ``jobs`` at once, saying what starts, ends and how far the running ones are. 0 when every run
+    ``jobs`` at once, saying (``say``) what starts, ends and how far the running ones are. 0 when every run
     completed; 1 when one failed (the others still run); 130 on Ctrl-C (the runs stop cleanly)."""
     waiting = sorted(runs, key=lambda r: not r.baseline)
     running: dict[str, tuple[Planned, subprocess.Popen, float]] = {}
@@ -234,7 +236,7 @@ def run_all(runs: list[Planned], jobs: int, env: dict) -> int:
                     break
                 waiting.remove(r)
                 running[r.name] = (r, start(r, env), time.time())
-                print(f"started {r.name} ({r.lake})", flush=True)
+                say(f"started {r.name} ({r.lake})")
             for name, (r, proc, started) in list(running.items()):
                 if proc.poll() is None:
                     continue
@@ -242,10 +244,10 @@ def run_all(runs: list[Planned], jobs: int, env: dict) -> int:
                 if r.baseline:
                     ended.add(r.seed)
                 r.result = {"rc": proc.returncode, "seconds": time.time() - started}
-                print(ended_line(r), flush=True)
+                say(ended_line(r))
             if running and time.time() - last_line >= PROGRESS_EVERY:
                 last_line = time.time()
-                print(progress_line(runs, [r for r, _, _ in running.values()], t0), flush=True)
+                say(progress_line(runs, [r for r, _, _ in running.values()], t0))
             time.sleep(0.5)
     except KeyboardInterrupt:
         # each run (a session of its own: Ctrl-C reaches this process only) is asked once to stop
@@ -266,7 +268,7 @@ def run_all(runs: list[Planned], jobs: int, env: dict) -> int:
             flush=True,
         )
         return 1
-    print(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s", flush=True)
+    say(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s")
     return 0
 
 

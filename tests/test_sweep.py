@@ -43,10 +43,17 @@ def lakes(tmp_path) -> dict[str, Lake]:
     }
 
 
+def small_pools(runs) -> None:
+    """The small pool in each lake before the sweep (the built-in one takes longer to import)."""
+    for lake in runs:
+        import_pool(lake, load_synthetic("synthetic", **SMALL))
+
+
 def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_side(tmp_path, dagster_home):
+    runs = lakes(tmp_path)
+    small_pools(runs.values())
     p = sweep(tmp_path, 3, "--jobs", "2")
     assert p.returncode == 0, p.stderr
-    runs = lakes(tmp_path)
     for name, lake in runs.items():
         scheduler, seed = name.rsplit(" s", 1)
         spec = load_run(lake)
@@ -86,6 +93,7 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     p = sweep(tmp_path, 4, "--jobs", "2")
     assert p.returncode == 1 and "failed random s1 (exit 2)" in p.stdout and "a test halted it" in p.stdout
     assert "1 of 6 runs failed (random s1): no table" in p.stderr and "| scheduler |" not in p.stdout
+    assert f"`envsched runs {tmp_path / 'sw'}` gives the comparisons" in p.stderr
     assert {n: len(lk.steps("statistics")) for n, lk in runs.items()} == {
         n: 3 if n == "random s1" else 4 for n in runs
     }
@@ -152,6 +160,7 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
 
 
 def test_ctrl_c_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_home):
+    small_pools(Lake(tmp_path / "sw" / f"{s}-s{seed}") for s in ("random", "mopps") for seed in (0, 1))
     argv = [
         "sweep",
         "--dir",

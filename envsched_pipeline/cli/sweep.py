@@ -263,7 +263,8 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     if failed:
         print(
             f"{len(failed)} of {len(runs)} runs failed ({', '.join(r.name for r in failed)}): no table; the "
-            "same command runs them again (the finished runs are kept)",
+            "same command runs them again (the finished runs are kept), and `envsched runs "
+            f"{runs[0].lake.parent}` gives the comparisons the finished runs allow",
             file=sys.stderr,
             flush=True,
         )

@@ -148,9 +148,12 @@ def test_the_sensor_reports_again_when_a_named_partner_completes_later(small_run
         )
         assert res.success
         (mat,) = res.get_asset_materialization_events()
-        return json.loads(
-            (Path(mat.materialization.metadata["report"].value).parent / "summary.json").read_text()
-        )
+        meta = mat.materialization.metadata
+        summary = json.loads((Path(meta["report"].value).parent / "summary.json").read_text())
+        # the UI names the runs not compared yet beside the verdicts
+        shown = meta["not_compared_yet"].value if "not_compared_yet" in meta else ""
+        assert shown == "\n".join(f"- {w}" for w in summary["not_compared"])
+        return summary
 
     with dg.instance_for_test() as instance:
         r = training_loop_sensor(dg.build_sensor_context(instance=instance, resources=resources(mine)))

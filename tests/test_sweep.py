@@ -104,6 +104,14 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     assert p.returncode == 0, p.stderr
     assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "random s1"} == before
     assert len(stuck.steps("statistics")) == 4
+    # the runs an earlier sweep finished start no process
+    assert [line for line in p.stderr.splitlines() if line.startswith("started ")] == [
+        f"started random s1 ({stuck.root})"
+    ]
+    assert (
+        sum(line.startswith("already done ") and line.endswith(": 4 steps") for line in p.stderr.splitlines())
+        == 5
+    )
     result = json.loads(p.stdout)  # the progress went to stderr
     assert "all 6 runs complete in " in p.stderr
     assert [r["runs"]["name"] for r in result["rows"]] == ["mopps", FORM]

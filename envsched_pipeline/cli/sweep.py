@@ -34,6 +34,7 @@ from envsched_pipeline.cli.common import (
     writable_dir,
 )
 from envsched_pipeline.core.build import check_run
+from envsched_pipeline.core.gates import halted
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import load_run, resume_refusal, with_neural_defaults
 from envsched_pipeline.scheduler.variants import resolve
@@ -232,9 +233,15 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     try:
         while waiting or running:
             for r in [r for r in waiting if r.baseline or r.seed in ended]:
-                if len(running) >= jobs:
+                done = finished(r)
+                if done is None and len(running) >= jobs:
                     break
                 waiting.remove(r)
+                if done is not None:  # from an earlier sweep: no process to start
+                    r.result = {"rc": 0, "seconds": 0.0}
+                    ended.update([r.seed] if r.baseline else [])
+                    say(f"already done {r.name}: {done} steps")
+                    continue
                 running[r.name] = (r, start(r, env), time.time())
                 say(f"started {r.name} ({r.lake})")
             for name, (r, proc, started) in list(running.items()):
@@ -271,6 +278,14 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
         return 1
     say(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s")
     return 0
+
+
+def finished(r: Planned) -> int | None:
+    """The steps ``r``'s lake holds when they are as many as the sweep asks for or more and the run
+    is not halted (an earlier sweep finished it), else None: the run has to be started."""
+    lake = Lake(r.lake)
+    done = len(lake.steps("statistics"))
+    return done if done >= r.steps and halted(lake) is None else None
 
 
 def start(r: Planned, env: dict) -> subprocess.Popen:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import dagster as dg
+import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.ablation import compare_rows, table_markdown
@@ -167,7 +168,8 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["mopps-s1"]  # nothing else made, no run started
 
 
-def test_ctrl_c_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_home):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_or_kill_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_home, stop):
     small_pools(Lake(tmp_path / "sw" / f"{s}-s{seed}") for s in ("random", "mopps") for seed in (0, 1))
     argv = [
         "sweep",
@@ -192,7 +194,7 @@ def test_ctrl_c_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_home):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.5)
     children = descendants(proc.pid)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "interrupted: the same command resumes the sweep" in err
     assert children and not [pid for pid in children if _alive(pid)]

@@ -41,6 +41,7 @@ from envsched_pipeline.scheduler.variants import resolve
 
 # what the sweep sets for each run itself, so a train flag after `--` may not
 SET_BY_SWEEP = ("--scheduler", "--seed", "--steps", "--max-steps", "--against", "--lake")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PROGRESS_EVERY = 30.0  # seconds between the lines that say how far the running runs are
 LOG_LINES = 5  # of a failed run's log, shown with the failure
 
@@ -225,11 +226,13 @@ def cmd_sweep(args) -> int:
 def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     """Run ``runs`` (baselines first; another run of a seed once its baseline has ended), up to
     ``jobs`` at once, saying (``say``) what starts, ends and how far the running ones are. 0 when every run
-    completed; 1 when one failed (the others still run); 130 on Ctrl-C (the runs stop cleanly)."""
+    completed; 1 when one failed (the others still run); 130 on Ctrl-C or SIGTERM (the runs stop
+    after their step)."""
     waiting = sorted(runs, key=lambda r: not r.baseline)
     running: dict[str, tuple[Planned, subprocess.Popen, float]] = {}
     ended: set[int] = set()  # seeds whose baseline run has ended
     t0 = last_line = time.time()
+    before = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}  # the runs inherit the default
     try:
         while waiting or running:
             for r in [r for r in waiting if r.baseline or r.seed in ended]:
@@ -266,6 +269,9 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
             proc.wait()
         print("interrupted: the same command resumes the sweep", file=sys.stderr, flush=True)
         return 130
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     failed = [r for r in runs if r.result.get("rc")]
     if failed:
         print(
@@ -278,6 +284,13 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
         return 1
     say(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s")
     return 0
+
+
+def _stop(signum, frame) -> None:
+    """Ctrl-C or `kill` (SIGTERM) while the runs go: stop them after their step, whatever this
+    process inherited (a sweep started in the background ignores SIGINT; SIGTERM would end it and
+    leave its runs going, each in a session of its own)."""
+    raise KeyboardInterrupt
 
 
 def finished(r: Planned) -> int | None:

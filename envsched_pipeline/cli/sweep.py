@@ -199,8 +199,7 @@ def plan(args) -> list[Planned]:
 
 def cmd_sweep(args) -> int:
     runs = plan(args)
-    if args.out:
-        writable_dir("--out", args.out)  # before hours of runs
+    out = writable_dir("--out", args.out) if args.out else None  # before hours of runs
     from envsched_pipeline.orchestration.driver import get_instance  # Dagster: once the runs are checked
 
     home = dagster_home()  # one instance for every run: they all show in the UI
@@ -219,8 +218,7 @@ def cmd_sweep(args) -> int:
     schedulers = dict.fromkeys(r.scheduler for r in runs if not r.baseline)
     groups = [[Lake(r.lake) for r in runs if r.scheduler == s] for s in schedulers]
     against = [Lake(r.lake) for r in runs if r.baseline]
-    out = writable_dir("--out", args.out) if args.out else root / "comparison"
-    return print_comparison(groups, against, args.effect, out, args.json)
+    return print_comparison(groups, against, args.effect, out or root / "comparison", args.json)
 
 
 def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
@@ -231,20 +229,21 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     waiting = sorted(runs, key=lambda r: not r.baseline)
     running: dict[str, tuple[Planned, subprocess.Popen, float]] = {}
     ended: set[int] = set()  # seeds whose baseline run has ended
+    for r in list(waiting):  # from an earlier sweep: no process to start (looked at once, here)
+        done = finished(r)
+        if done is not None:
+            waiting.remove(r)
+            r.result = {"rc": 0, "seconds": 0.0}
+            ended.update([r.seed] if r.baseline else [])
+            say(f"already done {r.name}: {done} steps")
     t0 = last_line = time.time()
     before = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}  # the runs inherit the default
     try:
         while waiting or running:
             for r in [r for r in waiting if r.baseline or r.seed in ended]:
-                done = finished(r)
-                if done is None and len(running) >= jobs:
+                if len(running) >= jobs:
                     break
                 waiting.remove(r)
-                if done is not None:  # from an earlier sweep: no process to start
-                    r.result = {"rc": 0, "seconds": 0.0}
-                    ended.update([r.seed] if r.baseline else [])
-                    say(f"already done {r.name}: {done} steps")
-                    continue
                 running[r.name] = (r, start(r, env), time.time())
                 say(f"started {r.name} ({r.lake})")
             for name, (r, proc, started) in list(running.items()):

@@ -2,7 +2,9 @@
 simulated learner on the built-in pool, one Dagster instance), then the table over seeds; a run
 that fails costs only itself, Ctrl-C stops every run cleanly, and the same command resumes."""
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +15,10 @@ import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.ablation import compare_rows, table_markdown
+from envsched_pipeline.analysis.seeds import compare_seeds, seed_table
 from envsched_pipeline.cli import main
+from envsched_pipeline.cli.common import STOP_WITH_ENV, stop_with_parent
+from envsched_pipeline.cli.sweep import Planned, comparable
 from envsched_pipeline.core.gates import halt
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import import_pool
@@ -88,26 +93,29 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
         lakes_seen = {r.dagster_run.tags.get("envsched/lake") for r in instance.get_run_records()}
     assert {str(lk.root) for lk in runs.values()} <= lakes_seen
 
-    # longer, with one run halted meanwhile: it fails alone, the others go on
-    stuck = runs["random s1"]
+    # longer, with one run halted meanwhile: it fails alone, the others go on, and the table is
+    # made of what completed (mopps has one seed left and is left out)
+    stuck = runs["mopps s1"]
     halt(stuck, 3, "train_job (train)", ["a test halted it"], failed_runs=["r1"])
     p = sweep(tmp_path, 4, "--jobs", "2")
-    assert p.returncode == 1 and "failed random s1 (exit 2)" in p.stdout and "a test halted it" in p.stdout
-    assert "1 of 6 runs failed (random s1): no table" in p.stderr and "| scheduler |" not in p.stdout
-    assert f"`envsched runs {tmp_path / 'sw'}` gives the comparisons" in p.stderr
+    assert p.returncode == 1 and "failed mopps s1 (exit 2)" in p.stdout and "a test halted it" in p.stdout
+    assert "1 of 6 runs failed (mopps s1); the same command runs them again" in p.stderr
+    assert "left out: mopps s1 (failed); mopps (one seed left: a spread over seeds needs two)" in p.stdout
     assert {n: len(lk.steps("statistics")) for n, lk in runs.items()} == {
-        n: 3 if n == "random s1" else 4 for n in runs
+        n: 3 if n == "mopps s1" else 4 for n in runs
     }
+    form = compare_seeds([runs[f"{FORM} s0"], runs[f"{FORM} s1"]], [runs["random s0"], runs["random s1"]])
+    assert "\n".join(seed_table(form)) in p.stdout and "| scheduler |" not in p.stdout
     # resumed, the same command finishes it and leaves the rest as they are
     assert main(["--lake", str(stuck.root), "resume"]) == 0
-    before = {n: lk.steps("manifests") for n, lk in runs.items() if n != "random s1"}
+    before = {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"}
     p = sweep(tmp_path, 4, "--json")
     assert p.returncode == 0, p.stderr
-    assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "random s1"} == before
+    assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"} == before
     assert len(stuck.steps("statistics")) == 4
     # the runs an earlier sweep finished start no process
     assert [line for line in p.stderr.splitlines() if line.startswith("started ")] == [
-        f"started random s1 ({stuck.root})"
+        f"started mopps s1 ({stuck.root})"
     ]
     assert (
         sum(line.startswith("already done ") and line.endswith(": 4 steps") for line in p.stderr.splitlines())
@@ -168,7 +176,78 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["mopps-s1"]  # nothing else made, no run started
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_the_table_of_a_sweep_with_failed_runs_is_made_of_the_seeds_that_completed(tmp_path):
+    def planned(scheduler, seed, rc):
+        lake = tmp_path / f"{scheduler}-s{seed}"
+        r = Planned(
+            scheduler, seed, 4, lake, [], scheduler == "random", tmp_path / "x.log", f"random-s{seed}"
+        )
+        r.result = {"rc": rc, "seconds": 1.0}
+        return r
+
+    rcs = {
+        "random": [0, 0, 0, 2],  # seed 3's baseline failed: every run of seed 3 is left out
+        "mopps": [0, 2, 0, 0],
+        "dps": [0, 2, 2, 0],  # one seed left: the scheduler is left out
+        "greso": [2, 2, 2, 2],
+    }
+    runs = [planned(s, seed, rc) for s, codes in rcs.items() for seed, rc in enumerate(codes)]
+    groups, against, left_out = comparable(runs)
+    assert [[lk.root.name for lk in g] for g in groups] == [["mopps-s0", "mopps-s2"]]
+    assert [lk.root.name for lk in against] == ["random-s0", "random-s2"]
+    assert left_out == [
+        "mopps s1 (failed)",
+        "mopps s3 (random s3 failed)",
+        "dps s1 (failed)",
+        "dps s2 (failed)",
+        "dps s3 (random s3 failed)",
+        "dps (one seed left: a spread over seeds needs two)",
+        "greso s0 (failed)",
+        "greso s1 (failed)",
+        "greso s2 (failed)",
+        "greso s3 (failed)",
+    ]
+    for r in runs:
+        r.result["rc"] = 0
+    groups, against, left_out = comparable(runs)
+    assert len(groups) == 3 and len(against) == 4 and not left_out
+
+
+def test_a_run_whose_sweep_is_gone_stops_before_it_writes_anything(tmp_path):
+    lake = tmp_path / "lake"
+    gone = _dead_pid()  # the pid of a process that has ended: not this run's parent
+    argv = ["--lake", str(lake), "train", "--pool", "synthetic", "--steps", "1"]
+    p = subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", *argv],
+        env={**os.environ, STOP_WITH_ENV: str(gone)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 130 and "envsched: interrupted" in p.stderr and not lake.exists()
+    # with its sweep alive it goes on, and what it starts does not take the sweep for its parent
+    code = (
+        f"from {stop_with_parent.__module__} import stop_with_parent as f; f(); import os; print(os.environ)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, STOP_WITH_ENV: str(os.getpid())},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and STOP_WITH_ENV not in p.stdout and "PATH" in p.stdout
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize(
+    "stop", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "kill", "kill-9"]
+)
 def test_ctrl_c_or_kill_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_home, stop):
     small_pools(Lake(tmp_path / "sw" / f"{s}-s{seed}") for s in ("random", "mopps") for seed in (0, 1))
     argv = [
@@ -194,10 +273,22 @@ def test_ctrl_c_or_kill_stops_every_run_of_the_sweep_cleanly(tmp_path, dagster_h
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.5)
     children = descendants(proc.pid)
-    proc.send_signal(stop)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and "interrupted: the same command resumes the sweep" in err
-    assert children and not [pid for pid in children if _alive(pid)]
+    try:
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=300)
+        if stop == signal.SIGKILL:  # the sweep had no say: the kernel tells each run it is gone
+            assert proc.returncode == -signal.SIGKILL
+            gone_by = time.monotonic() + 120  # a step of this run takes a second or two
+            while [pid for pid in children if _alive(pid)]:
+                assert time.monotonic() < gone_by, "a run of a killed sweep went on"
+                time.sleep(0.5)
+        else:
+            assert proc.returncode == 130 and "interrupted: the same command resumes the sweep" in err
+        assert children and not [pid for pid in children if _alive(pid)]
+    finally:  # a failed check leaves no run going
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     for seed in (0, 1):  # each run stopped after a step: no driver left, nothing half written
         st = status(Lake(tmp_path / "sw" / f"random-s{seed}"))
         assert st["driver"] is None and st["consistent"] and st["last_statistics"] < 399

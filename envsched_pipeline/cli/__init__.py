@@ -23,7 +23,7 @@ import warnings
 
 from envsched_pipeline import __version__
 from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, sweep, train
-from envsched_pipeline.cli.common import HelpFormatter, Parser
+from envsched_pipeline.cli.common import HelpFormatter, Parser, stop_with_parent
 from envsched_pipeline.errors import EnvschedError
 
 MACHINE_REFUSALS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*is currently in (preview|beta).*")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
+        stop_with_parent()
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except EnvschedError as exc:

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake, json_safe
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# set by `envsched sweep` to its own pid for each run it starts: the run stops when the sweep dies
+STOP_WITH_ENV = "ENVSCHED_STOP_WITH"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class UsageError(EnvschedError):
@@ -179,3 +185,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         return action.help if action.default is None else super()._get_help_string(action)
+
+
+def stop_with_parent() -> None:
+    """For a command started by `envsched sweep` (``$ENVSCHED_STOP_WITH`` holds the sweep's pid):
+    ask the kernel for SIGINT when the sweep dies, however it dies (``kill -9`` included), so the
+    run stops after its step as on Ctrl-C instead of going on with nobody to wait for it; when the
+    sweep is already gone, stop now. The variable is removed, so the processes this one starts do
+    not take the sweep for their parent. Linux only (``prctl``); elsewhere the run goes on."""
+    pid = os.environ.pop(STOP_WITH_ENV, None)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(pid):  # the sweep died before the kernel was asked
+        raise KeyboardInterrupt

@@ -4,8 +4,10 @@ Each scheduler runs at each seed in a lake of its own (``DIR/<scheduler>-s<seed>
 ``envsched train``, up to ``--jobs`` at once; the baseline's run of a seed goes first and every
 other run of that seed names it (``train --against``), so each run's own report compares with it.
 At the end the runs are judged over seeds, side by side (``envsched compare --runs ... --runs ...
---against ...``). Every run is checked before any starts; the same command again resumes the
-runs that did not finish and leaves the finished ones as they are.
+--against ...``), over the runs that completed when some failed. Every run is checked before any
+starts; the same command again resumes the runs that did not finish and leaves the finished ones as
+they are. Ctrl-C or SIGTERM stops every run after its step, and so does ``kill -9`` of the sweep
+(each run asks the kernel to be told, :func:`envsched_pipeline.cli.common.stop_with_parent`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from envsched_pipeline.cli.analyze import print_comparison
 from envsched_pipeline.cli.common import (
     COUNT,
     INDEX,
+    STOP_WITH_ENV,
     HelpFormatter,
     Parser,
     UsageError,
@@ -212,13 +215,54 @@ def cmd_sweep(args) -> int:
         f"sweep: {len(runs)} runs ({len({r.scheduler for r in runs})} schedulers x {len(args.seeds)} seeds, "
         f"{args.steps} steps each), {args.jobs} at a time, in {root}; logs in {root / 'logs'}"
     )
-    code = run_all(runs, args.jobs, dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1"), say)
-    if code:
+    env = dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1")
+    env[STOP_WITH_ENV] = str(os.getpid())  # a run stops after its step if the sweep dies (kill -9)
+    code = run_all(runs, args.jobs, env, say)
+    if code == 130:
         return code
-    schedulers = dict.fromkeys(r.scheduler for r in runs if not r.baseline)
-    groups = [[Lake(r.lake) for r in runs if r.scheduler == s] for s in schedulers]
-    against = [Lake(r.lake) for r in runs if r.baseline]
-    return print_comparison(groups, against, args.effect, out or root / "comparison", args.json)
+    groups, against, left_out = comparable(runs)
+    if code:
+        failed = [r for r in runs if r.result.get("rc")]
+        print(
+            f"{len(failed)} of {len(runs)} runs failed ({', '.join(r.name for r in failed)}); the same "
+            "command runs them again (the finished runs are kept)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not groups:
+            print(
+                "no table: no scheduler has two seeds whose run and baseline run both completed",
+                file=sys.stderr,
+                flush=True,
+            )
+            return code
+        say(f"the table over the runs that completed; left out: {'; '.join(left_out)}")
+    print_comparison(groups, against, args.effect, out or root / "comparison", args.json)
+    return code
+
+
+def comparable(runs: list[Planned]) -> tuple[list[list[Lake]], list[Lake], list[str]]:
+    """What the table can be made of: per scheduler its completed runs whose seed's baseline run
+    completed too (a scheduler left with fewer than two is left out), the baseline's runs of those
+    seeds, and what was left out and why (a line each)."""
+    done = {(r.scheduler, r.seed) for r in runs if r.result.get("rc") == 0}
+    base = next(r.scheduler for r in runs if r.baseline)
+    left_out, groups, seeds_used = [], [], set()
+    for scheduler in dict.fromkeys(r.scheduler for r in runs if not r.baseline):
+        mine = [r for r in runs if r.scheduler == scheduler]
+        ok = [r for r in mine if (scheduler, r.seed) in done and (base, r.seed) in done]
+        for r in mine:
+            if r not in ok:
+                why = "failed" if (scheduler, r.seed) not in done else f"{base} s{r.seed} failed"
+                left_out.append(f"{r.name} ({why})")
+        if len(ok) < 2:
+            if ok:
+                left_out.append(f"{scheduler} (one seed left: a spread over seeds needs two)")
+            continue
+        groups.append([Lake(r.lake) for r in ok])
+        seeds_used.update(r.seed for r in ok)
+    against = [Lake(r.lake) for r in runs if r.baseline and r.seed in seeds_used]
+    return groups, against, left_out
 
 
 def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
@@ -271,15 +315,7 @@ def run_all(runs: list[Planned], jobs: int, env: dict, say=print) -> int:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-    failed = [r for r in runs if r.result.get("rc")]
-    if failed:
-        print(
-            f"{len(failed)} of {len(runs)} runs failed ({', '.join(r.name for r in failed)}): no table; the "
-            "same command runs them again (the finished runs are kept), and `envsched runs "
-            f"{runs[0].lake.parent}` gives the comparisons the finished runs allow",
-            file=sys.stderr,
-            flush=True,
-        )
+    if any(r.result.get("rc") for r in runs):
         return 1
     say(f"all {len(runs)} runs complete in {time.time() - t0:.0f}s")
     return 0

@@ -129,6 +129,12 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
 
 def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
     out = tmp_path / "sw"
+    afile, lake = tmp_path / "a-file", Lake(tmp_path / "a-lake")
+    afile.write_text("")
+    start_run(
+        lake, RunSpec(pool="synthetic", scheduler="mopps", seed=1, batch_size=8, group_size=4, max_steps=1)
+    )
+    made = sorted(lake.root.rglob("*"))
     base = ["sweep", "--dir", str(out), "--steps", "2"]
     cases = [
         (["--schedulers", "mopps,nope", "--seeds", "0,1"], "--schedulers: unknown scheduler 'nope'"),
@@ -153,11 +159,14 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
             "prior discount must be in [0, 1]",
         ),
         (["--schedulers", "mopps,dps,mopps", "--seeds", "0,1"], "--schedulers: mopps is named twice"),
+        (["--schedulers", "mopps", "--seeds", "0,1", "--dir", str(afile)], f"--dir: {afile} is a file"),
+        (["--schedulers", "mopps", "--seeds", "0,1", "--dir", str(afile / "x")], f"{afile} is a file"),
+        (["--schedulers", "mopps", "--seeds", "0,1", "--dir", str(lake.root)], "holds a run (it is a lake)"),
     ]
     for argv, why in cases:
         assert main([*base, *argv]) == 2, argv
         assert why in capsys.readouterr().err, argv
-        assert not out.exists()
+        assert not out.exists() and sorted(lake.root.rglob("*")) == made
     # a lake of the sweep already holding a run with other settings: refused, naming the run
     held = Lake(out / "mopps-s1")
     import_pool(held, load_synthetic("synthetic", **SMALL))

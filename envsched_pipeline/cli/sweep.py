@@ -39,7 +39,7 @@ from envsched_pipeline.cli.common import (
 from envsched_pipeline.core.build import check_run
 from envsched_pipeline.core.gates import halted
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import load_run, resume_refusal, with_neural_defaults
+from envsched_pipeline.run import RUN_FILE, load_run, resume_refusal, with_neural_defaults
 from envsched_pipeline.scheduler.variants import resolve
 
 # what the sweep sets for each run itself, so a train flag after `--` may not
@@ -155,7 +155,12 @@ def plan(args) -> list[Planned]:
             )
     if len(args.seeds) < 2:
         raise UsageError("--seeds: two seeds at least (the runs are judged over seeds)")
-    root = Path(args.dir).resolve()
+    root = writable_dir("--dir", args.dir).resolve()  # a file there, or a read-only place: refused now
+    if Lake(root).exists(RUN_FILE):
+        raise UsageError(
+            f"--dir: {root} holds a run (it is a lake); name a folder for the sweep's lakes (each run gets "
+            "one of its own in it)"
+        )
     parser = Parser(prog="envsched")  # `envsched train`'s own options, to check each run's flags here
     train.add_parser(parser.add_subparsers())
     runs = []

@@ -148,6 +148,8 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
     (tmp_path / "rho.json").write_text('{"rho": 2}')
     (tmp_path / "cut.json").write_text('{"rho":\n')
     (tmp_path / "list.json").write_text("[0.25]")
+    (tmp_path / "latin1.json").write_bytes(b'{"rho": 0.25, "note": "caf\xe9"}')
+    (tmp_path / "folder.json").mkdir()
     # a bad name, bad JSON, an unknown field or a missing file stops before anything is written,
     # naming the flag
     for extra, says in (
@@ -165,6 +167,11 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
         ),
         (["--scheduler-config", str(tmp_path / "list.json")], "list.json: a JSON object of settings"),
         (["--scheduler-config", "@missing.json"], "--scheduler-config missing.json: no such file"),
+        (
+            ["--scheduler-config", f"@{tmp_path / 'latin1.json'}"],
+            "latin1.json: not UTF-8 text (byte 26 is 0xe9)",
+        ),
+        (["--scheduler-config", str(tmp_path / "folder.json")], "folder.json: a folder; name a file"),
     ):
         assert main(base + ["--steps", "1"] + extra) == 2
         assert says in capsys.readouterr().err

@@ -153,6 +153,7 @@ def test_an_external_run_rewinds_and_chooses_the_same_batches_again(two_lakes):
         ('{"task_id": "@T", "rollout": 0, "reward": 0.5}\n{"task_id": "@T", "rollo', "line 2: invalid JSON"),
         ('{"task_id": "@T", "reward": 0.5}', "line 1: missing field\\(s\\) rollout"),
         ("", "no rollouts given"),
+        (b'{"task_id": "x", "rollout": 0, "reward": 0.5}\n{"task_id": "\xe9"}', "line 2: not UTF-8 text"),
     ],
 )
 def test_ingest_refusals_name_the_line_and_write_nothing(two_lakes, tmp_path, capsys, bad, match):
@@ -162,7 +163,7 @@ def test_ingest_refusals_name_the_line_and_write_nothing(two_lakes, tmp_path, ca
     )
     task = json.loads(out.splitlines()[0])["task_id"]
     f = tmp_path / "bad.jsonl"
-    f.write_text(bad.replace("@T", task))
+    f.write_bytes(bad) if isinstance(bad, bytes) else f.write_text(bad.replace("@T", task))
     code, _, err = cli(
         b, "step", "ingest", "--pool", "mini", "--step", "0", "--rollouts", str(f), capsys=capsys
     )

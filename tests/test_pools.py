@@ -213,6 +213,14 @@ def test_envscaler_import_and_env_run_semantics(tmp_path):
     assert p.returncode == 2 and "task 'nope' is not in pool 'shop'" in p.stderr
     p = envsched("env", "run", "--pool", "nopool", "--task", "x", "--actions", str(actions), lake=lake)
     assert p.returncode == 2 and "nopool" in p.stderr
+    # an actions file that is not UTF-8 JSON, or a folder: one line naming the flag and the file
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'[{"name": "set_price", "arguments": {"item_id": "\xe9"}}]')
+    for path, says in ((latin1, "not UTF-8 text (byte 49 is 0xe9)"), (tmp_path, "a folder; name a file")):
+        p = envsched(
+            "env", "run", "--pool", "shop", "--task", "shop-00000", "--actions", str(path), lake=lake
+        )
+        assert p.returncode == 2 and f"--actions {path}: {says}" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize(

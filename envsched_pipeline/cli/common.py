@@ -114,12 +114,7 @@ def json_object(flag: str, text: str, example: str) -> dict:
     that is not JSON, or JSON that is not an object."""
     source, where = json_source(text), f"{flag}:"
     if source is not None:
-        if not source.is_file():
-            raise UsageError(f"{flag} {source}: no such file (or give the settings inline, e.g. '{example}')")
-        try:
-            text = source.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{flag} {source}: unreadable ({exc})") from exc
+        text = read_text_file(flag, source, f" (or give the settings inline, e.g. '{example}')")
         where = f"{flag} {source}:"
     try:
         value = json.loads(text)
@@ -131,6 +126,23 @@ def json_object(flag: str, text: str, example: str) -> dict:
     if not isinstance(value, dict):
         raise UsageError(f"{where} a JSON object of settings, e.g. '{example}'")
     return value
+
+
+def read_text_file(flag: str, path: Path, hint: str = "") -> str:
+    """A file a flag names, as UTF-8 text; a UsageError naming the flag and the file when it is
+    missing, a folder, unreadable or not UTF-8 (with the byte offset)."""
+    if not path.exists():
+        raise UsageError(f"{flag} {path}: no such file{hint}")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: a folder; name a file{hint}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{flag} {path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
+        ) from exc
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: unreadable ({exc.strerror or exc})") from exc
 
 
 def from_source(flag: str, text: str | None, exc: BaseException) -> UsageError:

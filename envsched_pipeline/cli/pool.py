@@ -11,7 +11,15 @@ from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.isolation import SANDBOX_UID_BASE
 from envs.registry import POOLS, PoolData, episode_spec, hold_out, load_synthetic
 from envs.sandbox import Limits, SandboxPool
-from envsched_pipeline.cli.common import COUNT, INDEX, HelpFormatter, UsageError, dumps, lake_of
+from envsched_pipeline.cli.common import (
+    COUNT,
+    INDEX,
+    HelpFormatter,
+    UsageError,
+    dumps,
+    lake_of,
+    read_text_file,
+)
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.run import valid_name
 
@@ -188,14 +196,13 @@ def cmd_env_run(args) -> int:
         raise UsageError(
             f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}"
         )
+    text = read_text_file("--actions", Path(args.actions))
     try:
-        actions = json.loads(Path(args.actions).read_text())
-    except FileNotFoundError as exc:
-        raise UsageError(f"{args.actions}: no such file") from exc
+        actions = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{args.actions}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise UsageError(f"--actions {args.actions}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(actions, list) or not all(isinstance(a, dict) and "name" in a for a in actions):
-        raise UsageError(f'{args.actions}: expected a JSON list of {{"name", "arguments"}} objects')
+        raise UsageError(f'--actions {args.actions}: expected a JSON list of {{"name", "arguments"}} objects')
     with SandboxPool(workers=1) as pool:
         res = pool.run_episode(episode_spec(env[0], rows[0]), actions, args.answer)
     if args.verbose:

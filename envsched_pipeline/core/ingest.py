@@ -72,8 +72,12 @@ def load_rollout_file(path, max_rows: int | None = None) -> list[dict]:
         for j, r in enumerate(rows):
             r["_where"] = f"{path} row {j}"
         return rows
-    with open(path) as fh:
-        for ln, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for ln, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StepError(f"{path} line {ln}: not UTF-8 text (byte {exc.start} of the line)") from exc
             if not line.strip():
                 continue
             try:

@@ -613,6 +613,30 @@ class SyntheticConfig:
     difficulty_shift: float = 0.7  # calibrated so random scheduling sees the paper's regime
     family: str = "train"  # train: the default pool | warmstart | unseen: environments it never contains
 
+    def __post_init__(self):
+        check_size(self.n_envs, self.tasks_per_env, self.heldout_per_env)
+
+
+# the generator holds every task in memory (about 22 KB each: 50,000 took 1.1 GB), so a pool of
+# this many tasks (held-out ones included) needs about 11 GB
+MAX_TASKS = 500_000
+
+
+def check_size(n_envs: int, tasks_per_env: int, heldout_per_env: int = 4) -> None:
+    """A ValueError naming the sizes when the pool would be empty or too large to generate."""
+    if n_envs < 1 or tasks_per_env < 1 or heldout_per_env < 0:
+        raise ValueError(
+            f"a synthetic pool needs environments and tasks (got {n_envs} environments, {tasks_per_env} "
+            f"tasks each, {heldout_per_env} held out)"
+        )
+    total = n_envs * (tasks_per_env + heldout_per_env)
+    if total > MAX_TASKS:
+        raise ValueError(
+            f"{n_envs} environments x {tasks_per_env + heldout_per_env} tasks (held-out ones included) = {total:,} "
+            f"tasks; a synthetic pool holds at most {MAX_TASKS:,} (every task is generated in memory, about "
+            "1 GB per 50,000)"
+        )
+
 
 @dataclass
 class SyntheticPool:

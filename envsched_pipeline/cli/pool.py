@@ -11,6 +11,7 @@ from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.isolation import SANDBOX_UID_BASE
 from envs.registry import POOLS, PoolData, episode_spec, hold_out, load_synthetic
 from envs.sandbox import Limits, SandboxPool
+from envs.synthetic import SyntheticConfig
 from envsched_pipeline.cli.common import (
     COUNT,
     INDEX,
@@ -122,6 +123,15 @@ def cmd_create(args) -> int:
     valid_name(args.name)
     if args.kind == "synthetic":
         sizes = {"n_envs": args.envs, "tasks_per_env": args.tasks_per_env, "seed": args.seed}
+        try:
+            config = SyntheticConfig(**{k: v for k, v in sizes.items() if v is not None})
+        except ValueError as exc:
+            raise UsageError(f"--envs, --tasks-per-env: {exc}") from exc
+        print(
+            f"generating pool {args.name}: {config.n_envs} environments x {config.tasks_per_env} tasks ...",
+            file=sys.stderr,
+            flush=True,
+        )
         data = load_synthetic(args.name, **{k: v for k, v in sizes.items() if v is not None})
     else:
         given = [

@@ -16,7 +16,9 @@ continues where it stopped; everything is queryable with ``envsched sql`` and vi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import numbers
+import os
+from collections.abc import Iterable, Mapping
 
 from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.core.build import asked_run, check_run, new_run
@@ -91,7 +93,7 @@ class ExternalRun:
 
     def manifest(self, step: int | None = None) -> list[dict]:
         """Manifest of ``step`` (default: next_step). An existing manifest is returned unchanged."""
-        step = self.next_step if step is None else step
+        step = self.next_step if step is None else _step(step)
         if not self.lake.has("manifests", step=step):
             select_manifest(self.lake, step)
         rows = self.lake.read("manifests", step=step).sort_by("slot").to_pylist()
@@ -100,13 +102,17 @@ class ExternalRun:
         return rows
 
     def observe(
-        self, step: int, rollouts: Iterable[dict], replace: bool = False, partial_groups: bool = False
+        self,
+        step: int,
+        rollouts: Iterable[Mapping] | str | os.PathLike,
+        replace: bool = False,
+        partial_groups: bool = False,
     ) -> dict:
-        """Hand back step ``step``'s rollouts ({task_id, rollout, reward, ...optional}). Validated,
-        written atomically, then folded into the scheduler's statistics."""
-        metrics = ingest_rollouts(
-            self.lake, step, list(rollouts), replace=replace, partial_groups=partial_groups
-        )
+        """Hand back step ``step``'s rollouts ({task_id, rollout, reward, ...optional}): records,
+        a pyarrow Table, a polars DataFrame, or the path of a .jsonl/.parquet file of them.
+        Validated, written atomically, then folded into the scheduler's statistics."""
+        step = _step(step)
+        metrics = ingest_rollouts(self.lake, step, rollouts, replace=replace, partial_groups=partial_groups)
         statistics_step(self.lake, step)
         return metrics
 
@@ -114,7 +120,7 @@ class ExternalRun:
         """Record your evaluation after step ``step``'s update: benchmark name -> score, or
         ``{"score": x, "se": s}``. ``heldout_seen`` / ``heldout_unseen`` fill the step table's
         held-out columns; other names are charted in the report and sent to the trackers."""
-        return record_evals(self.lake, step, scores, where=f"step {step} scores")
+        return record_evals(self.lake, _step(step), scores, where=f"step {step} scores")
 
     def predicted_yield(self, step: int) -> float:
         """Predicted share of informative (non-zero-variance) groups in manifest ``step``."""
@@ -132,12 +138,19 @@ class ExternalRun:
         statistics of ``step`` and later move to ``archive/``, and the next ``manifest(step)`` is
         chosen again from the scheduler state after ``step - 1``. Returns what moved where."""
         with Lease(self.lake, kind="ExternalRun.rewind"):  # never beside a driver of the run
-            return rewind(self.lake, step)
+            return rewind(self.lake, _step(step))
 
     def explain(self, step: int, task: str | None = None) -> dict:
         """Why manifest ``step`` is what it is and, with ``task``, why that task was or was not
         picked (`envsched explain`: the selection recomputed, nothing written)."""
-        return explain_step(self.lake, step, task)
+        return explain_step(self.lake, _step(step), task)
 
     def status(self) -> dict:
         return status(self.lake)
+
+
+def _step(step) -> int:
+    """A step as given to the API: an integer (numpy's included), never a string or a bool."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise StepError(f"step must be an integer, got {type(step).__name__} {step!r}")
+    return int(step)

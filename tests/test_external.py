@@ -199,6 +199,53 @@ def test_parquet_ingest(two_lakes, tmp_path):
         ingest_rollouts(s.lake, 0, str(tmp_path / "r.parquet"))
 
 
+def test_the_api_takes_rollouts_as_records_tables_or_a_file_and_refuses_anything_else(two_lakes, tmp_path):
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    a, cli_lake = two_lakes
+    run = ExternalRun(pool="mini", lake=a, batch_size=6, group_size=4)
+    path = tmp_path / "r.jsonl"
+    give = {
+        0: lambda rows: pa.Table.from_pylist(rows),
+        1: lambda rows: pl.DataFrame(rows),
+        2: lambda rows: (path.write_text("\n".join(json.dumps(r) for r in rows)), path)[1],
+        3: lambda rows: iter(rows),
+    }
+    for step, as_given in give.items():
+        rows = rollouts_for(step, run.manifest(np.int64(step)))
+        assert run.observe(step, as_given(rows))["rollouts"] == 24
+        got = Lake(a).sql(f"select task_id, rollout, reward from rollouts where step = {step}").to_pylist()
+        assert sorted((r["task_id"], r["rollout"], r["reward"]) for r in got) == sorted(
+            (r["task_id"], r["rollout"], r["reward"]) for r in rows
+        )
+    task = run.manifest(4)[0]["task_id"]
+    endless = ({"task_id": task, "rollout": k, "reward": 0.5} for k in range(10**9))
+    for given, says in (
+        (
+            {"task_id": task, "rollout": 0, "reward": 1.0},
+            "step 4: expected the rollouts as records.*got one mapping",
+        ),
+        (None, "step 4: expected the rollouts as records.*got NoneType"),
+        (7, "got int"),
+        (["abc"], "step 4 record 0: expected a mapping with task_id, rollout, reward, got 'abc'"),
+        (endless, "step 4: more than 24 rollouts"),
+    ):
+        with pytest.raises(StepError, match=says):
+            run.observe(4, given)
+        assert not Lake(a).has("rollouts", step=4)
+    for bad in ("4", 4.0, True):
+        with pytest.raises(StepError, match=f"step must be an integer, got {type(bad).__name__}"):
+            run.manifest(bad)
+    # the run compared with one lake named alone (it was read as one lake per character), or
+    # with lakes given as a Path or a Lake: each named by its root
+    b = ExternalRun(pool="mini", lake=cli_lake, batch_size=6, group_size=4, against=str(a))
+    assert b.spec.against == [str(Lake(a).root)]
+    b = ExternalRun(lake=cli_lake, against=[a, Lake(tmp_path / "later")])
+    assert b.spec.against == [str(Lake(a).root), str(Lake(tmp_path / "later").root)]
+
+
 def test_dagster_loop_with_external_trainer(two_lakes):
     """With the trainer resource external, the sensor launches nothing and waits for ingested
     rollouts, then materializes statistics and the next manifest."""

@@ -3,6 +3,7 @@ family, the task graph from the lake."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from envs.registry import POOLS
@@ -42,12 +43,22 @@ def asked_run(base: RunSpec, scheduler: str | None = None, overrides: dict | Non
         name, config = resolve(scheduler)
     kept = {k: v for k, v in given.items() if v is not None}
     if kept.get("prior_lake"):  # a lake is named by its root, however the caller spelled it
-        kept["prior_lake"] = str(Lake(kept["prior_lake"]).root)
-    if kept.get("against"):  # a blank name stays blank, for the run's validation to refuse
-        kept["against"] = [
-            str(Lake(p).root) if isinstance(p, str) and p.strip() else p for p in kept["against"]
-        ]
+        kept["prior_lake"] = lake_name(kept["prior_lake"])
+    if isinstance(kept.get("against"), (str, os.PathLike, Lake)):  # one lake named alone
+        kept["against"] = [kept["against"]]
+    if kept.get("against"):
+        kept["against"] = [lake_name(p) for p in kept["against"]]
     return replace(base, **kept, scheduler=name, scheduler_config={**config, **(overrides or {})})
+
+
+def lake_name(given):
+    """A lake named by its root, whether given as a path, a ``Path`` or a :class:`Lake`; anything
+    else (a blank name, a number) as it is, for the run's validation to refuse naming the field."""
+    if isinstance(given, Lake):
+        return str(given.root)
+    if isinstance(given, os.PathLike) or (isinstance(given, str) and given.strip()):
+        return str(Lake(os.fspath(given)).root)
+    return given
 
 
 def scheduler_config(spec: RunSpec) -> SchedulerConfig:

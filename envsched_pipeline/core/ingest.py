@@ -25,6 +25,7 @@ import json
 import math
 import numbers
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -235,6 +236,33 @@ def ingest_rollouts(
         return _ingest(lake, spec, step, rows_or_path, replace, partial_groups)
 
 
+def _records(given, step: int, max_rows: int) -> list[dict]:
+    """An external trainer's rollouts given in memory, as rows: records (mappings) from any
+    iterable, a pyarrow Table (``to_pylist``) or a polars DataFrame (``to_dicts``); anything else is
+    a StepError naming the step (and the record)."""
+    what = "expected the rollouts as records ({task_id, rollout, reward}, ...), a table or a file's path"
+    if isinstance(given, Mapping):
+        raise StepError(f"step {step}: {what}; got one mapping (a list of them is the step's rollouts)")
+    for to_rows in ("to_pylist", "to_dicts"):
+        if callable(getattr(given, to_rows, None)):
+            given = getattr(given, to_rows)()
+            break
+    try:
+        records = iter(given)
+    except TypeError:
+        raise StepError(f"step {step}: {what}; got {type(given).__name__}") from None
+    rows = []
+    for j, r in enumerate(records):
+        if not isinstance(r, Mapping):
+            raise StepError(
+                f"step {step} record {j}: expected a mapping with task_id, rollout, reward, got {r!r:.60}"
+            )
+        if j >= max_rows:
+            raise StepError(f"step {step}: more than {max_rows} rollouts (B x G, the most a step can have)")
+        rows.append(dict(r, _where=f"record {j}"))
+    return rows
+
+
 def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, partial_groups: bool) -> dict:
     manifest = lake.read("manifests", step=step)
     env_of = dict(
@@ -246,11 +274,7 @@ def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, p
         rows = load_rollout_file(rows_or_path, max_rows=max_rows)
         source = f"{rows_or_path} (step {step})"
     else:
-        rows = [dict(r, _where=f"record {j}") for j, r in enumerate(rows_or_path)]
-        if len(rows) > max_rows:
-            raise StepError(
-                f"step {step}: {len(rows)} rollouts, but this step can have at most {max_rows} (B x G)"
-            )
+        rows = _records(rows_or_path, step, max_rows)
     if not rows:
         raise StepError(f"{source}: no rollouts given")
     out, seen = [], set()

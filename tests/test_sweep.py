@@ -88,6 +88,13 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     groups = [[runs[f"{s} s{seed}"] for seed in (0, 1)] for s in ("mopps", FORM)]
     table = table_markdown(compare_rows(groups, [runs["random s0"], runs["random s1"]]))
     assert "\n".join(table) in p.stdout and (tmp_path / "sw" / "comparison" / "index.html").exists()
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text()) == {
+        "schedulers": f"mopps,{FORM}",
+        "seeds": [0, 1],
+        "steps": 3,
+        "baseline": "random",
+        "train_flags": SHAPE,
+    }
     # every run is on the one Dagster instance (the UI shows them all)
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         lakes_seen = {r.dagster_run.tags.get("envsched/lake") for r in instance.get_run_records()}
@@ -109,7 +116,13 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     # resumed, the same command finishes it and leaves the rest as they are
     assert main(["--lake", str(stuck.root), "resume"]) == 0
     before = {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"}
-    p = sweep(tmp_path, 4, "--json")
+    # `envsched sweep --dir DIR` alone: the settings (train flags included) from DIR/sweep.json
+    p = subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", "sweep", "--dir", str(tmp_path / "sw"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr
     assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"} == before
     assert len(stuck.steps("statistics")) == 4
@@ -167,6 +180,23 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
         assert main([*base, *argv]) == 2, argv
         assert why in capsys.readouterr().err, argv
         assert not out.exists() and sorted(lake.root.rglob("*")) == made
+    # a sweep to resume is read from DIR/sweep.json; without one, or with a damaged one, refused
+    assert main(["sweep", "--dir", str(out)]) == 2
+    assert "--schedulers, --seeds and --steps name a new sweep" in capsys.readouterr().err
+    out.mkdir()
+    for text, says in (
+        ("{", "sweep.json: not JSON"),
+        ('{"schedulers": "mopps", "seeds": [0, 1], "steps": true}', "field 'steps' missing or not an integer"),
+        (
+            '{"schedulers": "mopps", "seeds": [0, -1], "steps": 2, "baseline": "random", "train_flags": []}',
+            "field 'seeds' must list seeds",
+        ),
+    ):
+        (out / "sweep.json").write_text(text)
+        assert main(["sweep", "--dir", str(out)]) == 2
+        assert says in capsys.readouterr().err and sorted(p.name for p in out.iterdir()) == ["sweep.json"]
+    (out / "sweep.json").unlink()
+    out.rmdir()
     # a lake of the sweep already holding a run with other settings: refused, naming the run
     held = Lake(out / "mopps-s1")
     import_pool(held, load_synthetic("synthetic", **SMALL))

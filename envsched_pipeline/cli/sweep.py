@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
 import signal
@@ -34,14 +35,18 @@ from envsched_pipeline.cli.common import (
     UsageError,
     dagster_home,
     names,
+    read_text_file,
     writable_dir,
 )
 from envsched_pipeline.core.build import check_run
 from envsched_pipeline.core.gates import halted
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, atomic_write_bytes
 from envsched_pipeline.run import RUN_FILE, load_run, resume_refusal, with_neural_defaults
 from envsched_pipeline.scheduler.variants import resolve
 
+SWEEP_FILE = "sweep.json"  # in DIR: the sweep's settings, so `envsched sweep --dir DIR` resumes it
+RECORDED = ("schedulers", "seeds", "steps", "baseline", "train_flags")
+OPTIONAL = ("baseline", "train_flags")  # a new sweep may leave them out
 # what the sweep sets for each run itself, so a train flag after `--` may not
 SET_BY_SWEEP = ("--scheduler", "--seed", "--steps", "--max-steps", "--against", "--lake")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -93,20 +98,26 @@ def add_parser(sub) -> None:
         "per run under --dir, up to --jobs at once; the baseline's runs first, every other run "
         "compared with its seed's baseline run), then judge them over seeds side by side, as `envsched "
         "compare` does. Flags after `--` go to every `envsched train` (pool, policy, B, G, held-out "
-        "settings...). Every run is checked before any starts; the same command again resumes what did "
-        "not finish.",
+        "settings...). Every run is checked before any starts; the same command again, or `envsched sweep "
+        "--dir DIR` alone (the sweep is recorded in DIR/sweep.json), resumes what did not finish.",
         formatter_class=HelpFormatter,
     )
     sw.add_argument("--dir", required=True, help="folder of the sweep's lakes (DIR/<scheduler>-s<seed>)")
     sw.add_argument(
         "--schedulers",
-        required=True,
         help="comma-separated schedulers or named variants (e.g. envsched@success+adaptive+covsampled+lr,mopps); "
-        "the baseline is added when not named",
+        "the baseline is added when not named (default: the sweep recorded in DIR)",
     )
-    sw.add_argument("--seeds", type=seed_list, required=True, help="seeds: 0,1,2 or 0-4 (two at least)")
-    sw.add_argument("--steps", type=COUNT, required=True, help="steps per run")
-    sw.add_argument("--baseline", default="random", help="the scheduler every other is judged against")
+    sw.add_argument(
+        "--seeds",
+        type=seed_list,
+        help="seeds: 0,1,2 or 0-4, two at least (default: the sweep recorded in DIR)",
+    )
+    sw.add_argument("--steps", type=COUNT, help="steps per run (default: the sweep recorded in DIR)")
+    sw.add_argument(
+        "--baseline",
+        help="the scheduler every other is judged against (default: the sweep recorded in DIR, else random)",
+    )
     sw.add_argument("--jobs", type=COUNT, default=1, help="runs at once (each takes a core or more)")
     sw.add_argument(
         "--effect", type=float, default=None, help="plan for this held-out difference (compare --effect)"
@@ -120,6 +131,60 @@ def add_parser(sub) -> None:
 def slug(scheduler: str) -> str:
     """A scheduler or variant name as a folder name (``envsched@a+b`` -> ``envsched_a_b``)."""
     return re.sub(r"[^A-Za-z0-9_-]+", "_", scheduler).strip("_")
+
+
+def recorded(args) -> None:
+    """Fill the settings the command left out (--schedulers, --seeds, --steps, --baseline, the train
+    flags) from the sweep recorded in ``DIR/sweep.json``, so ``envsched sweep --dir DIR`` alone
+    resumes it; a new sweep names the first three. A damaged record is a UsageError naming the file
+    and the field."""
+    missing = [k for k in RECORDED if getattr(args, k) in (None, [])]
+    if not missing:
+        return
+    path = Path(args.dir) / SWEEP_FILE
+    if not path.is_file():
+        if set(missing) - set(OPTIONAL):
+            raise UsageError(
+                f"--schedulers, --seeds and --steps name a new sweep ({path} records none to resume)"
+            )
+        args.baseline = args.baseline or "random"
+        return
+    try:
+        found = json.loads(read_text_file("--dir", path))
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{path}: not JSON ({exc.msg} at line {exc.lineno}); name the sweep's settings"
+        ) from exc
+    kinds = {"schedulers": str, "seeds": list, "steps": int, "baseline": str, "train_flags": list}
+    words = {str: "a string", list: "a list", int: "an integer"}
+    for key, kind in kinds.items():
+        value = found.get(key) if isinstance(found, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UsageError(f"{path}: field {key!r} missing or not {words[kind]}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in found["seeds"]):
+        raise UsageError(f"{path}: field 'seeds' must list seeds (integers >= 0)")
+    if not all(isinstance(x, str) for x in found["train_flags"]):
+        raise UsageError(f"{path}: field 'train_flags' must list strings")
+    for key in missing:
+        setattr(args, key, found[key])
+
+
+def record(args, root: Path) -> None:
+    """The sweep's settings in ``DIR/sweep.json``, for ``envsched sweep --dir DIR`` to resume."""
+    flags = list(args.train_flags)
+    atomic_write_bytes(
+        root / SWEEP_FILE,
+        json.dumps(
+            {
+                "schedulers": args.schedulers,
+                "seeds": args.seeds,
+                "steps": args.steps,
+                "baseline": args.baseline,
+                "train_flags": flags[1:] if flags[:1] == ["--"] else flags,
+            },
+            indent=1,
+        ).encode(),
+    )
 
 
 def plan(args) -> list[Planned]:
@@ -206,6 +271,7 @@ def plan(args) -> list[Planned]:
 
 
 def cmd_sweep(args) -> int:
+    recorded(args)
     runs = plan(args)
     out = writable_dir("--out", args.out) if args.out else None  # before hours of runs
     from envsched_pipeline.orchestration.driver import get_instance  # Dagster: once the runs are checked
@@ -214,6 +280,7 @@ def cmd_sweep(args) -> int:
     get_instance().dispose()  # its storage made here, once: runs starting together would race to make it
     (runs[0].log.parent).mkdir(parents=True, exist_ok=True)
     root = runs[0].lake.parent
+    record(args, root)
     # with --json, stdout is the table's JSON alone: the progress goes to stderr
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
     say(

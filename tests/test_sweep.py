@@ -186,7 +186,10 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
     out.mkdir()
     for text, says in (
         ("{", "sweep.json: not JSON"),
-        ('{"schedulers": "mopps", "seeds": [0, 1], "steps": true}', "field 'steps' missing or not an integer"),
+        (
+            '{"schedulers": "mopps", "seeds": [0, 1], "steps": true}',
+            "field 'steps' missing or not an integer",
+        ),
         (
             '{"schedulers": "mopps", "seeds": [0, -1], "steps": 2, "baseline": "random", "train_flags": []}',
             "field 'seeds' must list seeds",

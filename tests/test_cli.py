@@ -338,10 +338,12 @@ def test_train_on_an_unknown_pool_writes_nothing(tmp_path, capsys):
     assert not lake.exists()
 
 
-def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_path, capsys):
-    """Every flag that names where a command writes (--json, --cache, --trace, --out) is checked
-    before the command runs anything: a file where a folder goes, a folder where a file goes, or a
-    place under a file is one line naming the flag, exit code 2, no traceback and nothing written."""
+def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """Every flag that names where a command writes (--json, --cache, --trace, --out, --dir) is
+    checked before the command runs anything: a file where a folder goes, a folder where a file goes,
+    a place under a file, or a URL (a local folder named after its scheme used to be made) is one
+    line naming the flag, exit code 2, no traceback and nothing written."""
+    monkeypatch.chdir(tmp_path)  # where a URL taken for a path would have made its folder
     a_file = tmp_path / "a_file"
     a_file.write_text("keep")
     bench = ["bench", "scheduler", "--steps", "1", "--schedulers", "random", "--envs", "2", "--tasks", "2"]
@@ -356,6 +358,15 @@ def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_pat
             "--out: " + str(a_file) + " is a file",
         ),
         (["bench", "scheduler", "--schedulers", ""], "--schedulers names no scheduler"),
+        ([*bench, "--json", "s3://bucket/out.json"], "--json: s3://bucket/out.json is a URL; name a file"),
+        (
+            ["compare", "--runs", "a", "b", "--against", "c", "d", "--out", "s3://bucket/page"],
+            "--out: s3://bucket/page is a URL; name a folder",
+        ),
+        (
+            ["sweep", "--dir", "gs://b/sw", "--schedulers", "mopps", "--seeds", "0,1", "--steps", "1"],
+            "--dir: gs://b/sw is a URL",
+        ),
         (  # checked and fine, then refused for a flag read later: the folder is not made either
             [*bench, "--cache", str(tmp_path / "new" / "cache"), "--learner-config", "{"],
             "--learner-config",

@@ -156,6 +156,10 @@ def writable_dir(flag: str, path: str | os.PathLike) -> Path:
     work and without making it (so a command refused for another reason leaves nothing behind):
     a path that is a file, sits under one, or may not be written is a UsageError naming the flag.
     Whoever writes makes the folder (:func:`write_output`, or the writer's own ``mkdir``)."""
+    if "://" in str(path):  # Path() would fold it into a local folder named after the scheme
+        raise UsageError(
+            f"{flag}: {path} is a URL; name a folder on this machine (lakes may be URLs, this may not)"
+        )
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag}: {out} is a file; name a folder")
@@ -176,6 +180,8 @@ def writable_dir(flag: str, path: str | os.PathLike) -> Path:
 def writable_file(flag: str, path: str | os.PathLike) -> Path:
     """``path`` as a file this command can write when it is done (a folder in its place, or a file
     above it, refused), checked before any work and without making anything."""
+    if "://" in str(path):
+        raise UsageError(f"{flag}: {path} is a URL; name a file on this machine")
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{flag}: {out} is a folder; name a file")

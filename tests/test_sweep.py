@@ -216,6 +216,39 @@ def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "mopps s1: " in err and "batch_size: lake has 8, asked 4" in err
     assert sorted(p.name for p in out.iterdir()) == ["mopps-s1"]  # nothing else made, no run started
+    # --dry-run: what would run, in order, the run already done named as done; nothing written
+    before = sorted(out.rglob("*"))
+    flags = ["--", "--batch-size", "8", "--group-size", "4"]
+    assert (
+        main(
+            [
+                "sweep",
+                "--dir",
+                str(out),
+                "--schedulers",
+                "mopps",
+                "--seeds",
+                "0,1",
+                "--steps",
+                "1",
+                "--dry-run",
+                *flags,
+            ]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("sweep plan: 4 runs, 3 to run, 1 at a time")
+    assert lines[1:] == [
+        f"  to run  random s0: envsched --lake {out / 'random-s0'} train --batch-size 8 --group-size 4 "
+        "--scheduler random --seed 0 --steps 1",
+        f"  to run  random s1: envsched --lake {out / 'random-s1'} train --batch-size 8 --group-size 4 "
+        "--scheduler random --seed 1 --steps 1",
+        f"  to run  mopps s0: envsched --lake {out / 'mopps-s0'} train --batch-size 8 --group-size 4 "
+        f"--scheduler mopps --seed 0 --steps 1 --against {out / 'random-s0'}",
+        f"  done    mopps s1: 1 step in {held.root}",
+    ]
+    assert sorted(out.rglob("*")) == before
 
 
 def test_the_table_of_a_sweep_with_failed_runs_is_made_of_the_seeds_that_completed(tmp_path):

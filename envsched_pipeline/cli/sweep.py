@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -124,6 +125,12 @@ def add_parser(sub) -> None:
     )
     sw.add_argument("--out", default=None, help="the table's page (default DIR/comparison)")
     sw.add_argument("--json", action="store_true", help="the table as JSON")
+    sw.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run and print what would run (each run's lake and `envsched train` command, the "
+        "runs already done), then stop: nothing is written or started",
+    )
     sw.add_argument("train_flags", nargs=argparse.REMAINDER, help="-- then flags for every `envsched train`")
     sw.set_defaults(func=cmd_sweep)
 
@@ -273,6 +280,8 @@ def plan(args) -> list[Planned]:
 def cmd_sweep(args) -> int:
     recorded(args)
     runs = plan(args)
+    if args.dry_run:
+        return print_plan(runs, args.jobs)
     out = writable_dir("--out", args.out) if args.out else None  # before hours of runs
     from envsched_pipeline.orchestration.driver import get_instance  # Dagster: once the runs are checked
 
@@ -311,6 +320,25 @@ def cmd_sweep(args) -> int:
         say(f"the table over the runs that completed; left out: {'; '.join(left_out)}")
     print_comparison(groups, against, args.effect, out or root / "comparison", args.json)
     return code
+
+
+def print_plan(runs: list[Planned], jobs: int) -> int:
+    """``--dry-run``: each run the sweep would start, in the order it would start them, with its
+    command; the runs an earlier sweep finished are named as done."""
+    order = sorted(runs, key=lambda r: not r.baseline)
+    done = {r.name: finished(r) for r in order}
+    todo = [r for r in order if done[r.name] is None]
+    print(
+        f"sweep plan: {len(runs)} runs, {len(todo)} to run, {jobs} at a time (a seed's other runs once its "
+        f"baseline run has ended); nothing started"
+    )
+    for r in order:
+        if done[r.name] is not None:
+            n = done[r.name]
+            print(f"  done    {r.name}: {n} step{'s' * (n != 1)} in {r.lake}")
+        else:
+            print(f"  to run  {r.name}: envsched --lake {r.lake} {shlex.join(r.argv)}")
+    return 0
 
 
 def comparable(runs: list[Planned]) -> tuple[list[list[Lake]], list[Lake], list[str]]:

@@ -258,7 +258,9 @@ def _records(given, step: int, max_rows: int) -> list[dict]:
                 f"step {step} record {j}: expected a mapping with task_id, rollout, reward, got {r!r:.60}"
             )
         if j >= max_rows:
-            raise StepError(f"step {step}: more than {max_rows} rollouts (B x G, the most a step can have)")
+            raise StepError(
+                f"step {step}: more than {max_rows} rollouts, but this step can have at most {max_rows} (B x G)"
+            )
         rows.append(dict(r, _where=f"record {j}"))
     return rows
 

@@ -39,7 +39,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -715,19 +715,51 @@ class Lake:
         try:
             return [self._run(con, query) for query in queries]
         except duckdb.Error as exc:
-            msg = str(exc)
-            if _ERROR_MARK in msg:
-                raise LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0]) from exc
-            if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
-                bad = self._find_corrupt([f for t in ALL_TABLES for f in self._files(t)])
-                if bad is not None:
-                    raise LakeError(
-                        f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "
-                        "re-materialize that partition"
-                    ) from exc
-            raise
+            named = self._lake_error(exc)
+            if named is exc:
+                raise
+            raise named from exc
         finally:
             con.close()
+
+    def sql_batches(self, query: str, rows: int = 10_000) -> Iterator[pa.RecordBatch]:
+        """``query``'s result in record batches of up to ``rows`` rows, each read as it is consumed,
+        so a large result never sits in memory whole; errors as :meth:`sql`'s."""
+        con = self.connect([query])
+        try:
+            rel = con.sql(query)
+            if rel is None:  # a statement without a result (e.g. SET)
+                return
+            reader = (getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch)(
+                rows
+            )  # duckdb 2.x / 1.x
+            empty = True
+            for batch in reader:
+                empty = False
+                yield batch
+            if empty:  # no rows: one empty batch still carries the columns
+                yield pa.RecordBatch.from_pylist([], schema=reader.schema)
+        except duckdb.Error as exc:
+            named = self._lake_error(exc)
+            if named is exc:
+                raise
+            raise named from exc
+        finally:
+            con.close()
+
+    def _lake_error(self, exc: duckdb.Error) -> Exception:
+        """A DuckDB error as the lake names it: a view's own message, a corrupt Parquet file by its
+        path; any other as it is."""
+        msg = str(exc)
+        if _ERROR_MARK in msg:
+            return LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0])
+        if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
+            bad = self._find_corrupt([f for t in ALL_TABLES for f in self._files(t)])
+            if bad is not None:
+                return LakeError(
+                    f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and re-materialize that partition"
+                )
+        return exc
 
     @staticmethod
     def _run(con, query: str) -> pa.Table:

@@ -71,6 +71,30 @@ def test_train_resumes_without_duplicates(small_pool, dagster_home):
         assert len(inst.get_run_records()) >= 10
 
 
+def test_sql_streams_large_results_and_shows_the_first_rows_as_a_table(small_pool, capsys):
+    """A result is read in batches as it is printed (`select * from rollouts` on a long run never
+    sits in memory whole); the aligned table shows the first TABLE_ROWS and counts every row, CSV and
+    JSON print them all, and an empty result still names its columns."""
+    from envsched_pipeline.cli.sql import TABLE_ROWS
+
+    lake = small_pool
+    assert [b.num_rows for b in lake.sql_batches("select * from range(25) t(k)", rows=10)] == [10, 10, 5]
+    sql = ["--lake", str(lake.root), "sql"]
+    n = TABLE_ROWS + 7
+    assert main([*sql, f"select k, k * 2 as twice from range({n}) t(k)"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["k", "|", "twice"] and len(lines) == 2 + TABLE_ROWS + 1
+    assert lines[-2].split() == [str(TABLE_ROWS - 1), "|", str(2 * (TABLE_ROWS - 1))]
+    assert lines[-1] == f"({n} rows; the first {TABLE_ROWS} shown: `--format csv` or `json` prints them all)"
+    assert main([*sql, f"select k from range({n}) t(k)", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["k", *map(str, range(n))]
+    assert main([*sql, "select k from range(3) t(k)", "--format", "json"]) == 0
+    assert capsys.readouterr().out.splitlines() == ['{"k": 0}', '{"k": 1}', '{"k": 2}']
+    for fmt, expected in (("table", ["env_id", "-" * 6, "(0 rows)"]), ("csv", ["env_id"]), ("json", [])):
+        assert main([*sql, "select env_id from tasks where false", "--format", fmt]) == 0
+        assert [line.rstrip() for line in capsys.readouterr().out.splitlines()] == expected, fmt
+
+
 def test_sql_csv_and_errors(small_pool, capsys):
     lake = small_pool
     assert (

@@ -6,6 +6,7 @@ import csv
 import sys
 
 import duckdb
+import pyarrow as pa
 
 from envsched_pipeline.cli.common import HelpFormatter, UsageError, dumps, lake_of, sql_error
 
@@ -21,6 +22,9 @@ def add_parser(sub) -> None:
     s.set_defaults(func=run)
 
 
+TABLE_ROWS = 10_000  # rows the aligned table shows (every row is counted)
+
+
 def _cell(v) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -32,29 +36,53 @@ def run(args) -> int:
         raise UsageError('the query is empty; e.g. envsched sql "select * from step_summary"')
     lake = lake_of(args).require()
     try:
-        table = lake.sql(args.query)
+        print_table(lake.sql_batches(args.query), args.format)
     except duckdb.Error as exc:
         raise sql_error(exc) from exc
-    print_table(table, args.format)
     return 0
 
 
-def print_table(table, fmt: str = "table") -> None:
-    """A query's result (a pyarrow table) as an aligned table, CSV or JSON lines."""
-    rows = table.to_pylist()
-    cols = table.column_names
+def print_table(result, fmt: str = "table") -> None:
+    """A query's result (a pyarrow table, or record batches as they are read) as an aligned table,
+    CSV or JSON lines. CSV and JSON print every row as it comes; the table aligns and shows the
+    first ``TABLE_ROWS`` rows and counts the rest (a result of millions of rows is for a file)."""
+    batches = iter(result.to_batches() if isinstance(result, pa.Table) else result)
+    first = next(batches, None)
+    if first is None:  # a statement without a result
+        return
+    cols = first.schema.names
     if fmt == "json":
-        for r in rows:
-            print(dumps(r))
+        for batch in _chain(first, batches):
+            for r in batch.to_pylist():
+                print(dumps(r))
     elif fmt == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
-        for r in rows:
-            w.writerow([r[c] for c in cols])
+        for batch in _chain(first, batches):
+            for r in batch.to_pylist():
+                w.writerow([r[c] for c in cols])
     else:
+        rows: list[dict] = []
+        total = 0
+        for batch in _chain(first, batches):  # the rows shown first, then the rest only counted
+            total += batch.num_rows
+            rows += batch.slice(0, TABLE_ROWS - len(rows)).to_pylist()
+            if len(rows) == TABLE_ROWS:
+                break
         widths = [max(len(c), *(len(_cell(r[c])) for r in rows)) if rows else len(c) for c in cols]
         print(" | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
         print("-+-".join("-" * w for w in widths))
         for r in rows:
             print(" | ".join(_cell(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+        total += sum(batch.num_rows for batch in batches)
+        shown = (
+            ""
+            if total == len(rows)
+            else f"; the first {len(rows)} shown: `--format csv` or `json` prints them all"
+        )
+        print(f"({total} row{'s' if total != 1 else ''}{shown})")
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest

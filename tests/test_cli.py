@@ -9,9 +9,11 @@ import shutil
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
 
 from envsched_pipeline.cli import build_parser, main
+from envsched_pipeline.cli.sql import TABLE_ROWS, print_table
 from envsched_pipeline.cli.train import requested_run
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.run import RunSpec
@@ -75,8 +77,6 @@ def test_sql_streams_large_results_and_shows_the_first_rows_as_a_table(small_poo
     """A result is read in batches as it is printed (`select * from rollouts` on a long run never
     sits in memory whole); the aligned table shows the first TABLE_ROWS and counts every row, CSV and
     JSON print them all, and an empty result still names its columns."""
-    from envsched_pipeline.cli.sql import TABLE_ROWS
-
     lake = small_pool
     assert [b.num_rows for b in lake.sql_batches("select * from range(25) t(k)", rows=10)] == [10, 10, 5]
     sql = ["--lake", str(lake.root), "sql"]
@@ -93,6 +93,8 @@ def test_sql_streams_large_results_and_shows_the_first_rows_as_a_table(small_poo
     for fmt, expected in (("table", ["env_id", "-" * 6, "(0 rows)"]), ("csv", ["env_id"]), ("json", [])):
         assert main([*sql, "select env_id from tasks where false", "--format", fmt]) == 0
         assert [line.rstrip() for line in capsys.readouterr().out.splitlines()] == expected, fmt
+    print_table(pa.table({"trace": pa.array([], pa.string())}))  # a table read whole (`bench trace --sql`)
+    assert capsys.readouterr().out.splitlines() == ["trace", "-----", "(0 rows)"]
 
 
 def test_sql_csv_and_errors(small_pool, capsys):

@@ -46,7 +46,9 @@ def print_table(result, fmt: str = "table") -> None:
     """A query's result (a pyarrow table, or record batches as they are read) as an aligned table,
     CSV or JSON lines. CSV and JSON print every row as it comes; the table aligns and shows the
     first ``TABLE_ROWS`` rows and counts the rest (a result of millions of rows is for a file)."""
-    batches = iter(result.to_batches() if isinstance(result, pa.Table) else result)
+    if isinstance(result, pa.Table):  # no batches when empty: one empty batch still names the columns
+        result = result.to_batches() or [pa.RecordBatch.from_pylist([], schema=result.schema)]
+    batches = iter(result)
     first = next(batches, None)
     if first is None:  # a statement without a result
         return

@@ -198,6 +198,10 @@ def test_train_runs_a_named_bench_variant_with_extra_overrides(small_pool, dagst
             "latin1.json: not UTF-8 text (byte 26 is 0xe9)",
         ),
         (["--scheduler-config", str(tmp_path / "folder.json")], "folder.json: a folder; name a file"),
+        (
+            ["--scheduler-config", "@s3://bucket/rho.json"],
+            "--scheduler-config: s3://bucket/rho.json is a URL",
+        ),
     ):
         assert main(base + ["--steps", "1"] + extra) == 2
         assert says in capsys.readouterr().err
@@ -417,6 +421,7 @@ def test_train_refuses_a_policy_this_machine_cannot_run_before_writing(tmp_path,
     cases = [
         (["--policy", "vllm"], "policy vllm needs model_path"),
         (["--policy", "hf", "--model-path", str(tmp_path / "none")], "is not a folder"),
+        (["--policy", "hf", "--model-path", "s3://bucket/ckpt"], "--model-path: s3://bucket/ckpt is a URL"),
         (["--policy", "external"], "argument --policy: invalid choice: 'external'"),
     ]
     if importlib.util.find_spec("vllm") is None:

@@ -216,11 +216,24 @@ def test_envscaler_import_and_env_run_semantics(tmp_path):
     # an actions file that is not UTF-8 JSON, or a folder: one line naming the flag and the file
     latin1 = tmp_path / "latin1.json"
     latin1.write_bytes(b'[{"name": "set_price", "arguments": {"item_id": "\xe9"}}]')
-    for path, says in ((latin1, "not UTF-8 text (byte 49 is 0xe9)"), (tmp_path, "a folder; name a file")):
+    for path, says in (
+        (latin1, f"--actions {latin1}: not UTF-8 text (byte 49 is 0xe9)"),
+        (tmp_path, f"--actions {tmp_path}: a folder; name a file"),
+        ("s3://bucket/a.json", "--actions: s3://bucket/a.json is a URL; name a file on this machine"),
+    ):
         p = envsched(
             "env", "run", "--pool", "shop", "--task", "shop-00000", "--actions", str(path), lake=lake
         )
-        assert p.returncode == 2 and f"--actions {path}: {says}" in p.stderr and "Traceback" not in p.stderr
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr
+    # the import's two files: a URL, a missing file or a folder is named by its flag, nothing written
+    for scenarios, metadata, says in (
+        ("s3://bucket/s.json", str(m), "--scenarios: s3://bucket/s.json is a URL"),
+        (str(s), str(tmp_path / "none.json"), f"--env-metadata {tmp_path / 'none.json'}: no such file"),
+        (str(s), str(tmp_path), f"--env-metadata {tmp_path}: a folder; name a file"),
+    ):
+        argv = ["pool", "import", "envscaler", "--scenarios", scenarios, "--env-metadata", metadata]
+        p = envsched(*argv, "--name", "other", lake=tmp_path / "other")
+        assert p.returncode == 2 and says in p.stderr and not (tmp_path / "other").exists(), p.stderr
 
 
 @pytest.mark.parametrize(

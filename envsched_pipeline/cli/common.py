@@ -98,13 +98,13 @@ def names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def json_source(text: str) -> Path | None:
-    """The file a JSON flag names (``@settings.json``, or a path ending in .json), or None for
-    inline JSON."""
+def json_source(text: str) -> str | None:
+    """The file a JSON flag names (``@settings.json``, or a path ending in .json), as given, or
+    None for inline JSON."""
     if text.startswith("@"):
-        return Path(text[1:])
+        return text[1:]
     if not text.lstrip().startswith(("{", "[")) and text.lower().endswith(".json"):
-        return Path(text)
+        return text
     return None
 
 
@@ -128,13 +128,23 @@ def json_object(flag: str, text: str, example: str) -> dict:
     return value
 
 
-def read_text_file(flag: str, path: Path, hint: str = "") -> str:
-    """A file a flag names, as UTF-8 text; a UsageError naming the flag and the file when it is
-    missing, a folder, unreadable or not UTF-8 (with the byte offset)."""
+def local_file(flag: str, given: str | os.PathLike, hint: str = "") -> Path:
+    """The file on this machine a flag names; a UsageError naming the flag when it is a URL (which
+    ``Path`` would fold into a local path named after the scheme), missing or a folder."""
+    if "://" in str(given):
+        raise UsageError(f"{flag}: {given} is a URL; name a file on this machine")
+    path = Path(given)
     if not path.exists():
         raise UsageError(f"{flag} {path}: no such file{hint}")
     if path.is_dir():
         raise UsageError(f"{flag} {path}: a folder; name a file{hint}")
+    return path
+
+
+def read_text_file(flag: str, path: str | os.PathLike, hint: str = "") -> str:
+    """A file a flag names, as UTF-8 text; a UsageError naming the flag and the file when it is a
+    URL, missing, a folder, unreadable or not UTF-8 (with the byte offset)."""
+    path = local_file(flag, path, hint)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from envs.envscaler import PoolFormatError, load_envscaler, validate_buildable
 from envs.isolation import SANDBOX_UID_BASE
@@ -19,6 +18,7 @@ from envsched_pipeline.cli.common import (
     UsageError,
     dumps,
     lake_of,
+    local_file,
     read_text_file,
 )
 from envsched_pipeline.core.pools import import_pool
@@ -165,6 +165,8 @@ def _split_counts(data: PoolData) -> dict:
 def cmd_import(args) -> int:
     lake = lake_of(args)
     valid_name(args.name)
+    for flag, given in (("--scenarios", args.scenarios), ("--env-metadata", args.env_metadata)):
+        local_file(flag, given)
     try:
         data = load_envscaler(args.scenarios, args.env_metadata, args.name)
     except PoolFormatError as exc:
@@ -206,7 +208,7 @@ def cmd_env_run(args) -> int:
         raise UsageError(
             f"environment {rows[0]['env_id']!r} of task {args.task!r} is not in pool {args.pool!r}"
         )
-    text = read_text_file("--actions", Path(args.actions))
+    text = read_text_file("--actions", args.actions)
     try:
         actions = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -233,6 +233,10 @@ def policy_config(args) -> dict:
     if args.sim_mode != "auto":
         pc["mode"] = args.sim_mode
     if args.model_path:
+        if "://" in args.model_path:  # Path() would fold it into a local folder named after the scheme
+            raise UsageError(
+                f"--model-path: {args.model_path} is a URL; name a checkpoint folder on this machine"
+            )
         pc["model_path"] = str(Path(args.model_path).resolve())
     if args.resident:
         pc["resident"] = True

@@ -711,34 +711,32 @@ class Lake:
 
     def sql_each(self, queries: list[str]) -> list[pa.Table]:
         """Each query's result, all on one connection (its views are built once)."""
-        con = self.connect(queries)
-        try:
+        with self._connection(queries) as con:
             return [self._run(con, query) for query in queries]
-        except duckdb.Error as exc:
-            named = self._lake_error(exc)
-            if named is exc:
-                raise
-            raise named from exc
-        finally:
-            con.close()
 
     def sql_batches(self, query: str, rows: int = 10_000) -> Iterator[pa.RecordBatch]:
         """``query``'s result in record batches of up to ``rows`` rows, each read as it is consumed,
         so a large result never sits in memory whole; errors as :meth:`sql`'s."""
-        con = self.connect([query])
-        try:
+        with self._connection([query]) as con:
             rel = con.sql(query)
             if rel is None:  # a statement without a result (e.g. SET)
                 return
-            reader = (getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch)(
-                rows
-            )  # duckdb 2.x / 1.x
+            to_reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch  # duckdb 2.x / 1.x
+            reader = to_reader(rows)
             empty = True
             for batch in reader:
                 empty = False
                 yield batch
             if empty:  # no rows: one empty batch still carries the columns
                 yield pa.RecordBatch.from_pylist([], schema=reader.schema)
+
+    @contextmanager
+    def _connection(self, queries: list[str]) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection with the views ``queries`` name, closed after; a DuckDB error raised inside
+        is named the lake's way (:meth:`_lake_error`)."""
+        con = self.connect(queries)
+        try:
+            yield con
         except duckdb.Error as exc:
             named = self._lake_error(exc)
             if named is exc:

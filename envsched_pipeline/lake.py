@@ -733,31 +733,24 @@ class Lake:
     @contextmanager
     def _connection(self, queries: list[str]) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection with the views ``queries`` name, closed after; a DuckDB error raised inside
-        is named the lake's way (:meth:`_lake_error`)."""
+        is named the lake's way: a view's own message, a corrupt Parquet file by its path."""
         con = self.connect(queries)
         try:
             yield con
         except duckdb.Error as exc:
-            named = self._lake_error(exc)
-            if named is exc:
-                raise
-            raise named from exc
+            msg = str(exc)
+            if _ERROR_MARK in msg:
+                raise LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0]) from exc
+            if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
+                bad = self._find_corrupt([f for t in ALL_TABLES for f in self._files(t)])
+                if bad is not None:
+                    raise LakeError(
+                        f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and "
+                        "re-materialize that partition"
+                    ) from exc
+            raise
         finally:
             con.close()
-
-    def _lake_error(self, exc: duckdb.Error) -> Exception:
-        """A DuckDB error as the lake names it: a view's own message, a corrupt Parquet file by its
-        path; any other as it is."""
-        msg = str(exc)
-        if _ERROR_MARK in msg:
-            return LakeError(msg.split(_ERROR_MARK, 1)[1].splitlines()[0])
-        if "parquet" in msg.lower() or "magic" in msg.lower() or "Invalid Input Error" in msg:
-            bad = self._find_corrupt([f for t in ALL_TABLES for f in self._files(t)])
-            if bad is not None:
-                return LakeError(
-                    f"{bad}: cannot read Parquet ({msg.splitlines()[0]}); delete it and re-materialize that partition"
-                )
-        return exc
 
     @staticmethod
     def _run(con, query: str) -> pa.Table:

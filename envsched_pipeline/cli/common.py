@@ -128,11 +128,17 @@ def json_object(flag: str, text: str, example: str) -> dict:
     return value
 
 
+def not_a_url(flag: str, given: str | os.PathLike, what: str) -> None:
+    """A UsageError naming the flag when what it names on this machine is given as a URL, which
+    ``Path`` would fold into a local path named after the scheme (``s3:/bucket/...``)."""
+    if "://" in str(given):
+        raise UsageError(f"{flag}: {given} is a URL; name {what}")
+
+
 def local_file(flag: str, given: str | os.PathLike, hint: str = "") -> Path:
     """The file on this machine a flag names; a UsageError naming the flag when it is a URL (which
     ``Path`` would fold into a local path named after the scheme), missing or a folder."""
-    if "://" in str(given):
-        raise UsageError(f"{flag}: {given} is a URL; name a file on this machine")
+    not_a_url(flag, given, "a file on this machine")
     path = Path(given)
     if not path.exists():
         raise UsageError(f"{flag} {path}: no such file{hint}")
@@ -166,10 +172,7 @@ def writable_dir(flag: str, path: str | os.PathLike) -> Path:
     work and without making it (so a command refused for another reason leaves nothing behind):
     a path that is a file, sits under one, or may not be written is a UsageError naming the flag.
     Whoever writes makes the folder (:func:`write_output`, or the writer's own ``mkdir``)."""
-    if "://" in str(path):  # Path() would fold it into a local folder named after the scheme
-        raise UsageError(
-            f"{flag}: {path} is a URL; name a folder on this machine (lakes may be URLs, this may not)"
-        )
+    not_a_url(flag, path, "a folder on this machine (lakes may be URLs, this may not)")
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{flag}: {out} is a file; name a folder")
@@ -190,8 +193,7 @@ def writable_dir(flag: str, path: str | os.PathLike) -> Path:
 def writable_file(flag: str, path: str | os.PathLike) -> Path:
     """``path`` as a file this command can write when it is done (a folder in its place, or a file
     above it, refused), checked before any work and without making anything."""
-    if "://" in str(path):
-        raise UsageError(f"{flag}: {path} is a URL; name a file on this machine")
+    not_a_url(flag, path, "a file on this machine")
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{flag}: {out} is a folder; name a file")

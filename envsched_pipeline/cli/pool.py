@@ -122,9 +122,10 @@ def cmd_create(args) -> int:
     lake = lake_of(args)
     valid_name(args.name)
     if args.kind == "synthetic":
-        sizes = {"n_envs": args.envs, "tasks_per_env": args.tasks_per_env, "seed": args.seed}
+        flags = {"n_envs": args.envs, "tasks_per_env": args.tasks_per_env, "seed": args.seed}
+        sizes = {k: v for k, v in flags.items() if v is not None}  # the generator's defaults for the rest
         try:
-            config = SyntheticConfig(**{k: v for k, v in sizes.items() if v is not None})
+            config = SyntheticConfig(**sizes)
         except ValueError as exc:
             raise UsageError(f"--envs, --tasks-per-env: {exc}") from exc
         print(
@@ -132,7 +133,7 @@ def cmd_create(args) -> int:
             file=sys.stderr,
             flush=True,
         )
-        data = load_synthetic(args.name, **{k: v for k, v in sizes.items() if v is not None})
+        data = load_synthetic(args.name, **sizes)
     else:
         given = [
             f

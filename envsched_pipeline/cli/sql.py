@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import sys
 
 import duckdb
@@ -53,20 +54,21 @@ def print_table(result, fmt: str = "table") -> None:
     if first is None:  # a statement without a result
         return
     cols = first.schema.names
+    batches = itertools.chain([first], batches)
     if fmt == "json":
-        for batch in _chain(first, batches):
+        for batch in batches:
             for r in batch.to_pylist():
                 print(dumps(r))
     elif fmt == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(cols)
-        for batch in _chain(first, batches):
+        for batch in batches:
             for r in batch.to_pylist():
                 w.writerow([r[c] for c in cols])
     else:
         rows: list[dict] = []
         total = 0
-        for batch in _chain(first, batches):  # the rows shown first, then the rest only counted
+        for batch in batches:  # the rows shown first, then the rest only counted
             total += batch.num_rows
             rows += batch.slice(0, TABLE_ROWS - len(rows)).to_pylist()
             if len(rows) == TABLE_ROWS:
@@ -83,8 +85,3 @@ def print_table(result, fmt: str = "table") -> None:
             else f"; the first {len(rows)} shown: `--format csv` or `json` prints them all"
         )
         print(f"({total} row{'s' if total != 1 else ''}{shown})")
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest

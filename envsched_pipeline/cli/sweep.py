@@ -178,7 +178,6 @@ def recorded(args) -> None:
 
 def record(args, root: Path) -> None:
     """The sweep's settings in ``DIR/sweep.json``, for ``envsched sweep --dir DIR`` to resume."""
-    flags = list(args.train_flags)
     atomic_write_bytes(
         root / SWEEP_FILE,
         json.dumps(
@@ -187,7 +186,7 @@ def record(args, root: Path) -> None:
                 "seeds": args.seeds,
                 "steps": args.steps,
                 "baseline": args.baseline,
-                "train_flags": flags[1:] if flags[:1] == ["--"] else flags,
+                "train_flags": args.train_flags,
             },
             indent=1,
         ).encode(),
@@ -198,8 +197,6 @@ def plan(args) -> list[Planned]:
     """Every run of the sweep, each checked as `envsched train` would check it (its settings, the
     run its lake already holds, its baseline's run where that exists), before any starts."""
     flags = list(args.train_flags)
-    if flags[:1] == ["--"]:
-        flags = flags[1:]
     for flag in flags:
         if flag.split("=", 1)[0] in SET_BY_SWEEP:
             raise UsageError(
@@ -279,6 +276,8 @@ def plan(args) -> list[Planned]:
 
 def cmd_sweep(args) -> int:
     recorded(args)
+    if args.train_flags[:1] == ["--"]:  # argparse keeps the `--` that starts them
+        args.train_flags = args.train_flags[1:]
     runs = plan(args)
     if args.dry_run:
         return print_plan(runs, args.jobs)

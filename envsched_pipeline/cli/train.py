@@ -22,6 +22,7 @@ from envsched_pipeline.cli.common import (
     json_object,
     json_source,
     lake_of,
+    not_a_url,
 )
 from envsched_pipeline.core.build import asked_run, new_run, open_run, scheduler_config
 from envsched_pipeline.core.loop import step_summary
@@ -233,10 +234,7 @@ def policy_config(args) -> dict:
     if args.sim_mode != "auto":
         pc["mode"] = args.sim_mode
     if args.model_path:
-        if "://" in args.model_path:  # Path() would fold it into a local folder named after the scheme
-            raise UsageError(
-                f"--model-path: {args.model_path} is a URL; name a checkpoint folder on this machine"
-            )
+        not_a_url("--model-path", args.model_path, "a checkpoint folder on this machine")
         pc["model_path"] = str(Path(args.model_path).resolve())
     if args.resident:
         pc["resident"] = True

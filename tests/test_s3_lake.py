@@ -352,3 +352,36 @@ def test_rewind_on_an_s3_lake_archives_the_local_model_checkpoints_too(s3):
     assert sorted(p.name for p in (lake.local / "checkpoints").iterdir()) == ["step=0"]
     kept = list((lake.local / "archive").glob("rewind-to-step1-*/checkpoints/step=2/policy/trainer.json"))
     assert len(kept) == 1 and Lake(url).steps("rollouts") == [0]
+
+
+def test_runs_lists_the_lakes_under_a_prefix_and_compare_reads_them(s3, capsys):
+    """``envsched runs s3://bucket/prefix`` finds the lakes one level below the prefix (as it does
+    in a folder), the default is the prefix holding --lake, and the comparison it suggests runs
+    on the bucket's lakes."""
+    url, _ = s3
+    lakes = {(sched, seed): f"{url}/{sched}-s{seed}" for sched in ("random", "envsched") for seed in (0, 1)}
+    for (sched, seed), lake in lakes.items():
+        assert (
+            main(["--lake", lake, *"pool create synthetic --name mini --envs 4 --tasks-per-env 6".split()])
+            == 0
+        )
+        train = f"train --pool mini --steps 1 --batch-size 6 --group-size 4 --seed {seed} --scheduler {sched}"
+        assert main(["--lake", lake, *train.split()]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["runs", url, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert sorted(r["lake"] for r in found["runs"]) == sorted(lakes.values())
+    assert {(r["scheduler"], r["seed"]) for r in found["runs"]} == set(lakes)
+    [suggested] = found["comparisons"]
+    assert suggested["seeds"] == [0, 1] and f"{url}/random-s0" in suggested["command"]
+    # the default: the prefix holding --lake, so a run's siblings are listed beside it
+    assert main(["--lake", lakes["random", 0], "runs", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["runs"]) == 4
+    # a lake named itself is listed alone; a prefix with no lake is an error naming it
+    assert main(["runs", lakes["random", 1], "--json"]) == 0
+    assert [r["lake"] for r in json.loads(capsys.readouterr().out)["runs"]] == [lakes["random", 1]]
+    assert main(["runs", f"{url}/nothing-here"]) == 2
+    assert f"no lake in {url}/nothing-here" in capsys.readouterr().err
+    args = suggested["command"].split()[1:]  # the printed command, as a user pastes it
+    assert main(args) == 0, capsys.readouterr()
+    assert "over 2 seeds" in capsys.readouterr().out

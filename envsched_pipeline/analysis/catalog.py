@@ -26,18 +26,31 @@ BASELINE = "random"  # the scheduler the suggested comparisons judge the others 
 
 
 def find_lakes(dirs: Sequence[str | Path]) -> list[Lake]:
-    """The lakes named or found one level below each of ``dirs`` (a folder holding ``run.json``),
-    sorted by path. A remote lake (``s3://...``) is taken as named."""
+    """The lakes named or found one level below each of ``dirs`` (a folder or an object-store
+    prefix, ``s3://bucket/prefix``, holding ``run.json``), sorted by path."""
     found: dict[str, Lake] = {}
     for d in dirs:
         if "://" in str(d):
-            found[str(d)] = Lake(d)
+            top = Lake(d)
+            for rel in top.store.glob(RUN_FILE) + top.store.glob(f"*/{RUN_FILE}"):
+                lake = top if rel == RUN_FILE else Lake(top.where(rel.rsplit("/", 1)[0]))
+                found[str(lake.root)] = lake
             continue
         path = Path(d)
         for candidate in [path, *sorted(p for p in path.iterdir() if p.is_dir())] if path.is_dir() else []:
             if (candidate / RUN_FILE).is_file():
                 found[str(candidate)] = Lake(candidate)
     return [found[k] for k in sorted(found)]
+
+
+def parent_of(lake: Lake) -> str:
+    """The folder (or object-store prefix) holding ``lake``, where its sibling runs are; a lake at
+    a bucket's top is its own."""
+    if not lake.remote:
+        return str(lake.root.parent)
+    url = str(lake.root).rstrip("/")
+    scheme, path = url.split("://", 1)
+    return f"{scheme}://{path.rsplit('/', 1)[0]}" if "/" in path else url
 
 
 def describe(lake: Lake) -> dict:

@@ -10,7 +10,7 @@ import duckdb
 
 from envsched_pipeline.analysis.ablation import compare_rows, table_markdown, write_rows
 from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, provenance_text, run_benchmark
-from envsched_pipeline.analysis.catalog import BASELINE, comparisons, describe, find_lakes
+from envsched_pipeline.analysis.catalog import BASELINE, comparisons, describe, find_lakes, parent_of
 from envsched_pipeline.analysis.catalog import table as catalog_table
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.analysis.replay import replay
@@ -119,7 +119,8 @@ def add_parser(sub) -> None:
         "dirs",
         nargs="*",
         metavar="DIR",
-        help="folders of lakes, or lakes (default: the folder holding --lake, e.g. warehouse/)",
+        help="folders of lakes, or lakes; s3://bucket/prefix too (default: the folder or prefix holding "
+        "--lake, e.g. warehouse/)",
     )
     ru.add_argument("--json", action="store_true", help="the runs and the comparisons as JSON")
     ru.set_defaults(func=cmd_runs)
@@ -434,7 +435,7 @@ def cmd_report(args) -> int:
 
 def cmd_runs(args) -> int:
     lake = lake_of(args)
-    dirs = args.dirs or [str(lake.root) if lake.remote else str(lake.root.parent)]
+    dirs = args.dirs or [parent_of(lake)]
     for d in dirs:
         if "://" not in d and not Path(d).is_dir():
             raise UsageError(f"{d}: no such folder")

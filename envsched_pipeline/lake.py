@@ -32,13 +32,17 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import fnmatch
+import itertools
 import json
 import math
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -170,7 +174,39 @@ REMOTE_SCHEMES = ("s3://",)
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
 
 
-class _LocalStore:
+class _Store:
+    """What both stores share: reading a listing's Parquet objects through this process's cache."""
+
+    def read_tables(self, listed: dict[str, tuple[str, int]]) -> dict[str, pa.Table | Exception]:
+        """Each listed Parquet object (``{rel: (version, size)}`` from :meth:`objects`) as a table:
+        from this process's cache when its version is the listed one, the others fetched together.
+        An object gone since the listing is left out; one that is not Parquet maps to its error."""
+        out: dict[str, pa.Table | Exception] = {}
+        missing = []
+        for rel, (version, _size) in listed.items():
+            hit = _PARQUET_CACHE.get(self.cache_key(rel), version)
+            if hit is None:
+                missing.append(rel)
+            else:
+                out[rel] = hit
+        fetched = self.fetch(missing) if missing else {}
+        for rel in missing:
+            data = fetched.get(rel)
+            if data is None or isinstance(data, (FileNotFoundError, NotADirectoryError)):
+                continue  # replaced or archived between listing and reading
+            if isinstance(data, Exception):
+                raise data
+            try:
+                table = pq.read_table(pa.BufferReader(data))
+            except Exception as exc:  # pyarrow raises several types for corrupt files
+                out[rel] = exc
+                continue
+            _PARQUET_CACHE.put(self.cache_key(rel), listed[rel][0], table)
+            out[rel] = table
+        return {rel: out[rel] for rel in listed if rel in out}
+
+
+class _LocalStore(_Store):
     """Files under a local folder: temp file + fsync + rename."""
 
     remote = False
@@ -245,6 +281,29 @@ class _LocalStore:
     def glob(self, pattern: str) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.glob(pattern))
 
+    def objects(self, folder: str, name: str) -> dict[str, tuple[str, int]]:
+        """``{rel: (version, size)}`` of the files called ``name`` anywhere under ``folder``; the
+        version (inode, modification time, size) changes whenever a file is replaced."""
+        out = {}
+        for rel in self.glob(f"{folder}/**/{name}"):
+            with suppress(FileNotFoundError):
+                st = (self.root / rel).stat()
+                out[rel] = (f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}", st.st_size)
+        return out
+
+    def fetch(self, rels: list[str]) -> dict[str, bytes | Exception]:
+        """The files' bytes; an error per file."""
+        out: dict[str, bytes | Exception] = {}
+        for rel in rels:
+            try:
+                out[rel] = (self.root / rel).read_bytes()
+            except OSError as exc:
+                out[rel] = exc
+        return out
+
+    def cache_key(self, rel: str) -> str:
+        return self.full(rel)
+
     def delete(self, rel: str) -> None:
         path = self.root / rel
         if path.is_dir():
@@ -276,7 +335,66 @@ def _s3_error_code(exc: BaseException) -> str | None:
     return response.get("Error", {}).get("Code")
 
 
-class _ObjectStore:
+class _ParquetCache:
+    """Parquet objects of object-store lakes already read by this process, keyed by object and
+    ETag (a replaced object has another ETag, so it is read again), least recently used dropped
+    past ``$ENVSCHED_LAKE_CACHE_MB`` (default 256; 0 turns it off). It makes a step's queries cost
+    one listing per table instead of a request or two per file per query."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def limit() -> int:
+        raw = os.environ.get("ENVSCHED_LAKE_CACHE_MB", "").strip() or "256"
+        try:
+            mb = float(raw)
+        except ValueError:
+            mb = -1.0
+        if not (0 <= mb <= 1_000_000):
+            raise LakeError(f"$ENVSCHED_LAKE_CACHE_MB: expected megabytes from 0 to 1000000, got {raw!r}")
+        return int(mb * 2**20)
+
+    def get(self, key: str, etag: str) -> pa.Table | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or item[0] != etag or not etag:
+                return None
+            self._items.move_to_end(key)
+            return item[1]
+
+    def put(self, key: str, etag: str, table: pa.Table) -> None:
+        limit = self.limit()
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1].nbytes
+            if not etag or table.nbytes > limit:
+                return
+            self._items[key] = (etag, table)
+            self._bytes += table.nbytes
+            while self._bytes > limit:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+
+_PARQUET_CACHE = _ParquetCache()
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+def _glob_match(parts: list[str], pattern: list[str]) -> bool:
+    """Whether a path's segments match a glob's: ``*``, ``?`` and ``[...]`` within a segment,
+    ``**`` for any number of segments (fsspec's glob rules)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_match(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(parts[1:], pattern[1:])
+
+
+class _ObjectStore(_Store):
     """Objects under ``s3://bucket/prefix`` through s3fs: one PUT per object, atomic by the store."""
 
     remote = True
@@ -363,9 +481,43 @@ class _ObjectStore:
         return True
 
     def glob(self, pattern: str) -> list[str]:
+        """The keys and folders (as ``fs.glob`` matches them) under the lake that match ``pattern``.
+        A pattern whose wildcards follow a literal folder (``rollouts/step=*/part-0.parquet``) is
+        matched against one recursive listing of that folder: fsspec's glob lists each folder a
+        wildcard matches on its own, one request per step of the run."""
         self.fs.invalidate_cache()
         cut = len(self.base) + 1
-        return sorted(p[cut:] for p in self.fs.glob(self._key(pattern)))
+        parts = pattern.split("/")
+        literal = list(itertools.takewhile(lambda p: not _WILDCARD.search(p), parts))
+        if not literal or len(literal) == len(parts):
+            return sorted(p[cut:] for p in self.fs.glob(self._key(pattern)))
+        found = set()
+        for key in self.fs.find(self._key("/".join(literal))):
+            rel = key[cut:].split("/")
+            for depth in range(len(literal) + 1, len(rel) + 1):  # the key and the folders above it
+                if _glob_match(rel[:depth], parts):
+                    found.add("/".join(rel[:depth]))
+        return sorted(found)
+
+    def objects(self, folder: str, name: str) -> dict[str, tuple[str, int]]:
+        """``{rel: (etag, size)}`` of the objects called ``name`` anywhere under ``folder``, from
+        one recursive listing."""
+        self.fs.invalidate_cache()
+        cut = len(self.base) + 1
+        listed = self.fs.find(self._key(folder), detail=True)
+        return {
+            key[cut:]: (str(info.get("ETag", "")), int(info.get("size") or 0))
+            for key, info in sorted(listed.items())
+            if key.rsplit("/", 1)[-1] == name and info.get("type") != "directory"
+        }
+
+    def fetch(self, rels: list[str]) -> dict[str, bytes | Exception]:
+        """The objects' bytes, fetched together (concurrent GETs); an error per object."""
+        got = self.fs.cat([self._key(r) for r in rels], on_error="return")
+        return {r: got.get(self._key(r)) for r in rels}
+
+    def cache_key(self, rel: str) -> str:
+        return self.full(rel)
 
     def delete(self, rel: str) -> None:
         self.fs.invalidate_cache()
@@ -404,6 +556,7 @@ def local_dir_for(url: str) -> Path:
 
 
 _ERROR_MARK = "lake error: "
+PART = "part-0.parquet"  # the one file of a table partition
 _SAFE_VALUE = re.compile(r"-?[A-Za-z0-9][A-Za-z0-9_\-]{0,63}")
 
 
@@ -608,24 +761,26 @@ class Lake:
         return self.store.exists(f"{self._partition_rel(table, **partition)}/part-0.parquet")
 
     def _files(self, table: str) -> list[str]:
-        return self.store.glob(f"{table}/**/part-0.parquet")
+        return self.store.glob(f"{table}/**/{PART}")
 
     def read(self, table: str, columns: list[str] | None = None, **partition: Any) -> pa.Table:
-        """Read one partition, or the whole table when no partition is given."""
-        if partition:
-            files = [
-                f"{self._partition_rel(table, **partition)}/part-0.parquet"
-            ]  # a missing one is skipped below
-        else:
-            self._partition_rel(table)
-            files = self._files(table)
+        """Read one partition, or the whole table when no partition is given (from one listing and
+        this process's cached reads when the table is within the cache's size)."""
+        rel = self._partition_rel(table, **partition)
         empty = self._empty(table)
         if columns is not None:
             empty = empty.select([c for c in columns if c in ALL_TABLES[table]])
+        listed = {} if partition else self.store.objects(table, PART)
+        if listed and sum(size for _, size in listed.values()) <= _PARQUET_CACHE.limit():
+            read = self.store.read_tables(listed)
+            loaders = {f: (lambda t=t: _selected(t, columns)) for f, t in read.items()}
+        else:  # a missing partition is skipped below
+            files = [f"{rel}/{PART}"] if partition else list(listed)
+            loaders = {f: (lambda f=f: self.store.read_parquet(f, columns=columns)) for f in files}
         parts = []
-        for f in files:
+        for f, load in loaders.items():
             try:
-                parts.append(self.store.read_parquet(f, columns=columns))
+                parts.append(load())
             except (FileNotFoundError, NotADirectoryError):
                 continue  # not written yet, or replaced or archived between listing and reading
             except Exception as exc:  # pyarrow raises several types for corrupt files
@@ -667,7 +822,11 @@ class Lake:
             if not self.remote and (self.root / table).exists() and not (self.root / table).is_dir():
                 _error_view(con, table, f"{self.root / table} should be a folder of partitions, not a file")
                 continue
-            files = self._files(table)
+            listed = self.store.objects(table, PART)
+            if listed and sum(size for _, size in listed.values()) <= _PARQUET_CACHE.limit():
+                self._arrow_view(con, table, listed)  # this process's cached reads, one listing
+                continue
+            files = list(listed)
             if files:
                 paths = ", ".join("'" + self.where(f).replace("'", "''") + "'" for f in files)
                 try:
@@ -697,6 +856,30 @@ class Lake:
                 if name:
                     _error_view(con, name, f"view {name} is unavailable: {str(exc).splitlines()[0]}")
         return con
+
+    def _arrow_view(self, con: duckdb.DuckDBPyConnection, table: str, listed: dict) -> None:
+        """View ``table`` of an object-store lake over its objects read into memory (cached)."""
+        read = self.store.read_tables(listed)
+        bad = next((f for f, t in read.items() if isinstance(t, Exception)), None)
+        try:
+            if bad is not None:
+                raise read[bad]
+            data = (
+                pa.concat_tables(list(read.values()), promote_options="permissive")
+                if read
+                else self._empty(table)
+            )
+        except Exception as exc:  # pyarrow raises several types for corrupt or clashing files
+            where = self.where(bad) if bad is not None else table
+            _error_view(
+                con,
+                table,
+                f"{where}: cannot read Parquet ({str(exc).splitlines()[0]}); delete it and "
+                "re-materialize that partition",
+            )
+            return
+        con.register(f"_{table}_data", data)
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _{table}_data")
 
     def _find_corrupt(self, files: list[str]) -> str | None:
         for f in files:
@@ -759,6 +942,13 @@ class Lake:
             return pa.table({})
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
         return fetch()
+
+
+def _selected(table: pa.Table | Exception, columns: list[str] | None) -> pa.Table:
+    """A cached table's ``columns`` (all with None); the error it was read with, raised."""
+    if isinstance(table, Exception):
+        raise table
+    return table if columns is None else table.select(columns)
 
 
 def _error_view(con: duckdb.DuckDBPyConnection, name: str, message: str) -> None:

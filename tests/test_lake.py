@@ -102,3 +102,42 @@ def test_a_lake_url_it_cannot_use_is_refused_not_taken_for_a_folder(url, says, t
     with pytest.raises(LakeError, match=re.escape(says)):
         Lake(url)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_replaced_partition_is_read_again_and_a_big_table_is_not_cached(tmp_path, monkeypatch):
+    """Whole-table reads and SQL views read a table's files once per process and keep them (by
+    inode, modification time and size); a partition written again is read again, and a table larger
+    than $ENVSCHED_LAKE_CACHE_MB is read from its files as before."""
+    lake = Lake(tmp_path)
+    for s in range(3):
+        lake.write("rollouts", rollout_rows(s), step=s)
+    query = "select step, count(*) as n, sum(reward) as r from rollouts group by 1 order by 1"
+    first = lake.sql(query).to_pylist()
+    assert [r["n"] for r in first] == [3, 3, 3] and lake.read("rollouts").num_rows == 9
+    lake.write("rollouts", rollout_rows(1, 5), step=1)  # step 1 again, with five rollouts
+    again = lake.sql(query).to_pylist()
+    assert [r["n"] for r in again] == [3, 5, 3] and lake.read("rollouts").num_rows == 11
+    assert Lake(tmp_path).read("rollouts").num_rows == 11  # another Lake object in the process too
+    lake.delete_partition("rollouts", step=2)
+    assert [r["step"] for r in lake.sql(query).to_pylist()] == [0, 1]
+    for mb in ("0", "0.000001"):  # nothing cached: DuckDB reads the files themselves
+        monkeypatch.setenv("ENVSCHED_LAKE_CACHE_MB", mb)
+        assert [r["n"] for r in lake.sql(query).to_pylist()] == [3, 5]
+        assert lake.read("rollouts", columns=["step"]).column_names == ["step"]
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv("ENVSCHED_LAKE_CACHE_MB", bad)
+        with pytest.raises(LakeError, match=r"\$ENVSCHED_LAKE_CACHE_MB: expected megabytes"):
+            lake.sql(query)
+
+
+def test_a_corrupt_file_is_named_on_the_cached_path_too(tmp_path):
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    lake.write("rollouts", rollout_rows(1), step=1)
+    bad = tmp_path / "rollouts" / "step=1" / "part-0.parquet"
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(LakeError, match=r"step=1/part-0.parquet: cannot read Parquet"):
+        lake.sql("select count(*) from rollouts")
+    with pytest.raises(LakeError, match=r"step=1/part-0.parquet: cannot read Parquet"):
+        lake.read("rollouts")
+    assert lake.sql("select count(*) as n from tasks").column("n").to_pylist() == [0]  # other tables answer

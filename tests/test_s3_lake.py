@@ -385,3 +385,56 @@ def test_runs_lists_the_lakes_under_a_prefix_and_compare_reads_them(s3, capsys):
     args = suggested["command"].split()[1:]  # the printed command, as a user pastes it
     assert main(args) == 0, capsys.readouterr()
     assert "over 2 seeds" in capsys.readouterr().out
+
+
+@pytest.fixture
+def s3_calls(monkeypatch):
+    """The S3 API calls this process makes (s3fs's one entry point), by method name."""
+    import s3fs
+
+    calls: list[str] = []
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await real(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    return calls
+
+
+def test_a_steps_reads_cost_the_same_requests_whatever_the_runs_length(s3, s3_calls):
+    """On an object store every request is a round trip: listing a table's steps, finding the
+    steps with a scheduler state and querying a table cost one listing each, however many steps the
+    run has (they were one listing per step folder, one HEAD per state, a HEAD and a GET per file
+    per query); a partition written again is read again."""
+    from envsched_pipeline.core.state_store import state_rel, state_steps
+
+    url, _ = s3
+    lake = Lake(url)
+
+    def rows(s, n=4):
+        return [{"step": s, "task_id": f"t{i}", "env_id": "e", "rollout": 0, "reward": 0.5} for i in range(n)]
+
+    query = "select step, count(*) as n from rollouts group by 1 order by 1"
+    costs = {}
+    for n in (3, 12):
+        for s in range(n):
+            if not lake.has("rollouts", step=s):
+                lake.write("rollouts", rows(s), step=s)
+                lake.write_bytes(state_rel(s), b"state")
+        lake.sql(query)  # the first read of new partitions fetches them
+        cost = []
+        for read, want in (
+            (lambda: lake.steps("rollouts"), list(range(n))),
+            (lambda: state_steps(lake), set(range(n))),
+            (lambda: [r["n"] for r in lake.sql(query).to_pylist()], [4] * n),
+            (lambda: lake.read("rollouts").num_rows, 4 * n),
+        ):
+            s3_calls.clear()
+            assert read() == want
+            cost.append(list(s3_calls))
+        costs[n] = cost
+    assert costs[3] == costs[12] == [["list_objects_v2"]] * 4, costs  # one listing; nothing read again
+    lake.write("rollouts", rows(5, 9), step=5)  # step 5 again: its new rows are read
+    assert lake.sql("select count(*) as n from rollouts where step = 5").column("n").to_pylist() == [9]

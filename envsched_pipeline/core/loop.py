@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from envsched_pipeline.core.gates import halt_message, halted
-from envsched_pipeline.core.state_store import has_state
+from envsched_pipeline.core.state_store import state_steps
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
@@ -16,7 +16,7 @@ def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
     roll = set(lake.steps("rollouts"))
     if not external:
         roll &= set(lake.steps("train_metrics"))
-    stats = {s for s in lake.steps("statistics") if has_state(lake, s)}
+    stats = set(lake.steps("statistics")) & state_steps(lake)
     return sel, roll, stats
 
 

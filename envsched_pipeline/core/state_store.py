@@ -6,6 +6,7 @@ stored state onto an edited pool by task content hash (renamed tasks keep their 
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,16 @@ def state_rel(step: int) -> str:
 
 def has_state(lake: Lake, step: int) -> bool:
     return lake.exists(state_rel(step))
+
+
+def state_steps(lake: Lake) -> set[int]:
+    """The steps with a stored scheduler state, from one listing (on an object store, one request
+    for the run rather than one per step)."""
+    found = set()
+    for rel in lake.store.glob(state_rel(0).replace("step=0", "step=*")):
+        with suppress(ValueError):
+            found.add(int(rel.split("/")[-2].split("=", 1)[1]))
+    return found
 
 
 def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
@@ -76,7 +87,7 @@ def prior_source(lake: Lake, spec: RunSpec) -> tuple[Lake, int]:
         raise StepError(f"prior lake {prev.root} is this run's own lake: name another run's lake")
     if not prev.root.is_dir():
         raise StepError(f"prior lake {prev.root}: no such directory")
-    done = [s for s in prev.steps("statistics") if has_state(prev, s)]
+    done = sorted(set(prev.steps("statistics")) & state_steps(prev))
     if not done:
         raise StepError(f"prior lake {prev.root} has no scheduler state to start from")
     return prev, done[-1]

@@ -17,7 +17,7 @@ from scipy import stats
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.ablation import compare_rows, table_cells, table_markdown
-from envsched_pipeline.analysis.compare import changed_settings
+from envsched_pipeline.analysis.compare import changed_settings, heldout_verdicts
 from envsched_pipeline.analysis.seeds import (
     MAX_SEEDS,
     compare_seeds,
@@ -529,3 +529,24 @@ def test_runs_lists_every_lake_and_the_comparisons_they_allow(sim_runs, mopps_ru
     for where, msg in ((tmp_path / "empty", "no lake in"), (tmp_path / "nowhere", "no such folder")):
         assert main(["runs", str(where)]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_a_difference_below_the_fourth_decimal_keeps_its_digits(tmp_path):
+    """A verdict of "below" beside a difference printed as -0.0000 reads as a contradiction: a
+    difference that rounds to zero at four decimals is printed with its own digits."""
+    lakes = []
+    for sched, score in (("envsched", 0.657100), ("random", 0.657112)):
+        lake = Lake(tmp_path / sched)
+        import_pool(lake, load_synthetic("synthetic", **SMALL))
+        run = ExternalRun(pool="synthetic", lake=lake, scheduler=sched, seed=0, batch_size=4, group_size=2)
+        picks = run.manifest(0)
+        run.observe(
+            0, [{"task_id": p["task_id"], "rollout": r, "reward": float(r)} for p in picks for r in range(2)]
+        )
+        run.log_eval(
+            0, {"heldout_seen": {"score": score, "se": 0.0}, "heldout_unseen": {"score": 0.5, "se": 0.0}}
+        )
+        lakes.append(lake)
+    texts = {v["benchmark"]: v["text"] for v in heldout_verdicts(lakes[0], lakes[1], "random")}
+    assert "difference -1.2e-05 (recorded without sampling error): below random" in texts["heldout_seen"]
+    assert "difference +0.0000 (recorded without sampling error)" in texts["heldout_unseen"]

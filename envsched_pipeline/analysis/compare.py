@@ -231,7 +231,9 @@ def heldout_verdicts(lake: Lake, other: Lake, name: str) -> list[dict]:
         else:
             good, word, band, ci = None, "no standard error recorded to judge it by", "", None
         reach = steps_to_reach(mine[bench], theirs[bench])
-        text = f"{bench} at step {step}: {ra:.4f} vs {name} {rb:.4f}, difference {diff:+.4f}{band}: {word}."
+        # a difference below the fourth decimal keeps its digits (a verdict on "-0.0000" reads as a tie)
+        shown = f"{diff:+.4f}" if diff == 0 or abs(diff) >= 5e-5 else f"{diff:+.2g}"
+        text = f"{bench} at step {step}: {ra:.4f} vs {name} {rb:.4f}, difference {shown}{band}: {word}."
         if reach["reached_at"] is None:
             text += f" Never reached {name}'s best ({reach['best']:.4f}, its step {reach['best_step']})."
         else:

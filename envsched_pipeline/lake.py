@@ -30,6 +30,7 @@ This module imports no Dagster: the scheduler service and the trainer use it dir
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import fnmatch
@@ -381,6 +382,7 @@ class _ParquetCache:
 
 
 _PARQUET_CACHE = _ParquetCache()
+FETCH_AT_ONCE = 32  # concurrent GETs of one fetch from an object store
 _WILDCARD = re.compile(r"[*?\[]")
 
 
@@ -418,10 +420,19 @@ class _ObjectStore(_Store):
         self.fs.pipe_file(self._key(rel), data)
 
     def get(self, rel: str) -> bytes | None:
-        try:
-            return self.fs.cat_file(self._key(rel))
-        except (FileNotFoundError, IsADirectoryError):
+        """The object's bytes (one GET: s3fs's cat_file asks for its size with a HEAD first)."""
+        got = self.fetch([rel])[rel]
+        if isinstance(got, (FileNotFoundError, IsADirectoryError)):
             return None
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _object(self, rel: str) -> bytes:
+        data = self.get(rel)
+        if data is None:
+            raise FileNotFoundError(self.full(rel))
+        return data
 
     def exists(self, rel: str) -> bool:
         self.fs.invalidate_cache()
@@ -512,9 +523,25 @@ class _ObjectStore(_Store):
         }
 
     def fetch(self, rels: list[str]) -> dict[str, bytes | Exception]:
-        """The objects' bytes, fetched together (concurrent GETs); an error per object."""
-        got = self.fs.cat([self._key(r) for r in rels], on_error="return")
-        return {r: got.get(self._key(r)) for r in rels}
+        """The objects' bytes, one GET each, fetched together (at most FETCH_AT_ONCE at a time);
+        an error per object (FileNotFoundError for one that is not there)."""
+        from fsspec.asyn import sync  # s3fs's own event loop runs the GETs
+
+        gate = asyncio.Semaphore(FETCH_AT_ONCE)
+
+        async def one(rel: str) -> bytes:
+            bucket, key, _ = self.fs.split_path(self._key(rel))
+            async with gate:
+                out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+                try:
+                    return await out["Body"].read()
+                finally:
+                    out["Body"].close()
+
+        async def every() -> list:
+            return await asyncio.gather(*(one(r) for r in rels), return_exceptions=True)
+
+        return dict(zip(rels, sync(self.fs.loop, every), strict=True))
 
     def cache_key(self, rel: str) -> str:
         return self.full(rel)
@@ -541,10 +568,10 @@ class _ObjectStore(_Store):
         self.fs.pipe_file(self._key(rel), buf.getvalue().to_pybytes())
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(pa.BufferReader(self.fs.cat_file(self._key(rel))), columns=columns)
+        return pq.read_table(pa.BufferReader(self._object(rel)), columns=columns)
 
     def parquet_meta(self, rel: str) -> None:
-        pq.ParquetFile(pa.BufferReader(self.fs.cat_file(self._key(rel)))).metadata  # noqa: B018
+        pq.ParquetFile(pa.BufferReader(self._object(rel))).metadata  # noqa: B018
 
     def attach(self, con: duckdb.DuckDBPyConnection) -> None:
         con.register_filesystem(self.fs)  # DuckDB reads s3:// paths through s3fs (no httpfs needed)

@@ -436,5 +436,9 @@ def test_a_steps_reads_cost_the_same_requests_whatever_the_runs_length(s3, s3_ca
             cost.append(list(s3_calls))
         costs[n] = cost
     assert costs[3] == costs[12] == [["list_objects_v2"]] * 4, costs  # one listing; nothing read again
+    for read in (lambda: lake.read("rollouts", step=2), lambda: lake.read_bytes(state_rel(2))):
+        s3_calls.clear()
+        read()
+        assert s3_calls == ["get_object"]  # one GET (s3fs's cat_file asks for the size first)
     lake.write("rollouts", rows(5, 9), step=5)  # step 5 again: its new rows are read
     assert lake.sql("select count(*) as n from rollouts where step = 5").column("n").to_pylist() == [9]

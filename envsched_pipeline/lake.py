@@ -185,7 +185,7 @@ class _Store:
         out: dict[str, pa.Table | Exception] = {}
         missing = []
         for rel, (version, _size) in listed.items():
-            hit = _PARQUET_CACHE.get(self.cache_key(rel), version)
+            hit = _PARQUET_CACHE.get(self.full(rel), version)
             if hit is None:
                 missing.append(rel)
             else:
@@ -202,7 +202,7 @@ class _Store:
             except Exception as exc:  # pyarrow raises several types for corrupt files
                 out[rel] = exc
                 continue
-            _PARQUET_CACHE.put(self.cache_key(rel), listed[rel][0], table)
+            _PARQUET_CACHE.put(self.full(rel), listed[rel][0], table)
             out[rel] = table
         return {rel: out[rel] for rel in listed if rel in out}
 
@@ -302,9 +302,6 @@ class _LocalStore(_Store):
                 out[rel] = exc
         return out
 
-    def cache_key(self, rel: str) -> str:
-        return self.full(rel)
-
     def delete(self, rel: str) -> None:
         path = self.root / rel
         if path.is_dir():
@@ -337,10 +334,11 @@ def _s3_error_code(exc: BaseException) -> str | None:
 
 
 class _ParquetCache:
-    """Parquet objects of object-store lakes already read by this process, keyed by object and
-    ETag (a replaced object has another ETag, so it is read again), least recently used dropped
-    past ``$ENVSCHED_LAKE_CACHE_MB`` (default 256; 0 turns it off). It makes a step's queries cost
-    one listing per table instead of a request or two per file per query."""
+    """Parquet files and objects already read by this process, keyed by path and version (a local
+    file's inode, modification time and size; an object's ETag), so a replaced one is read again;
+    least recently used dropped past ``$ENVSCHED_LAKE_CACHE_MB`` (default 256; 0 turns it off). A
+    step's queries then cost one listing per table instead of reading every file of it again (on an
+    object store, a request or two per object per query)."""
 
     def __init__(self) -> None:
         self._items: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()
@@ -542,9 +540,6 @@ class _ObjectStore(_Store):
             return await asyncio.gather(*(one(r) for r in rels), return_exceptions=True)
 
         return dict(zip(rels, sync(self.fs.loop, every), strict=True))
-
-    def cache_key(self, rel: str) -> str:
-        return self.full(rel)
 
     def delete(self, rel: str) -> None:
         self.fs.invalidate_cache()

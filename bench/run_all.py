@@ -51,6 +51,7 @@ from sections.system import (  # noqa: E402
     section_backends,
     section_incremental,
     section_kernels,
+    section_lake_requests,
     section_latency,
     section_pools,
     section_resident,
@@ -75,7 +76,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "step_views,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,lake_requests,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -216,6 +217,8 @@ def main() -> int:
         section_pipeline_neural()
     if "step_views" in sections:
         section_step_views()
+    if "lake_requests" in sections:
+        section_lake_requests()
     if "backends" in sections:
         section_backends()
     if "sim_sweep" in sections:

@@ -141,3 +141,21 @@ def test_a_corrupt_file_is_named_on_the_cached_path_too(tmp_path):
     with pytest.raises(LakeError, match=r"step=1/part-0.parquet: cannot read Parquet"):
         lake.read("rollouts")
     assert lake.sql("select count(*) as n from tasks").column("n").to_pylist() == [0]  # other tables answer
+
+
+def test_the_per_step_plot_has_a_panel_per_measure(tmp_path):
+    """The lake benchmark's plot: one panel per measure side by side, a line per mode."""
+    from PIL import Image
+
+    from envsched_pipeline.analysis.plots import per_step_plot
+
+    one = per_step_plot({"requests": {"before": [3, 5, 7], "now": [3, 3, 3]}}, tmp_path / "one.png")
+    two = per_step_plot(
+        {
+            "requests": {"before": [3, 5, 7], "now": [3, 3, 3]},
+            "wall s": {"before": [1, 2, 3], "now": [1, 1, 1]},
+        },
+        tmp_path / "two.png",
+    )
+    with Image.open(one) as a, Image.open(two) as b:
+        assert a.format == b.format == "PNG" and b.size[0] == 2 * a.size[0] and a.size[1] == b.size[1]

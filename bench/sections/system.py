@@ -22,7 +22,7 @@ from envsched_pipeline.scheduler import make_scheduler
 from envsched_pipeline.scheduler.config import SchedulerConfig
 from envsched_pipeline.scheduler.state import Observations, SchedulerState
 from envsched_pipeline.scheduler.variants import RECOMMENDED, resolve
-from sections.common import PAPER_SELECT_SECONDS, machine, write_section
+from sections.common import HERE, PAPER_SELECT_SECONDS, machine, write_section
 
 # the spread model of the recommended form refits every step on up to 4096 of the run's picks (64 steps
 # of B = 64); the latency is read where it fits on all of them
@@ -426,8 +426,9 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
 
     base_steps = 10
     rows = [
-        "| steps in the lake | Parquet files | every view per query, s | the views a query reads, s | ratio |",
-        "|---|---|---|---|---|",
+        "| steps in the lake | Parquet files | every view per query, s | the views a query reads, s | "
+        "those views over cached reads (now), s | now / every view |",
+        "|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as d:
         lake = lake_module.Lake(os.path.join(d, "lake"))
@@ -463,8 +464,10 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
 
             seconds = {}
             real = lake_module._views_needed
-            for mode in ("every view", "read"):
-                lake_module._views_needed = real if mode == "read" else (lambda queries, derived: None)
+            for mode in ("every view", "read", "cached"):
+                lake_module._views_needed = real if mode != "every view" else (lambda queries, derived: None)
+                # before 2026-12-06 every query read its files (no cache): the cache turned off
+                os.environ["ENVSCHED_LAKE_CACHE_MB"] = "256" if mode == "cached" else "0"
                 try:
                     work()  # warm: imports, fonts, file cache
                     t0 = time.perf_counter()
@@ -473,9 +476,10 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
                     seconds[mode] = (time.perf_counter() - t0) / repeats
                 finally:
                     lake_module._views_needed = real
+                    os.environ.pop("ENVSCHED_LAKE_CACHE_MB", None)
             rows.append(
                 f"| {n} | {files} | {seconds['every view']:.2f} | {seconds['read']:.2f} | "
-                f"{seconds['read'] / seconds['every view']:.2f}x |"
+                f"{seconds['cached']:.2f} | {seconds['cached'] / seconds['every view']:.2f}x |"
             )
             print(f"step views bench: {rows[-1]}", flush=True)
     write_section(
@@ -489,7 +493,9 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
                 "renders, `training_curves`, `statistics_trends`, `yield_calibration`, and the step table "
                 "`envsched train` prints) cost more with every step of the run. Since 2026-12-05 a query "
                 "builds only the views it names and what they are built on (`show tables` and other "
-                f"queries naming none still get all). Mean of {repeats} rounds after a warm one; lakes "
+                "queries naming none still get all); since 2026-12-06 those views read a table's files "
+                "once per process and keep them (`$ENVSCHED_LAKE_CACHE_MB`), so a query re-reads only "
+                f"files written since. Mean of {repeats} rounds after a warm one; lakes "
                 "of N steps made from a 10-step simulated run (B = 16, G = 8) whose partitions are "
                 f"written again under later step numbers. Machine: {machine()}.",
                 "",
@@ -497,4 +503,183 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
             ]
         ),
         after="resident_neural",
+    )
+
+
+REQUEST_S = 0.02  # a round trip to a real object store, for the projection (not measured here)
+
+
+def section_lake_requests(steps: int = 30) -> None:
+    """Requests to the object store per step of a run on an ``s3://`` lake (moto's S3 server on
+    this machine), counted in the driver's process, as the run grows: the listings, scheduler-state
+    lookups and cached reads of 2026-12-06 against what came before (s3fs's glob, one lookup per
+    step's state, every query reading every file), both in one run."""
+    # the S3 server, Dagster, the loop driver and s3fs load only for this section
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    import boto3
+    import dagster as dg
+    import s3fs
+
+    import envsched_pipeline.core.loop as loop_module
+    import envsched_pipeline.lake as lake_module
+    from envs.registry import load_synthetic
+    from envsched_pipeline.analysis.plots import per_step_plot
+    from envsched_pipeline.core.pools import import_pool
+    from envsched_pipeline.core.state_store import has_state
+    from envsched_pipeline.orchestration.driver import run_loop
+    from envsched_pipeline.run import RunSpec, start_run
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    calls: list[str] = []
+    real_call = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return await real_call(self, method, *args, **kwargs)
+
+    def before_glob(self, pattern):  # s3fs's glob: one listing per folder a wildcard matches
+        self.fs.invalidate_cache()
+        return sorted(p[len(self.base) + 1 :] for p in self.fs.glob(self._key(pattern)))
+
+    def before_state_steps(lake):  # one lookup per step with statistics
+        return {s for s in lake.steps("statistics") if has_state(lake, s)}
+
+    def before_get(self, rel):  # s3fs's cat_file: a HEAD for the size, then the GET
+        try:
+            return self.fs.cat_file(self._key(rel))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in [*env, "ENVSCHED_LOCAL_DIR", "ENVSCHED_LAKE_CACHE_MB"]}
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        for _ in range(100):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        os.environ.update(env)
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench-lake")
+        s3fs.S3FileSystem._call_s3 = counting
+        pool = load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=0)
+        for mode in ("before", "now"):
+            patched = mode == "before"
+            real = (lake_module._ObjectStore.glob, lake_module._ObjectStore.get, loop_module.state_steps)
+            if patched:
+                lake_module._ObjectStore.glob = before_glob
+                lake_module._ObjectStore.get = before_get
+                loop_module.state_steps = before_state_steps
+                os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"
+            try:
+                with tempfile.TemporaryDirectory() as d, dg.instance_for_test() as instance:
+                    os.environ["ENVSCHED_LOCAL_DIR"] = d
+                    lake = lake_module.Lake(f"s3://bench-lake/{mode}")
+                    import_pool(lake, pool)
+                    start_run(
+                        lake,
+                        RunSpec(pool="mini", policy="simulated", batch_size=6, group_size=4, max_steps=steps),
+                    )
+                    counts: list[float] = []
+                    walls: list[float] = []
+
+                    def on_step(step, _wall, counts=counts, walls=walls):
+                        counts.append(len(calls))
+                        walls.append(time.perf_counter())
+                        calls.clear()
+
+                    calls.clear()
+                    walls.append(time.perf_counter())
+                    run_loop(lake, steps, instance=instance, on_step=on_step)
+                    results[mode] = {
+                        "requests": counts,
+                        "wall": [b - a for a, b in zip(walls, walls[1:], strict=False)],
+                    }
+                    print(f"lake requests bench: {mode}: {counts[:3]} ... {counts[-3:]}", flush=True)
+            finally:
+                lake_module._ObjectStore.glob, lake_module._ObjectStore.get, loop_module.state_steps = real
+                os.environ.pop("ENVSCHED_LAKE_CACHE_MB", None)
+    finally:
+        s3fs.S3FileSystem._call_s3 = real_call
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.terminate()
+        server.wait(timeout=10)
+    marks = sorted({1, steps // 3, 2 * steps // 3, steps - 1})
+    rows = [
+        "| step | requests, before | requests, now | now / before | wall s, before | wall s, now |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in marks:
+        b, n = results["before"], results["now"]
+        rows.append(
+            f"| {t} | {b['requests'][t]:.0f} | {n['requests'][t]:.0f} | "
+            f"{n['requests'][t] / b['requests'][t]:.2f}x | {b['wall'][t]:.2f} | {n['wall'][t]:.2f} |"
+        )
+
+    def fit(mode: str) -> tuple[float, float]:  # requests per step = a + b x step (least squares, steps 1..)
+        y = np.array(results[mode]["requests"][1:])
+        b, a = np.polyfit(np.arange(1, len(y) + 1), y, 1)
+        return float(a), float(b)
+
+    def at_1000(mode: str) -> float:  # minutes of round trips in the step at step 1000, 20 ms each
+        a, b = fit(mode)
+        return (a + b * 1000) * REQUEST_S / 60
+
+    per_step_plot(
+        {
+            "requests to the store in the step": {m: r["requests"] for m, r in results.items()},
+            "wall seconds of the step": {m: r["wall"] for m, r in results.items()},
+        },
+        HERE / "lake_requests.png",
+    )
+    write_section(
+        "lake_requests",
+        "\n".join(
+            [
+                "## An object-store lake's requests per step as the run grows",
+                "",
+                f"A simulated run of {steps} steps (pool of 4 environments x 6 tasks, B = 6, G = 4) on an "
+                "`s3://` lake served by moto's S3 server on this machine, through the Dagster jobs "
+                "in-process; requests counted at s3fs's one entry point in the driver's process "
+                "(selection, statistics, plots, checks; the trainer step's own process not counted). "
+                "Before: s3fs's glob (one listing per step folder a wildcard matches), one lookup per "
+                "step's scheduler state, every read a HEAD and a GET, and every query reading every "
+                "Parquet object of its tables; now (2026-12-06): one recursive listing per glob, one "
+                "listing for the states, one GET per read, and each object read once per process "
+                "(`$ENVSCHED_LAKE_CACHE_MB`). "
+                f"Both modes in one run. Machine: {machine()}.",
+                "",
+                *rows,
+                "",
+                f"Requests added per step of the run: before **{fit('before')[1]:.1f}**, now "
+                f"**{fit('now')[1]:.1f}**. moto answers in about a millisecond; a real object store "
+                f"in tens of milliseconds. At {REQUEST_S * 1000:.0f} ms a request, the line fitted "
+                f"to each mode puts the step at step 1000 at {at_1000('before'):.1f} minutes of "
+                f"requests before and {at_1000('now'):.1f} now (requests run one after another "
+                "in the driver; the concurrent reads of new objects are counted one each).",
+                "",
+                "![requests per step](lake_requests.png)",
+            ]
+        ),
+        after="step_views",
     )

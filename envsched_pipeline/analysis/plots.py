@@ -535,3 +535,17 @@ def rows_plot(result: dict, out_path: Path) -> str:
     axes.flat[0].invert_yaxis()  # shared: the first row on top in every panel
     fig.suptitle(f"{len(rows)} schedulers against {result['against']['name']}, paired by seed")
     return _written(fig, out_path)
+
+
+def per_step_plot(panels: dict[str, dict[str, list[float]]], out_path: Path) -> str:
+    """One panel per measure (``panels[ylabel][mode] = value at steps 0, 1, ...``), one line per
+    mode: how a per-step cost moves as a run grows."""
+    fig, axes = _kind_panels(len(panels))
+    for ax, (ylabel, lines) in zip(axes, panels.items(), strict=True):
+        for k, (mode, values) in enumerate(lines.items()):
+            ax.plot(range(len(values)), values, "-o", ms=3, color=f"C{k}", label=mode)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    return _written(fig, out_path)

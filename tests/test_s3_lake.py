@@ -442,3 +442,26 @@ def test_a_steps_reads_cost_the_same_requests_whatever_the_runs_length(s3, s3_ca
         assert s3_calls == ["get_object"]  # one GET (s3fs's cat_file asks for the size first)
     lake.write("rollouts", rows(5, 9), step=5)  # step 5 again: its new rows are read
     assert lake.sql("select count(*) as n from rollouts where step = 5").column("n").to_pylist() == [9]
+
+
+def test_a_store_that_cannot_be_reached_or_lacks_the_bucket_is_one_line(s3, monkeypatch, capsys):
+    """An endpoint nobody answers at, or a bucket that is not there, is one line naming the
+    endpoint and where its settings come from (it was a botocore traceback)."""
+    import s3fs
+
+    url, env = s3
+    s3fs.S3FileSystem.clear_instance_cache()  # s3fs keeps one client per process: start afresh
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    try:
+        assert main(["--lake", url, "status"]) == 2
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    err = capsys.readouterr().err
+    assert err.startswith("envsched: error: the lake's object store (http://127.0.0.1:")
+    assert "Could not connect to the endpoint URL" in err and "$AWS_ENDPOINT_URL" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("AWS_ENDPOINT_URL", env["AWS_ENDPOINT_URL"])
+    create = "pool create synthetic --name mini --envs 2 --tasks-per-env 3".split()
+    assert main(["--lake", "s3://no-such-bucket-here/run", *create]) == 2
+    err = capsys.readouterr().err
+    assert "could not be used" in err and "The specified bucket does not exist" in err

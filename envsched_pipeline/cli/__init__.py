@@ -61,11 +61,36 @@ def main(argv: list[str] | None = None) -> int:
         print("envsched: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:  # where the machine refuses a write (a read-only place, a full disk): one line
+        if (store := object_store_problem(exc)) is not None:  # s3fs's translation of the store's answer
+            print(f"envsched: error: {store}", file=sys.stderr)
+            return 2
         if exc.errno not in MACHINE_REFUSALS:
             raise
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"envsched: error: {where}{exc.strerror}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if (store := object_store_problem(exc)) is None:
+            raise
+        print(f"envsched: error: {store}", file=sys.stderr)
+        return 2
+
+
+def object_store_problem(exc: BaseException) -> str | None:
+    """One line for an ``s3://`` lake's store that cannot be reached or refuses the request (its
+    client's error, or s3fs's translation of it); None for any other error."""
+    seen = exc
+    while seen is not None:
+        if type(seen).__module__.split(".")[0] in ("botocore", "aiobotocore"):
+            endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS's endpoint"
+            first = str(seen).strip().splitlines()[0] if str(seen).strip() else type(seen).__name__
+            return (
+                f"the lake's object store ({endpoint}) could not be used: {first} (the endpoint comes from "
+                "$AWS_ENDPOINT_URL, the credentials from $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY; "
+                "docs/deployment.md §2)"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -754,10 +754,11 @@ class Lake:
                     moved.setdefault(kind, []).append(s)
         return {"archive": self.where(dest), "moved": {k: sorted(v) for k, v in moved.items()}}
 
-    def artifact_steps(self, kind: str) -> list[int]:
-        """Steps with an artifact folder ``<kind>/step=<s>/`` that holds something, sorted."""
+    def artifact_steps(self, kind: str, name: str = "*") -> list[int]:
+        """Steps with an artifact folder ``<kind>/step=<s>/`` that holds something (a file called
+        ``name``), sorted; from one listing."""
         found = set()
-        for rel in self.store.glob(f"{kind}/step=*/*"):
+        for rel in self.store.glob(f"{kind}/step=*/{name}"):
             with suppress(ValueError):
                 found.add(int(rel.split("/")[-2].split("=", 1)[1]))
         return sorted(found)

@@ -32,9 +32,9 @@ def find_lakes(dirs: Sequence[str | Path]) -> list[Lake]:
     for d in dirs:
         if "://" in str(d):
             top = Lake(d)
-            for rel in top.store.glob(RUN_FILE) + top.store.glob(f"*/{RUN_FILE}"):
-                lake = top if rel == RUN_FILE else Lake(top.where(rel.rsplit("/", 1)[0]))
-                found[str(lake.root)] = lake
+            lakes = [top] if top.exists(RUN_FILE) else []
+            lakes += [Lake(top.where(rel.rsplit("/", 1)[0])) for rel in top.store.glob(f"*/{RUN_FILE}")]
+            found.update((str(lake.root), lake) for lake in lakes)
             continue
         path = Path(d)
         for candidate in [path, *sorted(p for p in path.iterdir() if p.is_dir())] if path.is_dir() else []:

@@ -6,7 +6,6 @@ stored state onto an edited pool by task content hash (renamed tasks keep their 
 
 from __future__ import annotations
 
-from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +16,11 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.state import SchedulerState, align_state, prior_from
 
+STATE_FILE = "scheduler.npz"
+
 
 def state_rel(step: int) -> str:
-    return Lake.artifact_rel("state", step, "scheduler.npz")
+    return Lake.artifact_rel("state", step, STATE_FILE)
 
 
 def has_state(lake: Lake, step: int) -> bool:
@@ -29,11 +30,7 @@ def has_state(lake: Lake, step: int) -> bool:
 def state_steps(lake: Lake) -> set[int]:
     """The steps with a stored scheduler state, from one listing (on an object store, one request
     for the run rather than one per step)."""
-    found = set()
-    for rel in lake.store.glob(state_rel(0).replace("step=0", "step=*")):
-        with suppress(ValueError):
-            found.add(int(rel.split("/")[-2].split("=", 1)[1]))
-    return found
+    return set(lake.artifact_steps("state", STATE_FILE))
 
 
 def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:

@@ -636,6 +636,10 @@ class Lake:
         place is an error that says how to start a run, never an empty answer."""
         if self.remote:
             if not self.store.glob("*"):
+                bucket = self.store.base.split("/", 1)[0]
+                if not self.store.fs.exists(bucket):
+                    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS"
+                    raise LakeError(f"no lake at {self.root}: there is no bucket {bucket!r} at {endpoint}")
                 raise LakeError(
                     f"no lake at {self.root} (nothing under that prefix): start a run with `envsched train`"
                 )

@@ -66,8 +66,10 @@ def test_tables_artifacts_and_sql_round_trip(s3):
     url, _ = s3
     lake = Lake(url)
     assert lake.remote and str(lake.root) == url
-    with pytest.raises(LakeError, match="no lake at s3://"):
+    with pytest.raises(LakeError, match=r"no lake at s3://.*nothing under that prefix"):
         lake.require()
+    with pytest.raises(LakeError, match="there is no bucket 'not-a-bucket-here' at http://127.0.0.1:"):
+        Lake("s3://not-a-bucket-here/run").require()
     rows = [{"step": 2, "task_id": f"t{i}", "env_id": "e", "rollout": 0, "reward": 0.5} for i in range(3)]
     written = lake.write("rollouts", rows, step=2)
     lake.write("statistics", [], step=2)

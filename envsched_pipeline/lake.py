@@ -315,6 +315,9 @@ class _LocalStore(_Store):
 
     def write_parquet(self, rel: str, data: pa.Table) -> None:
         _atomic_replace(self.root / rel, lambda tmp: pq.write_table(data, tmp, compression="zstd"))
+        # a file's modification time ticks in milliseconds and a freed inode is reused: a rewrite of
+        # the same size within one tick could carry the old version, so this process forgets it
+        _PARQUET_CACHE.forget(self.full(rel))
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.root / rel, columns=columns)
@@ -364,12 +367,16 @@ class _ParquetCache:
             self._items.move_to_end(key)
             return item[1]
 
-    def put(self, key: str, etag: str, table: pa.Table) -> None:
-        limit = self.limit()
+    def forget(self, key: str) -> None:
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= old[1].nbytes
+
+    def put(self, key: str, etag: str, table: pa.Table) -> None:
+        limit = self.limit()
+        self.forget(key)
+        with self._lock:
             if not etag or table.nbytes > limit:
                 return
             self._items[key] = (etag, table)

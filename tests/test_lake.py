@@ -159,3 +159,25 @@ def test_the_per_step_plot_has_a_panel_per_measure(tmp_path):
     )
     with Image.open(one) as a, Image.open(two) as b:
         assert a.format == b.format == "PNG" and b.size[0] == 2 * a.size[0] and a.size[1] == b.size[1]
+
+
+def test_a_partition_this_process_writes_again_is_read_again_even_with_the_same_version(
+    tmp_path, monkeypatch
+):
+    """A file's version (inode, modification time, size) can repeat: timestamps tick in
+    milliseconds and a freed inode is reused. A partition this process writes is forgotten, so it
+    is read again even when its listed version did not change."""
+    import envsched_pipeline.lake as lake_module
+
+    real = lake_module._LocalStore.objects
+
+    def same_versions(self, folder, name):  # every rewrite lands on the same inode, tick and size
+        return {rel: ("v", size) for rel, (_, size) in real(self, folder, name).items()}
+
+    monkeypatch.setattr(lake_module._LocalStore, "objects", same_versions)
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    assert lake.sql("select count(*) as n from rollouts").column("n").to_pylist() == [3]
+    lake.write("rollouts", rollout_rows(0, 6), step=0)
+    assert lake.sql("select count(*) as n from rollouts").column("n").to_pylist() == [6]
+    assert lake.read("rollouts").num_rows == 6

@@ -395,7 +395,7 @@ def test_output_paths_that_cannot_be_written_are_refused_before_any_work(tmp_pat
         ),
         (
             ["sweep", "--dir", "gs://b/sw", "--schedulers", "mopps", "--seeds", "0,1", "--steps", "1"],
-            "--dir: gs://b/sw is a URL",
+            "--dir: 'gs://b/sw': gs:// is not supported; use a local path or s3://bucket/prefix",
         ),
         (  # checked and fine, then refused for a flag read later: the folder is not made either
             [*bench, "--cache", str(tmp_path / "new" / "cache"), "--learner-config", "{"],

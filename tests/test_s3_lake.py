@@ -22,6 +22,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import LakeError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import Lease, current, step_lock
+from envsched_pipeline.run import load_run
 from tests.procs import free_port, stop, wait_for_port
 
 pytest.importorskip("s3fs")
@@ -467,3 +468,57 @@ def test_a_store_that_cannot_be_reached_or_lacks_the_bucket_is_one_line(s3, monk
     assert main(["--lake", "s3://no-such-bucket-here/run", *create]) == 2
     err = capsys.readouterr().err
     assert "could not be used" in err and "The specified bucket does not exist" in err
+
+
+def test_a_sweep_keeps_its_lakes_and_its_record_on_a_bucket(s3, dagster_home, tmp_path):
+    """`envsched sweep --dir s3://bucket/prefix`: each run's lake under the prefix, the record
+    beside them (so `--dir` alone resumes the sweep), the logs and the table's page on this machine."""
+    url, env = s3
+    sweep_url = f"{url}/sweep"
+    for name in ("random-s0", "random-s1", "mopps-s0", "mopps-s1"):
+        import_pool(Lake(f"{sweep_url}/{name}"), load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=2))
+    argv = [
+        "sweep",
+        "--dir",
+        sweep_url,
+        "--schedulers",
+        "mopps",
+        "--seeds",
+        "0,1",
+        "--steps",
+        "1",
+        "--jobs",
+        "2",
+    ]
+    shape = ["--", "--pool", "mini", "--batch-size", "6", "--group-size", "4"]
+    p = subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", *argv, *shape],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**env, "DAGSTER_HOME": str(dagster_home)},
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("random-s0", "random-s1", "mopps-s0", "mopps-s1"):
+        lake = Lake(f"{sweep_url}/{name}")
+        assert lake.steps("statistics") == [0]
+        assert load_run(lake).against == (
+            [] if name.startswith("random") else [f"{sweep_url}/random-{name[-2:]}"]
+        )
+    assert json.loads(Lake(sweep_url).read_bytes("sweep.json"))["schedulers"] == "mopps"
+    local = Lake(sweep_url).local
+    assert (local / "logs" / "mopps-s1.log").is_file() and (local / "comparison" / "index.html").is_file()
+    assert f"in {sweep_url}; logs in {local / 'logs'}" in p.stdout
+    assert "over 2 seeds: mopps 0." in p.stdout and f"wrote {local / 'comparison' / 'index.html'}" in p.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "envsched_pipeline.cli", "sweep", "--dir", sweep_url, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "DAGSTER_HOME": str(dagster_home)},
+    )
+    assert again.returncode == 0, again.stderr
+    assert (
+        "4 runs, 0 to run" in again.stdout
+        and f"done    mopps s0: 1 step in {sweep_url}/mopps-s0" in again.stdout
+    )

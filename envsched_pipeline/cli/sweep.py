@@ -1,6 +1,7 @@
 """``envsched sweep``: the paper's ablation on your own pool in one command.
 
-Each scheduler runs at each seed in a lake of its own (``DIR/<scheduler>-s<seed>``) through
+Each scheduler runs at each seed in a lake of its own (``DIR/<scheduler>-s<seed>``; ``DIR`` a folder
+or an object-store prefix, :class:`SweepDir`) through
 ``envsched train``, up to ``--jobs`` at once; the baseline's run of a seed goes first and every
 other run of that seed names it (``train --against``), so each run's own report compares with it.
 At the end the runs are judged over seeds, side by side (``envsched compare --runs ... --runs ...
@@ -41,7 +42,8 @@ from envsched_pipeline.cli.common import (
 )
 from envsched_pipeline.core.build import check_run
 from envsched_pipeline.core.gates import halted
-from envsched_pipeline.lake import Lake, atomic_write_bytes
+from envsched_pipeline.errors import LakeError
+from envsched_pipeline.lake import Lake, atomic_write_bytes, local_dir_for
 from envsched_pipeline.run import RUN_FILE, load_run, resume_refusal, with_neural_defaults
 from envsched_pipeline.scheduler.variants import resolve
 
@@ -62,7 +64,7 @@ class Planned:
     scheduler: str
     seed: int
     steps: int
-    lake: Path
+    lake: str  # a folder on this machine or an s3:// URL
     argv: list[str]
     baseline: bool
     log: Path
@@ -72,6 +74,56 @@ class Planned:
     @property
     def name(self) -> str:
         return f"{self.scheduler} s{self.seed}"
+
+
+@dataclass
+class SweepDir:
+    """Where a sweep keeps its lakes: a folder on this machine or an object-store prefix
+    (``s3://bucket/prefix``). Its record (``sweep.json``) sits beside the lakes; its logs and its
+    table's page always on this machine (for a prefix, under the lakes' local folder)."""
+
+    root: str
+    remote: bool
+
+    @classmethod
+    def of(cls, given: str, write: bool = False) -> SweepDir:
+        """``--dir``: a URL is checked as a lake's root would be; a folder, with ``write``, must be
+        one this command can write into (checked, not made)."""
+        text = str(given)
+        if "://" in text:
+            try:
+                return cls(str(Lake(text).root).rstrip("/"), True)
+            except LakeError as exc:
+                raise UsageError(f"--dir: {str(exc).removeprefix('lake ')}") from exc
+        folder = writable_dir("--dir", text) if write else Path(text)
+        return cls(str(folder.resolve()), False)
+
+    def join(self, name: str) -> str:
+        return f"{self.root}/{name}" if self.remote else str(Path(self.root) / name)
+
+    @property
+    def local(self) -> Path:
+        """This machine's folder for the sweep's logs and page."""
+        return local_dir_for(self.root) if self.remote else Path(self.root)
+
+    def read_record(self) -> str | None:
+        """``sweep.json`` as text, None when there is none."""
+        if self.remote:
+            data = Lake(self.root).read_bytes(SWEEP_FILE)
+            if data is None:
+                return None
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{self.join(SWEEP_FILE)}: not UTF-8 text (byte {exc.start})") from exc
+        path = Path(self.root) / SWEEP_FILE
+        return read_text_file("--dir", path) if path.is_file() else None
+
+    def write_record(self, data: bytes) -> None:
+        if self.remote:
+            Lake(self.root).write_bytes(SWEEP_FILE, data)
+        else:
+            atomic_write_bytes(Path(self.root) / SWEEP_FILE, data)
 
 
 def seed_list(text: str) -> list[int]:
@@ -103,7 +155,12 @@ def add_parser(sub) -> None:
         "--dir DIR` alone (the sweep is recorded in DIR/sweep.json), resumes what did not finish.",
         formatter_class=HelpFormatter,
     )
-    sw.add_argument("--dir", required=True, help="folder of the sweep's lakes (DIR/<scheduler>-s<seed>)")
+    sw.add_argument(
+        "--dir",
+        required=True,
+        help="folder of the sweep's lakes (DIR/<scheduler>-s<seed>), or s3://bucket/prefix for lakes on an "
+        "object store (logs and the table's page then stay on this machine)",
+    )
     sw.add_argument(
         "--schedulers",
         help="comma-separated schedulers or named variants (e.g. envsched@success+adaptive+covsampled+lr,mopps); "
@@ -148,8 +205,10 @@ def recorded(args) -> None:
     missing = [k for k in RECORDED if getattr(args, k) in (None, [])]
     if not missing:
         return
-    path = Path(args.dir) / SWEEP_FILE
-    if not path.is_file():
+    where = SweepDir.of(args.dir)
+    path = where.join(SWEEP_FILE)
+    text = where.read_record()
+    if text is None:
         if set(missing) - set(OPTIONAL):
             raise UsageError(
                 f"--schedulers, --seeds and --steps name a new sweep ({path} records none to resume)"
@@ -157,7 +216,7 @@ def recorded(args) -> None:
         args.baseline = args.baseline or "random"
         return
     try:
-        found = json.loads(read_text_file("--dir", path))
+        found = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(
             f"{path}: not JSON ({exc.msg} at line {exc.lineno}); name the sweep's settings"
@@ -176,10 +235,9 @@ def recorded(args) -> None:
         setattr(args, key, found[key])
 
 
-def record(args, root: Path) -> None:
+def record(args, where: SweepDir) -> None:
     """The sweep's settings in ``DIR/sweep.json``, for ``envsched sweep --dir DIR`` to resume."""
-    atomic_write_bytes(
-        root / SWEEP_FILE,
+    where.write_record(
         json.dumps(
             {
                 "schedulers": args.schedulers,
@@ -193,7 +251,7 @@ def record(args, root: Path) -> None:
     )
 
 
-def plan(args) -> list[Planned]:
+def plan(args) -> tuple[SweepDir, list[Planned]]:
     """Every run of the sweep, each checked as `envsched train` would check it (its settings, the
     run its lake already holds, its baseline's run where that exists), before any starts."""
     flags = list(args.train_flags)
@@ -224,19 +282,19 @@ def plan(args) -> list[Planned]:
             )
     if len(args.seeds) < 2:
         raise UsageError("--seeds: two seeds at least (the runs are judged over seeds)")
-    root = writable_dir("--dir", args.dir).resolve()  # a file there, or a read-only place: refused now
-    if Lake(root).exists(RUN_FILE):
+    where = SweepDir.of(args.dir, write=True)  # a file there, or a read-only place: refused now
+    if Lake(where.root).exists(RUN_FILE):
         raise UsageError(
-            f"--dir: {root} holds a run (it is a lake); name a folder for the sweep's lakes (each run gets "
-            "one of its own in it)"
+            f"--dir: {where.root} holds a run (it is a lake); name a folder for the sweep's lakes (each run "
+            "gets one of its own in it)"
         )
     parser = Parser(prog="envsched")  # `envsched train`'s own options, to check each run's flags here
     train.add_parser(parser.add_subparsers())
     runs = []
     for scheduler, folder in zip(schedulers, folders, strict=True):
         for seed in args.seeds:
-            lake = root / f"{folder}-s{seed}"
-            base = root / f"{slug(args.baseline)}-s{seed}"
+            lake = where.join(f"{folder}-s{seed}")
+            base = f"{slug(args.baseline)}-s{seed}"
             argv = [
                 "train",
                 *flags,
@@ -249,16 +307,16 @@ def plan(args) -> list[Planned]:
             ]
             is_base = scheduler == args.baseline
             if not is_base:
-                argv += ["--against", str(base)]
-            log = root / "logs" / f"{lake.name}.log"
-            runs.append(Planned(scheduler, seed, args.steps, lake, argv, is_base, log, base.name))
+                argv += ["--against", where.join(base)]
+            log = where.local / "logs" / f"{folder}-s{seed}.log"
+            runs.append(Planned(scheduler, seed, args.steps, lake, argv, is_base, log, base))
     for r in runs:
         try:
             parsed = parser.parse_args(r.argv)
         except UsageError as exc:
             raise UsageError(f"-- {' '.join(flags)}: {exc}") from exc
         asked = (parsed.scheduler, parsed.seed, parsed.steps, parsed.max_steps, parsed.against)
-        if asked != (r.scheduler, r.seed, r.steps, None, None if r.baseline else [str(root / r.base)]):
+        if asked != (r.scheduler, r.seed, r.steps, None, None if r.baseline else [where.join(r.base)]):
             raise UsageError(  # an abbreviation argparse took for one of them (--sched, --again)
                 f"-- {' '.join(flags)}: sets the scheduler, seed, steps or runs compared with, which the "
                 "sweep sets for each run"
@@ -271,14 +329,14 @@ def plan(args) -> list[Planned]:
             refusal = resume_refusal(lake, current, with_neural_defaults(spec), parsed.allow_config_change)
             if refusal:
                 raise UsageError(f"{r.name}: {refusal}")
-    return runs
+    return where, runs
 
 
 def cmd_sweep(args) -> int:
     recorded(args)
     if args.train_flags[:1] == ["--"]:  # argparse keeps the `--` that starts them
         args.train_flags = args.train_flags[1:]
-    runs = plan(args)
+    where, runs = plan(args)
     if args.dry_run:
         return print_plan(runs, args.jobs)
     out = writable_dir("--out", args.out) if args.out else None  # before hours of runs
@@ -287,13 +345,12 @@ def cmd_sweep(args) -> int:
     home = dagster_home()  # one instance for every run: they all show in the UI
     get_instance().dispose()  # its storage made here, once: runs starting together would race to make it
     (runs[0].log.parent).mkdir(parents=True, exist_ok=True)
-    root = runs[0].lake.parent
-    record(args, root)
+    record(args, where)
     # with --json, stdout is the table's JSON alone: the progress goes to stderr
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
     say(
         f"sweep: {len(runs)} runs ({len({r.scheduler for r in runs})} schedulers x {len(args.seeds)} seeds, "
-        f"{args.steps} steps each), {args.jobs} at a time, in {root}; logs in {root / 'logs'}"
+        f"{args.steps} steps each), {args.jobs} at a time, in {where.root}; logs in {runs[0].log.parent}"
     )
     env = dict(os.environ, DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1")
     env[STOP_WITH_ENV] = str(os.getpid())  # a run stops after its step if the sweep dies (kill -9)
@@ -317,7 +374,7 @@ def cmd_sweep(args) -> int:
             )
             return code
         say(f"the table over the runs that completed; left out: {'; '.join(left_out)}")
-    print_comparison(groups, against, args.effect, out or root / "comparison", args.json)
+    print_comparison(groups, against, args.effect, out or where.local / "comparison", args.json)
     return code
 
 

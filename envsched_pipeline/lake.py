@@ -407,8 +407,13 @@ class _ObjectStore(_Store):
     remote = True
 
     def __init__(self, url: str):
-        import s3fs  # the deploy extra; only for object-store lakes
-
+        try:
+            import s3fs  # the deploy extra; only for object-store lakes
+        except ImportError as exc:
+            raise LakeError(
+                f"lake {url}: an object-store lake needs s3fs, which is not installed here "
+                "(pip install -e '.[deploy]')"
+            ) from exc
         self.url = url.rstrip("/")
         self.base = self.url.split("://", 1)[1]
         self.fs = s3fs.S3FileSystem()

@@ -93,6 +93,13 @@ def test_tables_artifacts_and_sql_round_trip(s3):
     assert not (lake.local / "rollouts").exists()
 
 
+def test_an_s3_lake_without_s3fs_installed_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as on a machine without the deploy extra
+    assert main(["--lake", "s3://bucket/run", "status"]) == 2
+    err = capsys.readouterr().err
+    assert "lake s3://bucket/run: an object-store lake needs s3fs" in err and "[deploy]" in err
+
+
 def test_cli_trains_and_answers_sql_on_an_s3_lake(s3, capsys):
     url, _ = s3
     assert main(["--lake", url, *"pool create synthetic --name mini --envs 4 --tasks-per-env 6".split()]) == 0

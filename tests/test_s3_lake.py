@@ -364,39 +364,6 @@ def test_rewind_on_an_s3_lake_archives_the_local_model_checkpoints_too(s3):
     assert len(kept) == 1 and Lake(url).steps("rollouts") == [0]
 
 
-def test_runs_lists_the_lakes_under_a_prefix_and_compare_reads_them(s3, capsys):
-    """``envsched runs s3://bucket/prefix`` finds the lakes one level below the prefix (as it does
-    in a folder), the default is the prefix holding --lake, and the comparison it suggests runs
-    on the bucket's lakes."""
-    url, _ = s3
-    lakes = {(sched, seed): f"{url}/{sched}-s{seed}" for sched in ("random", "envsched") for seed in (0, 1)}
-    for (sched, seed), lake in lakes.items():
-        assert (
-            main(["--lake", lake, *"pool create synthetic --name mini --envs 4 --tasks-per-env 6".split()])
-            == 0
-        )
-        train = f"train --pool mini --steps 1 --batch-size 6 --group-size 4 --seed {seed} --scheduler {sched}"
-        assert main(["--lake", lake, *train.split()]) == 0, capsys.readouterr()
-    capsys.readouterr()
-    assert main(["runs", url, "--json"]) == 0
-    found = json.loads(capsys.readouterr().out)
-    assert sorted(r["lake"] for r in found["runs"]) == sorted(lakes.values())
-    assert {(r["scheduler"], r["seed"]) for r in found["runs"]} == set(lakes)
-    [suggested] = found["comparisons"]
-    assert suggested["seeds"] == [0, 1] and f"{url}/random-s0" in suggested["command"]
-    # the default: the prefix holding --lake, so a run's siblings are listed beside it
-    assert main(["--lake", lakes["random", 0], "runs", "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)["runs"]) == 4
-    # a lake named itself is listed alone; a prefix with no lake is an error naming it
-    assert main(["runs", lakes["random", 1], "--json"]) == 0
-    assert [r["lake"] for r in json.loads(capsys.readouterr().out)["runs"]] == [lakes["random", 1]]
-    assert main(["runs", f"{url}/nothing-here"]) == 2
-    assert f"no lake in {url}/nothing-here" in capsys.readouterr().err
-    args = suggested["command"].split()[1:]  # the printed command, as a user pastes it
-    assert main(args) == 0, capsys.readouterr()
-    assert "over 2 seeds" in capsys.readouterr().out
-
-
 @pytest.fixture
 def s3_calls(monkeypatch):
     """The S3 API calls this process makes (s3fs's one entry point), by method name."""
@@ -477,9 +444,10 @@ def test_a_store_that_cannot_be_reached_or_lacks_the_bucket_is_one_line(s3, monk
     assert "could not be used" in err and "The specified bucket does not exist" in err
 
 
-def test_a_sweep_keeps_its_lakes_and_its_record_on_a_bucket(s3, dagster_home, tmp_path):
+def test_a_sweep_keeps_its_lakes_and_its_record_on_a_bucket(s3, dagster_home, tmp_path, capsys):
     """`envsched sweep --dir s3://bucket/prefix`: each run's lake under the prefix, the record
-    beside them (so `--dir` alone resumes the sweep), the logs and the table's page on this machine."""
+    beside them (so `--dir` alone resumes the sweep), the logs and the table's page on this machine;
+    `envsched runs` lists the prefix's lakes (it took the prefix for one lake with no run)."""
     url, env = s3
     sweep_url = f"{url}/sweep"
     for name in ("random-s0", "random-s1", "mopps-s0", "mopps-s1"):
@@ -525,6 +493,25 @@ def test_a_sweep_keeps_its_lakes_and_its_record_on_a_bucket(s3, dagster_home, tm
         env={**env, "DAGSTER_HOME": str(dagster_home)},
     )
     assert again.returncode == 0, again.stderr
+    # `envsched runs` on the prefix finds the sweep's lakes as it would in a folder, and the
+    # comparison it suggests runs on the bucket
+    lakes = {(s, seed): f"{sweep_url}/{s}-s{seed}" for s in ("random", "mopps") for seed in (0, 1)}
+    assert main(["runs", sweep_url, "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert sorted(r["lake"] for r in found["runs"]) == sorted(lakes.values())
+    assert {(r["scheduler"], r["seed"]) for r in found["runs"]} == set(lakes)
+    [suggested] = found["comparisons"]
+    assert suggested["seeds"] == [0, 1] and lakes["random", 0] in suggested["command"]
+    # the default: the prefix holding --lake, so a run's siblings are listed beside it
+    assert main(["--lake", lakes["random", 0], "runs", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["runs"]) == 4
+    # a lake named itself is listed alone; a prefix with no lake is an error naming it
+    assert main(["runs", lakes["random", 1], "--json"]) == 0
+    assert [r["lake"] for r in json.loads(capsys.readouterr().out)["runs"]] == [lakes["random", 1]]
+    assert main(["runs", f"{url}/nothing-here"]) == 2
+    assert f"no lake in {url}/nothing-here" in capsys.readouterr().err
+    assert main(suggested["command"].split()[1:]) == 0, capsys.readouterr()  # as a user pastes it
+    assert "over 2 seeds" in capsys.readouterr().out
     assert (
         "4 runs, 0 to run" in again.stdout
         and f"done    mopps s0: 1 step in {sweep_url}/mopps-s0" in again.stdout

@@ -87,7 +87,7 @@ def object_store_problem(exc: BaseException) -> str | None:
             return (
                 f"the lake's object store ({endpoint}) could not be used: {first} (the endpoint comes from "
                 "$AWS_ENDPOINT_URL, the credentials from $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY; "
-                "docs/deployment.md §2)"
+                "docs/deployment.md, 'The lake on object storage')"
             )
         seen = seen.__cause__ or seen.__context__
     return None

@@ -452,19 +452,7 @@ def test_a_sweep_keeps_its_lakes_and_its_record_on_a_bucket(s3, dagster_home, tm
     sweep_url = f"{url}/sweep"
     for name in ("random-s0", "random-s1", "mopps-s0", "mopps-s1"):
         import_pool(Lake(f"{sweep_url}/{name}"), load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=2))
-    argv = [
-        "sweep",
-        "--dir",
-        sweep_url,
-        "--schedulers",
-        "mopps",
-        "--seeds",
-        "0,1",
-        "--steps",
-        "1",
-        "--jobs",
-        "2",
-    ]
+    argv = f"sweep --dir {sweep_url} --schedulers mopps --seeds 0,1 --steps 1 --jobs 2".split()
     shape = ["--", "--pool", "mini", "--batch-size", "6", "--group-size", "4"]
     p = subprocess.run(
         [sys.executable, "-m", "envsched_pipeline.cli", *argv, *shape],

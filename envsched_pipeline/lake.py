@@ -430,7 +430,7 @@ class _ObjectStore(_Store):
         self.fs.pipe_file(self._key(rel), data)
 
     def get(self, rel: str) -> bytes | None:
-        """The object's bytes (one GET: s3fs's cat_file asks for its size with a HEAD first)."""
+        """The object's bytes, from one GET."""
         got = self.fetch([rel])[rel]
         if isinstance(got, (FileNotFoundError, IsADirectoryError)):
             return None
@@ -448,18 +448,22 @@ class _ObjectStore(_Store):
         self.fs.invalidate_cache()
         return self.fs.exists(self._key(rel))
 
+    async def _get_object(self, rel: str) -> tuple[bytes, str]:
+        """One GET: the object's bytes and the ETag of that same version (s3fs's cat_file asks
+        for the size with a HEAD first); FileNotFoundError when it is not there."""
+        bucket, key, _ = self.fs.split_path(self._key(rel))
+        out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+        try:
+            return await out["Body"].read(), out["ETag"]
+        finally:
+            out["Body"].close()
+
     def _read_tagged(self, rel: str) -> tuple[bytes, str] | None:
         """The object's bytes and the ETag of that same version, from one GET; None if absent."""
         from fsspec.asyn import sync  # s3fs's own event loop runs the async GET
 
-        bucket, key, _ = self.fs.split_path(self._key(rel))
-
-        async def get() -> tuple[bytes, str]:
-            out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            return await out["Body"].read(), out["ETag"]
-
         try:
-            return sync(self.fs.loop, get)
+            return sync(self.fs.loop, self._get_object, rel)
         except FileNotFoundError:
             return None
 
@@ -540,13 +544,8 @@ class _ObjectStore(_Store):
         gate = asyncio.Semaphore(FETCH_AT_ONCE)
 
         async def one(rel: str) -> bytes:
-            bucket, key, _ = self.fs.split_path(self._key(rel))
             async with gate:
-                out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-                try:
-                    return await out["Body"].read()
-                finally:
-                    out["Body"].close()
+                return (await self._get_object(rel))[0]
 
         async def every() -> list:
             return await asyncio.gather(*(one(r) for r in rels), return_exceptions=True)

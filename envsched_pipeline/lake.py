@@ -359,6 +359,11 @@ class _ParquetCache:
             raise LakeError(f"$ENVSCHED_LAKE_CACHE_MB: expected megabytes from 0 to 1000000, got {raw!r}")
         return int(mb * 2**20)
 
+    def fits(self, listed: dict[str, tuple[str, int]]) -> bool:
+        """Whether a table's listed files (``{rel: (version, size)}``) are read through the cache:
+        some, and no larger together than it (a larger table is read by DuckDB file by file)."""
+        return bool(listed) and sum(size for _, size in listed.values()) <= self.limit()
+
     def get(self, key: str, etag: str) -> pa.Table | None:
         with self._lock:
             item = self._items.get(key)
@@ -809,7 +814,7 @@ class Lake:
         if columns is not None:
             empty = empty.select([c for c in columns if c in ALL_TABLES[table]])
         listed = {} if partition else self.store.objects(table, PART)
-        if listed and sum(size for _, size in listed.values()) <= _PARQUET_CACHE.limit():
+        if _PARQUET_CACHE.fits(listed):
             read = self.store.read_tables(listed)
             loaders = {f: (lambda t=t: _selected(t, columns)) for f, t in read.items()}
         else:  # a missing partition is skipped below
@@ -861,7 +866,7 @@ class Lake:
                 _error_view(con, table, f"{self.root / table} should be a folder of partitions, not a file")
                 continue
             listed = self.store.objects(table, PART)
-            if listed and sum(size for _, size in listed.values()) <= _PARQUET_CACHE.limit():
+            if _PARQUET_CACHE.fits(listed):
                 self._arrow_view(con, table, listed)  # this process's cached reads, one listing
                 continue
             files = list(listed)
@@ -896,7 +901,7 @@ class Lake:
         return con
 
     def _arrow_view(self, con: duckdb.DuckDBPyConnection, table: str, listed: dict) -> None:
-        """View ``table`` of an object-store lake over its objects read into memory (cached)."""
+        """View ``table`` over its files read into memory through this process's cache."""
         read = self.store.read_tables(listed)
         bad = next((f for f, t in read.items() if isinstance(t, Exception)), None)
         try:

@@ -60,19 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("envsched: interrupted", file=sys.stderr)
         return 130
-    except OSError as exc:  # where the machine refuses a write (a read-only place, a full disk): one line
-        if (store := object_store_problem(exc)) is not None:  # s3fs's translation of the store's answer
+    except Exception as exc:
+        # an s3:// lake's store that cannot be used (its client's error, or s3fs's OSError for it),
+        # or where the machine refuses a write (a read-only place, a full disk): one line
+        if (store := object_store_problem(exc)) is not None:
             print(f"envsched: error: {store}", file=sys.stderr)
             return 2
-        if exc.errno not in MACHINE_REFUSALS:
+        if not isinstance(exc, OSError) or exc.errno not in MACHINE_REFUSALS:
             raise
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"envsched: error: {where}{exc.strerror}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        if (store := object_store_problem(exc)) is None:
-            raise
-        print(f"envsched: error: {store}", file=sys.stderr)
         return 2
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from envsched_pipeline.analysis.plots import embed, manifest_plot
+from envsched_pipeline.analysis.plots import PNG_COLORS, _plt, embed, manifest_plot, write_png
 from envsched_pipeline.analysis.rollouts_view import render, samples
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.gates import halt
@@ -45,6 +45,34 @@ def test_plots_are_one_file_per_step_and_kind(lake):
     a = manifest_plot(lake, 0, [{"score": 0.1, "half": "cold", "env_id": "x"}])
     b = manifest_plot(lake, 1, [{"score": 0.9, "half": "exploit", "env_id": "y"}])
     assert a != b and open(a, "rb").read() != open(b, "rb").read()
+
+
+def test_figures_are_palette_pngs_a_fraction_of_matplotlibs_size(tmp_path):
+    from PIL import Image  # the PNG's own header says its mode and size
+
+    def figure():
+        fig, ax = _plt().subplots(1, 3, figsize=(13, 3.4))
+        for k, a in enumerate(ax):
+            a.plot(range(200), [((i * (k + 3)) % 17) / 17 for i in range(200)], marker=".", label="line")
+            a.fill_between(range(200), 0, 0.3, alpha=0.15)
+            a.legend()
+            a.set_xlabel("step")
+        return fig
+
+    ours = write_png(figure(), tmp_path / "ours.png", dpi=80)
+    reference = figure()
+    reference.set_dpi(80)
+    reference.tight_layout()
+    reference.savefig(tmp_path / "theirs.png", dpi=80)
+    with Image.open(ours) as im, Image.open(tmp_path / "theirs.png") as ref:
+        assert im.mode == "P" and len(im.getpalette()) // 3 <= PNG_COLORS
+        assert im.size == ref.size == (13 * 80, int(3.4 * 80))
+        # the same picture: every pixel within a few levels of matplotlib's own on average
+        diff = [
+            abs(a - b) for a, b in zip(im.convert("RGB").tobytes(), ref.convert("RGB").tobytes(), strict=True)
+        ]
+        assert sum(diff) / len(diff) < 3
+    assert os.path.getsize(ours) < 0.5 * os.path.getsize(tmp_path / "theirs.png")
 
 
 def test_picks_read_as_sentences(small_run):

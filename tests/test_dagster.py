@@ -46,6 +46,19 @@ def test_step_assets_materialize_through_pipes(small_run):
         by_key = {m.asset_key.to_user_string(): m.materialization.metadata for m in mats}
         assert by_key["batch_manifest"]["dagster/row_count"].value == 8
         assert "cold start" in by_key["batch_manifest"]["near_misses"].value  # step 0 scores no task
+        # plots and tables are stored once per step, in the materialization, not in the step output too
+        outputs = [e.step_output_data.metadata for e in res.all_events if e.is_successful_output]
+        assert len(outputs) == 3 and all(
+            not isinstance(v, dg.MarkdownMetadataValue) for md in outputs for v in md.values()
+        )
+        assert all(
+            isinstance(by_key[k][label], dg.MarkdownMetadataValue)
+            for k, label in [
+                ("batch_manifest", "plot"),
+                ("training_step", "curves"),
+                ("reward_statistics", "trends"),
+            ]
+        )
         # metadata reported by the trainer process through Pipes
         assert by_key["training_step"]["rollouts"].value == 32
         first = lake.read("rollouts", step=0).to_pylist()

@@ -46,6 +46,16 @@ def plot_md(context, label: str, make, *args, **kw) -> dict:
         return {f"{label}_error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+def materialized(context, metadata: dict) -> dg.MaterializeResult:
+    """The asset's result, its markdown (plots inline, tables, rendered rollouts) given to the
+    materialization alone (``add_asset_metadata``): metadata returned with the result is stored
+    in the step output's event as well, twice the bytes in the event log at every step."""
+    heavy = {k: v for k, v in metadata.items() if isinstance(v, dg.MarkdownMetadataValue)}
+    if heavy:
+        context.add_asset_metadata(heavy)
+    return dg.MaterializeResult(metadata={k: v for k, v in metadata.items() if k not in heavy})
+
+
 def pool_name(config: PoolSelection, lake) -> str:
     run = load_run(lake)
     return config.pool or (run.pool if run else "synthetic")

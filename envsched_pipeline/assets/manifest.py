@@ -9,7 +9,7 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.analysis.plots import manifest_plot
-from envsched_pipeline.assets._common import guard, plot_md
+from envsched_pipeline.assets._common import guard, materialized, plot_md
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.orchestration.metadata import near_misses_table, picks_table, scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
@@ -32,8 +32,9 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
 
     halves = Counter(r["half"] for r in rows)
     envs = Counter(r["env_id"] for r in rows)
-    return dg.MaterializeResult(
-        metadata={
+    return materialized(
+        context,
+        {
             "dagster/row_count": len(rows),
             "envs_touched": len(envs),
             **{f"half_{k}": v for k, v in halves.items()},
@@ -41,5 +42,5 @@ def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.
             **plot_md(context, "plot", manifest_plot, lk, step, rows),
             "picks": dg.MetadataValue.md(picks_table(rows)),
             "near_misses": dg.MetadataValue.md(near_misses_table(out["near_misses"])),
-        }
+        },
     )

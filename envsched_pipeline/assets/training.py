@@ -4,7 +4,7 @@ import dagster as dg
 
 from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
 from envsched_pipeline.analysis.rollouts_view import render, samples
-from envsched_pipeline.assets._common import guard, plot_md
+from envsched_pipeline.assets._common import guard, materialized, plot_md
 from envsched_pipeline.core.gates import check_manifest, halt, halt_message
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.orchestration.metadata import scalar_metadata
@@ -40,11 +40,11 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
                 "(`envsched step ingest --step {step} ...`)"
             )
         r = lk.read("rollouts", step=step)
-        return dg.MaterializeResult(
-            metadata={"dagster/row_count": r.num_rows, "trainer": "external", **step_views(context, lk, step)}
+        return materialized(
+            context, {"dagster/row_count": r.num_rows, "trainer": "external", **step_views(context, lk, step)}
         )
     result = trainer.launch(context, str(lk.root), step, mode=mode).get_materialize_result()
-    return dg.MaterializeResult(metadata={**(result.metadata or {}), **step_views(context, lk, step)})
+    return materialized(context, {**(result.metadata or {}), **step_views(context, lk, step)})
 
 
 def step_views(context, lk, step: int) -> dict:
@@ -114,11 +114,12 @@ def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> 
             log_step(lk, spec, step_of(context))
         except Exception as exc:  # noqa: BLE001 - a tracker being down must not fail the step
             context.log.warning(f"experiment tracker logging failed: {type(exc).__name__}: {exc}")
-    return dg.MaterializeResult(
-        metadata={
+    return materialized(
+        context,
+        {
             "dagster/row_count": out["tasks_updated"],
             **scalar_metadata(out),
             **plot_md(context, "trends", statistics_trends, lk, require_run(lk).pool, step_of(context)),
             **plot_md(context, "yield_calibration", yield_calibration_plot, lk, step_of(context)),
-        }
+        },
     )

@@ -49,6 +49,7 @@ from sections.simulated import (  # noqa: E402
 )
 from sections.system import (  # noqa: E402
     section_backends,
+    section_event_log,
     section_incremental,
     section_kernels,
     section_lake_requests,
@@ -76,7 +77,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "step_views,lake_requests,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,lake_requests,event_log,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -219,6 +220,8 @@ def main() -> int:
         section_step_views()
     if "lake_requests" in sections:
         section_lake_requests()
+    if "event_log" in sections:
+        section_event_log()
     if "backends" in sections:
         section_backends()
     if "sim_sweep" in sections:

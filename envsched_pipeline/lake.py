@@ -588,6 +588,71 @@ class _ObjectStore(_Store):
         con.register_filesystem(self.fs)  # DuckDB reads s3:// paths through s3fs (no httpfs needed)
 
 
+class _Snapshot:
+    """A store as one thread sees it inside :meth:`Lake.snapshot`: each object, listing and
+    Parquet partition is read at most once, and every write through it (including the conditional
+    writes of leases and locks) forgets what was read. Everything else is the store's own."""
+
+    def __init__(self, store: _LocalStore | _ObjectStore):
+        self._store = store
+        self._seen: dict[tuple, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_store":  # not set yet (a copy being made): never recurse
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+    def _once(self, key: tuple, read: Callable[[], Any]) -> Any:
+        if key not in self._seen:
+            self._seen[key] = read()
+        return self._seen[key]
+
+    def get(self, rel: str) -> bytes | None:
+        return self._once(("get", rel), lambda: self._store.get(rel))
+
+    def exists(self, rel: str) -> bool:
+        if ("get", rel) in self._seen:
+            return self._seen[("get", rel)] is not None
+        return self._once(("exists", rel), lambda: self._store.exists(rel))
+
+    def glob(self, pattern: str) -> list[str]:
+        return list(self._once(("glob", pattern), lambda: tuple(self._store.glob(pattern))))
+
+    def objects(self, folder: str, name: str) -> dict[str, tuple[str, int]]:
+        return dict(self._once(("objects", folder, name), lambda: self._store.objects(folder, name)))
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        if self._store.remote:  # one GET of the object, whichever columns each read wants
+            data = self.get(rel)
+            if data is None:
+                raise FileNotFoundError(self._store.full(rel))
+            return pq.read_table(pa.BufferReader(data), columns=columns)
+        key = ("parquet", rel, tuple(columns) if columns is not None else None)
+        return self._once(key, lambda: self._store.read_parquet(rel, columns=columns))
+
+    def _write(self, name: str, *args: Any) -> Any:
+        self._seen.clear()
+        return getattr(self._store, name)(*args)
+
+    def put(self, rel: str, data: bytes) -> None:
+        self._write("put", rel, data)
+
+    def swap(self, rel: str, seen: bytes, new: bytes | None) -> bool:
+        return self._write("swap", rel, seen, new)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        return self._write("create", rel, data)
+
+    def delete(self, rel: str) -> None:
+        self._write("delete", rel)
+
+    def move(self, src: str, dst: str) -> None:
+        self._write("move", src, dst)
+
+    def write_parquet(self, rel: str, data: pa.Table) -> None:
+        self._write("write_parquet", rel, data)
+
+
 def local_dir_for(url: str) -> Path:
     base = os.environ.get("ENVSCHED_LOCAL_DIR") or str(Path.home() / ".cache" / "envsched" / "lakes")
     return Path(base) / url.split("://", 1)[1].rstrip("/")
@@ -614,14 +679,38 @@ class Lake:
         if raw.startswith(REMOTE_SCHEMES):
             from upath import UPath  # Dagster's own dependency; paths for messages and artifacts
 
-            self.store: _LocalStore | _ObjectStore = _ObjectStore(raw)
-            self.root = UPath(self.store.url)
-            self.local = local_dir_for(self.store.url)
+            self._store: _LocalStore | _ObjectStore = _ObjectStore(raw)
+            self.root = UPath(self._store.url)
+            self.local = local_dir_for(self._store.url)
         else:
             self.root = Path(raw).resolve()
-            self.store = _LocalStore(self.root)
+            self._store = _LocalStore(self.root)
             self.local = self.root
         self._fence: Callable[[], None] | None = None
+        self._snapshots: dict[int, _Snapshot] = {}  # by thread
+
+    @property
+    def store(self) -> _LocalStore | _ObjectStore:
+        """Where the lake's bytes are; inside :meth:`snapshot`, as this thread's snapshot sees it."""
+        return self._snapshots.get(threading.get_ident()) or self._store
+
+    @contextmanager
+    def snapshot(self):
+        """For the block, this thread reads each object, listing and partition of the lake at most
+        once (a planning pass or a step's bookkeeping asks the same questions several times; on an
+        object store each is a request). A write through this object forgets what was read; writes
+        by other processes or threads are not seen until the block ends, so a block holds no
+        waiting and no other process's work. Other threads see the lake as always. Nested blocks
+        share the outer one."""
+        me = threading.get_ident()
+        if me in self._snapshots:
+            yield self
+            return
+        self._snapshots[me] = _Snapshot(self._store)
+        try:
+            yield self
+        finally:
+            del self._snapshots[me]
 
     @property
     def remote(self) -> bool:
@@ -703,8 +792,10 @@ class Lake:
         self.store.put(rel, data)
         return self.root / rel
 
-    def read_bytes(self, rel: str) -> bytes | None:
-        return self.store.get(rel)
+    def read_bytes(self, rel: str, fresh: bool = False) -> bytes | None:
+        """An artifact's bytes, or None; ``fresh``: from the store even inside a snapshot (what
+        leases and locks read to decide who owns what)."""
+        return (self._store if fresh else self.store).get(rel)
 
     def exists(self, rel: str) -> bool:
         return self.store.exists(rel)

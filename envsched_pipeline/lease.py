@@ -65,11 +65,12 @@ def _stale(record: dict, now: float | None = None) -> bool:
     return record.get("host") == socket.gethostname() and not _pid_alive(int(record.get("pid", -1)))
 
 
-def _read_raw(lake: Lake, rel: str) -> tuple[dict | None, bytes | None]:
+def _read_raw(lake: Lake, rel: str, fresh: bool = True) -> tuple[dict | None, bytes | None]:
     """The record at ``rel`` (None if there is none) and its bytes; an unreadable record counts as
-    stale."""
+    stale. Read from the store even inside a ``Lake.snapshot`` unless ``fresh`` is False (a look
+    that decides nothing about owning the record)."""
     try:
-        data = lake.read_bytes(rel)
+        data = lake.read_bytes(rel, fresh=fresh)
     except OSError:
         return {"id": "unreadable", "heartbeat": 0}, None
     if data is None:
@@ -81,7 +82,8 @@ def _read_raw(lake: Lake, rel: str) -> tuple[dict | None, bytes | None]:
 
 
 def _read(lake: Lake, rel: str) -> dict | None:
-    return _read_raw(lake, rel)[0]
+    """Who holds the record at ``rel``, as the caller's snapshot of the lake sees it."""
+    return _read_raw(lake, rel, fresh=False)[0]
 
 
 def describe(record: dict) -> str:

@@ -130,6 +130,56 @@ def test_a_replaced_partition_is_read_again_and_a_big_table_is_not_cached(tmp_pa
             lake.sql(query)
 
 
+def test_a_snapshot_reads_each_thing_once_and_forgets_on_its_own_writes(tmp_path, monkeypatch):
+    """Inside ``Lake.snapshot`` this thread reads each object, listing and partition once; a write
+    through the lake forgets what was read; other Lake objects' writes are not seen until the block
+    ends, and other threads never see the snapshot."""
+    import threading  # a second thread reads beside the snapshot
+
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    lake.write_json("run.json", {"v": 1})
+    reads = []
+    store = type(lake.store)
+    for name in ("get", "exists", "glob", "read_parquet"):
+        real = getattr(store, name)
+        monkeypatch.setattr(
+            store,
+            name,
+            lambda self, *a, _real=real, _name=name, **k: reads.append(_name) or _real(self, *a, **k),
+        )
+
+    def ask():
+        return (
+            lake.read_json("run.json"),
+            lake.exists("run.json"),
+            lake.steps("rollouts"),
+            lake.read("rollouts", step=0, columns=["reward"]).num_rows,
+            lake.has("rollouts", step=0),
+        )
+
+    other = Lake(tmp_path)  # another writer in the same process
+    with lake.snapshot():
+        assert ask() == ({"v": 1}, True, [0], 3, True)
+        first = list(reads)
+        assert ask() == ask()  # the same answers, read from the store no more
+        assert reads == first == ["get", "glob", "read_parquet", "exists"]
+        other.write_json("run.json", {"v": 2})
+        other.write("rollouts", rollout_rows(1), step=1)
+        assert ask()[0] == {"v": 1} and ask()[2] == [0]  # the snapshot's view
+        seen = []
+        reader = threading.Thread(target=lambda: seen.append(ask()))
+        reader.start()
+        reader.join(timeout=30)
+        assert seen and seen[0][0] == {"v": 2} and seen[0][2] == [0, 1]  # another thread: the lake now
+        with lake.snapshot():  # nested: the same snapshot
+            assert ask()[0] == {"v": 1}
+        lake.write_json("halt.json", {})  # a write through this lake forgets what was read
+        assert ask()[0] == {"v": 2} and ask()[2] == [0, 1]
+    other.write_json("run.json", {"v": 3})
+    assert ask()[0] == {"v": 3}  # after the block: the lake as it is
+
+
 def test_a_corrupt_file_is_named_on_the_cached_path_too(tmp_path):
     lake = Lake(tmp_path)
     lake.write("rollouts", rollout_rows(0), step=0)

@@ -421,6 +421,27 @@ def test_a_steps_reads_cost_the_same_requests_whatever_the_runs_length(s3, s3_ca
     assert lake.sql("select count(*) as n from rollouts where step = 5").column("n").to_pylist() == [9]
 
 
+def test_a_snapshot_asks_the_store_once_per_object_and_listing(s3, s3_calls):
+    """A planning pass or a step's bookkeeping asks the same questions several times (the run, the
+    halt, the steps of each table, a partition for different columns): inside ``Lake.snapshot``
+    each is one request."""
+    url, _ = s3
+    lake = Lake(url)
+    lake.write("rollouts", [{"step": 0, "task_id": "t", "env_id": "e", "rollout": 0, "reward": 1.0}], step=0)
+    lake.write_json("run.json", {"run": 1})
+    with lake.snapshot():
+        s3_calls.clear()
+        for _ in range(3):
+            assert lake.read("rollouts", step=0, columns=["reward"]).column("reward").to_pylist() == [1.0]
+            assert lake.read("rollouts", step=0).num_rows == 1 and lake.has("rollouts", step=0)
+            assert lake.read_json("run.json") == {"run": 1} and lake.steps("rollouts") == [0]
+        assert sorted(s3_calls) == ["get_object", "get_object", "list_objects_v2"], s3_calls
+    s3_calls.clear()
+    lake.read_json("run.json")
+    lake.read_json("run.json")
+    assert s3_calls == ["get_object"] * 2  # outside a snapshot every read asks the store
+
+
 def test_a_store_that_cannot_be_reached_or_lacks_the_bucket_is_one_line(s3, monkeypatch, capsys):
     """An endpoint nobody answers at, or a bucket that is not there, is one line naming the
     endpoint and where its settings come from (it was a botocore traceback)."""

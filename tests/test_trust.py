@@ -396,9 +396,9 @@ def test_a_driver_whose_lease_was_taken_over_stops_and_its_heartbeat_never_overw
     reads = [(json.loads(raw), raw)]
     real_read = lease_mod._read_raw
 
-    def read(*a):  # the taker's own heartbeat reads the real record
+    def read(*a, **k):  # the taker's own heartbeat reads the real record
         mine = threading.current_thread().name == "paused-beat"
-        return reads.pop() if reads and mine else real_read(*a)
+        return reads.pop() if reads and mine else real_read(*a, **k)
 
     monkeypatch.setattr(lease_mod, "_read_raw", read)
     paused._stop.clear()
@@ -422,6 +422,20 @@ def _foreign_lock(lake, name: str, heartbeat: float) -> None:
     """A step lock held by a process on another machine (its pid cannot be checked from here)."""
     record = {"id": "pod-1", "kind": name, "pid": 1, "host": "another-machine", "heartbeat": heartbeat}
     lake.write_bytes(f"locks/{name}.lock", json.dumps(record).encode())
+
+
+def test_a_fence_inside_a_snapshot_still_sees_a_takeover(tmp_path):
+    """A snapshot of the lake (one read per object for a step's bookkeeping) never answers for a
+    lock: a write fenced on a step lock that another machine took over after the snapshot read the
+    lock still stops."""
+    lake = Lake(tmp_path)
+    with step_lock(lake, "stats-step=3") as lock, lake.fenced(lock.check), lake.snapshot():
+        lake.write_bytes("notes/a.json", b"{}")  # ours: the fence passes
+        assert json.loads(lake.read_bytes(lock.rel))["id"] == lock.id  # the snapshot has read it as ours
+        _foreign_lock(Lake(tmp_path), "stats-step=3", time.time())  # taken over meanwhile
+        with pytest.raises(StepError, match="taken over by .*another-machine"):
+            lake.write_bytes("notes/b.json", b"{}")
+    assert not lake.exists("notes/b.json") and json.loads(lake.read_bytes(lock.rel))["id"] == "pod-1"
 
 
 def test_a_step_lock_left_by_a_crashed_holder_on_another_machine_goes_stale(small_run, monkeypatch):

@@ -26,21 +26,22 @@ from envsched_pipeline.resources.lake import LakeResource
 def batch_manifest(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     step = step_of(context)
     lk = lake.lake_for(context)
-    guard(context, lk)
-    out = select_manifest(lk, step)
-    rows, audit = out["rows"], out["audit"]
+    with lk.snapshot():  # the lake read once for the selection and its metadata
+        guard(context, lk)
+        out = select_manifest(lk, step)
+        rows, audit = out["rows"], out["audit"]
 
-    halves = Counter(r["half"] for r in rows)
-    envs = Counter(r["env_id"] for r in rows)
-    return materialized(
-        context,
-        {
-            "dagster/row_count": len(rows),
-            "envs_touched": len(envs),
-            **{f"half_{k}": v for k, v in halves.items()},
-            **scalar_metadata(audit),
-            **plot_md(context, "plot", manifest_plot, lk, step, rows),
-            "picks": dg.MetadataValue.md(picks_table(rows)),
-            "near_misses": dg.MetadataValue.md(near_misses_table(out["near_misses"])),
-        },
-    )
+        halves = Counter(r["half"] for r in rows)
+        envs = Counter(r["env_id"] for r in rows)
+        return materialized(
+            context,
+            {
+                "dagster/row_count": len(rows),
+                "envs_touched": len(envs),
+                **{f"half_{k}": v for k, v in halves.items()},
+                **scalar_metadata(audit),
+                **plot_md(context, "plot", manifest_plot, lk, step, rows),
+                "picks": dg.MetadataValue.md(picks_table(rows)),
+                "near_misses": dg.MetadataValue.md(near_misses_table(out["near_misses"])),
+            },
+        )

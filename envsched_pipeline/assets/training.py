@@ -28,11 +28,12 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
 
     step = step_of(context)
     lk = lake.lake_for(context)
-    guard(context, lk)
-    gate = check_manifest(lk, step)
-    if not gate["passed"]:  # never train on a manifest that fails its check, whoever asks
-        raise dg.Failure(halt_message(halt(lk, step, "manifest_is_valid", gate["problems"])))
-    mode = trainer.resolved_mode(require_run(lk).trainer)
+    with lk.snapshot():  # the gates before the launch read the lake once
+        guard(context, lk)
+        gate = check_manifest(lk, step)
+        if not gate["passed"]:  # never train on a manifest that fails its check, whoever asks
+            raise dg.Failure(halt_message(halt(lk, step, "manifest_is_valid", gate["problems"])))
+        mode = trainer.resolved_mode(require_run(lk).trainer)
     if mode == "external":
         if not lk.has("rollouts", step=step):
             raise dg.Failure(
@@ -50,7 +51,12 @@ def training_step(context: dg.AssetExecutionContext, lake: LakeResource, trainer
 def step_views(context, lk, step: int) -> dict:
     """The step's curves (inline), its held-out scores when it evaluated (numbers, so the asset's
     plots chart them over the steps), a few of its rollouts, rendered (the best, the worst and one
-    zero-variance group), and its worst held-out episode of each split."""
+    zero-variance group), and its worst held-out episode of each split; the lake read once."""
+    with lk.snapshot():
+        return _step_views(context, lk, step)
+
+
+def _step_views(context, lk, step: int) -> dict:
     out = plot_md(context, "curves", training_curves, lk, step)
     for e in lk.read("evals", step=step).to_pylist():
         name = (e.get("benchmark") or "").split(" ")[0]  # "heldout_seen (simulated)": heldout_seen
@@ -106,20 +112,21 @@ def step_views(context, lk, step: int) -> dict:
 def reward_statistics(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
 
     lk = lake.lake_for(context)
-    guard(context, lk)
-    out = statistics_step(lk, step_of(context))
-    spec = require_run(lk)
-    if spec.report_to:
-        try:
-            log_step(lk, spec, step_of(context))
-        except Exception as exc:  # noqa: BLE001 - a tracker being down must not fail the step
-            context.log.warning(f"experiment tracker logging failed: {type(exc).__name__}: {exc}")
-    return materialized(
-        context,
-        {
-            "dagster/row_count": out["tasks_updated"],
-            **scalar_metadata(out),
-            **plot_md(context, "trends", statistics_trends, lk, require_run(lk).pool, step_of(context)),
-            **plot_md(context, "yield_calibration", yield_calibration_plot, lk, step_of(context)),
-        },
-    )
+    with lk.snapshot():  # the lake read once for the step's bookkeeping
+        guard(context, lk)
+        out = statistics_step(lk, step_of(context))
+        spec = require_run(lk)
+        if spec.report_to:
+            try:
+                log_step(lk, spec, step_of(context))
+            except Exception as exc:  # noqa: BLE001 - a tracker being down must not fail the step
+                context.log.warning(f"experiment tracker logging failed: {type(exc).__name__}: {exc}")
+        return materialized(
+            context,
+            {
+                "dagster/row_count": out["tasks_updated"],
+                **scalar_metadata(out),
+                **plot_md(context, "trends", statistics_trends, lk, spec.pool, step_of(context)),
+                **plot_md(context, "yield_calibration", yield_calibration_plot, lk, step_of(context)),
+            },
+        )

@@ -33,7 +33,8 @@ warnings.filterwarnings(
 def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     lk = lake.lake_for(context)
     step = step_of(context)
-    result = check_manifest(lk, step)
+    with lk.snapshot():  # the check's reads, once each
+        result = check_manifest(lk, step)
     if not result["passed"]:
         record = halt(lk, step, "manifest_is_valid", result["problems"])
         context.log.error(halt_message(record))
@@ -58,18 +59,21 @@ def manifest_is_valid(context: dg.AssetCheckExecutionContext, lake: LakeResource
 def rollouts_are_complete(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     lk = lake.lake_for(context)
     step = step_of(context)
-    result = check_rollouts(lk, step)
-    if not result["passed"]:
-        record = halt(lk, step, "rollouts_are_complete", result["problems"])
-        context.log.error(halt_message(record))
-    errors = (
-        Counter(
-            r or "none"
-            for r in lk.read("rollouts", step=step, columns=["error_class"]).column("error_class").to_pylist()
+    with lk.snapshot():  # the check's reads, once each
+        result = check_rollouts(lk, step)
+        if not result["passed"]:
+            record = halt(lk, step, "rollouts_are_complete", result["problems"])
+            context.log.error(halt_message(record))
+        errors = (
+            Counter(
+                r or "none"
+                for r in lk.read("rollouts", step=step, columns=["error_class"])
+                .column("error_class")
+                .to_pylist()
+            )
+            if lk.has("rollouts", step=step)
+            else Counter()
         )
-        if lk.has("rollouts", step=step)
-        else Counter()
-    )
     return dg.AssetCheckResult(
         passed=result["passed"],
         metadata={

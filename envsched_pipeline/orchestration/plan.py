@@ -99,7 +99,13 @@ def _halt_job(lake: Lake, step: int, kind: str, problem: str, runs: list, cancel
 
 
 def next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Request | str | None:
-    """The next run to request, a reason to wait (str), or None when the run is complete."""
+    """The next run to request, a reason to wait (str), or None when the run is complete; the
+    lake read once for the answer (``Lake.snapshot``)."""
+    with lake.snapshot():
+        return _next_request(lake, instance, driver)
+
+
+def _next_request(lake: Lake, instance: dg.DagsterInstance, driver: str) -> Request | str | None:
     spec = load_run(lake)
     if spec is None:
         return f"no run in {lake.root}: start one with `envsched train` or `envsched step select`"

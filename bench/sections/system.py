@@ -515,6 +515,7 @@ def section_lake_requests(steps: int = 30) -> None:
     lookups and cached reads of 2026-12-06 against what came before (s3fs's glob, one lookup per
     step's state, every query reading every file), both in one run."""
     # the S3 server, Dagster, the loop driver and s3fs load only for this section
+    import contextlib
     import socket
     import subprocess
     import sys
@@ -555,6 +556,10 @@ def section_lake_requests(steps: int = 30) -> None:
     def before_state_steps(lake):  # one lookup per step with statistics
         return {s for s in lake.steps("statistics") if has_state(lake, s)}
 
+    @contextlib.contextmanager
+    def before_snapshot(self):  # every read asked the store
+        yield self
+
     def before_get(self, rel):  # s3fs's cat_file: a HEAD for the size, then the GET
         try:
             return self.fs.cat_file(self._key(rel))
@@ -581,11 +586,17 @@ def section_lake_requests(steps: int = 30) -> None:
         pool = load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=0)
         for mode in ("before", "now"):
             patched = mode == "before"
-            real = (lake_module._ObjectStore.glob, lake_module._ObjectStore.get, loop_module.state_steps)
+            real = (
+                lake_module._ObjectStore.glob,
+                lake_module._ObjectStore.get,
+                loop_module.state_steps,
+                lake_module.Lake.snapshot,
+            )
             if patched:
                 lake_module._ObjectStore.glob = before_glob
                 lake_module._ObjectStore.get = before_get
                 loop_module.state_steps = before_state_steps
+                lake_module.Lake.snapshot = before_snapshot
                 os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"
             try:
                 with tempfile.TemporaryDirectory() as d, dg.instance_for_test() as instance:
@@ -613,7 +624,12 @@ def section_lake_requests(steps: int = 30) -> None:
                     }
                     print(f"lake requests bench: {mode}: {counts[:3]} ... {counts[-3:]}", flush=True)
             finally:
-                lake_module._ObjectStore.glob, lake_module._ObjectStore.get, loop_module.state_steps = real
+                (
+                    lake_module._ObjectStore.glob,
+                    lake_module._ObjectStore.get,
+                    loop_module.state_steps,
+                    lake_module.Lake.snapshot,
+                ) = real
                 os.environ.pop("ENVSCHED_LAKE_CACHE_MB", None)
     finally:
         s3fs.S3FileSystem._call_s3 = real_call
@@ -641,9 +657,9 @@ def section_lake_requests(steps: int = 30) -> None:
         b, a = np.polyfit(np.arange(1, len(y) + 1), y, 1)
         return float(a), float(b)
 
-    def at_1000(mode: str) -> float:  # minutes of round trips in the step at step 1000, 20 ms each
+    def at_1000(mode: str) -> float:  # seconds of round trips in the step at step 1000, 20 ms each
         a, b = fit(mode)
-        return (a + b * 1000) * REQUEST_S / 60
+        return (a + b * 1000) * REQUEST_S
 
     per_step_plot(
         {
@@ -665,8 +681,10 @@ def section_lake_requests(steps: int = 30) -> None:
                 "Before: s3fs's glob (one listing per step folder a wildcard matches), one lookup per "
                 "step's scheduler state, every read a HEAD and a GET, and every query reading every "
                 "Parquet object of its tables; now (2026-12-06): one recursive listing per glob, one "
-                "listing for the states, one GET per read, and each object read once per process "
-                "(`$ENVSCHED_LAKE_CACHE_MB`). "
+                "listing for the states, one GET per read, each object read once per process "
+                "(`$ENVSCHED_LAKE_CACHE_MB`), and the loop's planning passes, the selection, the "
+                "statistics, the checks and a step's views each asking the store once per object, "
+                "listing and partition (`Lake.snapshot`). "
                 f"Both modes in one run. Machine: {machine()}.",
                 "",
                 *rows,
@@ -674,8 +692,8 @@ def section_lake_requests(steps: int = 30) -> None:
                 f"Requests added per step of the run: before **{fit('before')[1]:.1f}**, now "
                 f"**{fit('now')[1]:.1f}**. moto answers in about a millisecond; a real object store "
                 f"in tens of milliseconds. At {REQUEST_S * 1000:.0f} ms a request, the line fitted "
-                f"to each mode puts the step at step 1000 at {at_1000('before'):.1f} minutes of "
-                f"requests before and {at_1000('now'):.1f} now (requests run one after another "
+                f"to each mode puts the step at step 1000 at {at_1000('before') / 60:.1f} minutes of "
+                f"requests before and {at_1000('now'):.1f} seconds now (requests run one after another "
                 "in the driver; the concurrent reads of new objects are counted one each).",
                 "",
                 "![requests per step](lake_requests.png)",

@@ -690,7 +690,7 @@ class Lake:
         self._snapshots: dict[int, _Snapshot] = {}  # by thread
 
     @property
-    def store(self) -> _LocalStore | _ObjectStore:
+    def store(self) -> _LocalStore | _ObjectStore | _Snapshot:
         """Where the lake's bytes are; inside :meth:`snapshot`, as this thread's snapshot sees it."""
         return self._snapshots.get(threading.get_ident()) or self._store
 
@@ -699,9 +699,9 @@ class Lake:
         """For the block, this thread reads each object, listing and partition of the lake at most
         once (a planning pass or a step's bookkeeping asks the same questions several times; on an
         object store each is a request). A write through this object forgets what was read; writes
-        by other processes or threads are not seen until the block ends, so a block holds no
-        waiting and no other process's work. Other threads see the lake as always. Nested blocks
-        share the outer one."""
+        by other processes or threads are not seen until the block ends, so a block must not wait
+        for another process's writes. Other threads see the lake as always. Nested blocks share
+        the outer one."""
         me = threading.get_ident()
         if me in self._snapshots:
             yield self

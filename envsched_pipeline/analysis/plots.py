@@ -3,8 +3,8 @@
 Step plots are written once per step and kind (``plots/step=t/<kind>.png``), never overwritten by a
 later step, so every partition in the UI shows its own plots; :func:`embed` turns one into markdown
 with the image inline (what the Dagster UI renders). Every figure is written as a palette PNG
-(:func:`write_png`): a step's four plots sit inline in the Dagster event log, where each is stored
-more than once, at every step of the run.
+(:func:`write_png`): a step's four plots sit inline in the Dagster event log, which keeps every
+step's for the whole run.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def graph_report(lake, pool: str, graph) -> dict:
     indeg = np.bincount(graph.cross_idx[graph.cross_idx >= 0], minlength=len(graph.task_ids))
     ax[2].hist(indeg, bins=40, color="#6acc64")
     ax[2].set_title("cross-env in-degree")
-    path = _written(fig, out_dir / "graph.png")
+    path = write_png(fig, out_dir / "graph.png")
     tasks = {
         r["task_id"]: r
         for r in lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()
@@ -117,7 +117,7 @@ def bench_plots(result: dict, out_dir: Path, prefix: str = "scheduler") -> list[
         "Simulated learner (docs/algorithm.md §8): "
         + json.dumps({k: result["setup"][k] for k in ("envs", "tasks_per_env", "steps", "seeds")})
     )
-    paths.append(_written(fig, out_dir / f"{prefix}_curves.png"))
+    paths.append(write_png(fig, out_dir / f"{prefix}_curves.png"))
     return paths
 
 
@@ -201,18 +201,19 @@ def heldout_plots(result: dict, out_path: Path) -> str:
         + (" (fewer where marked)" if mixed else "")
         + "".join(f", {k}={v}" for k, v in sorted((setup.get("learner_config") or {}).items()))
     )
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 PNG_COLORS = 128  # a palette this size keeps matplotlib's anti-aliased lines and fills smooth
 
 
-def write_png(fig, path: Path, dpi: int = 90) -> str:
+def write_png(fig, path: str | Path, dpi: int = 90) -> str:
     """Lay out, write and close a figure: rendered at ``dpi``, then reduced to a palette of
     PNG_COLORS colours (about a third of the bytes of matplotlib's own RGBA PNG, at no visible
     cost for line and bar charts); its path."""
     from PIL import Image  # matplotlib's own dependency; loads only with a plot
 
+    path = Path(path)
     fig.set_dpi(dpi)
     fig.tight_layout()
     fig.canvas.draw()
@@ -222,11 +223,6 @@ def write_png(fig, path: Path, dpi: int = 90) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, format="PNG")
     return str(path)
-
-
-def _written(fig, out_path: Path) -> str:
-    """Write a bench or report figure (:func:`write_png` at 90 dpi); its path."""
-    return write_png(fig, Path(out_path))
 
 
 def _kind_panels(n: int):
@@ -388,7 +384,7 @@ def headroom_plot(probes: dict[str, list[dict]], out_path: Path) -> str:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Headroom: batch vs oracle vs pool (neural learner)")
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def draws_plot(
@@ -416,7 +412,7 @@ def draws_plot(
                 )
         ax.set_xticks(sorted(by_seed))
         _difference_axis(ax, kind, "seed", "per seed and draw")
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def within_run_plot(series: dict[str, dict[int, tuple[list[int], list[float]]]], out_path: Path) -> str:
@@ -428,7 +424,7 @@ def within_run_plot(series: dict[str, dict[int, tuple[list[int], list[float]]]],
         for i, (s, (steps, d)) in enumerate(sorted(by_seed.items())):
             ax.plot(steps, d, "-o", color=f"C{i}", ms=2.5, lw=1.2, label=f"seed {s}")
         _difference_axis(ax, kind, "step", "at every evaluation")
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def breadth_window_plot(
@@ -453,7 +449,7 @@ def breadth_window_plot(
     right.set_ylabel("final held-out: variant - form")
     right.set_title("Paired difference per seed")
     right.legend(fontsize=8)
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def levers_plot(rows: list[dict], fits: dict[str, dict], targets: dict[str, float], out_path: Path) -> str:
@@ -483,7 +479,7 @@ def levers_plot(rows: list[dict], fits: dict[str, dict], targets: dict[str, floa
         _difference_axis(ax, kind, "zero-variance share: scheduler - random", "against groups without spread")
         ax.get_legend().remove()
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def seeds_plot(result: dict, out_path: Path) -> str:
@@ -511,7 +507,7 @@ def seeds_plot(result: dict, out_path: Path) -> str:
         ax.set_title(f"{v['key'].replace('_', ' ')} ({v['better_is']} is better)", fontsize=10)
         ax.legend(fontsize=7)
     fig.suptitle(f"{name} against {other}, paired by seed")
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def rows_plot(result: dict, out_path: Path) -> str:
@@ -553,7 +549,7 @@ def rows_plot(result: dict, out_path: Path) -> str:
         ax.set_title(f"{key.replace('_', ' ')} ({better_is} is better)", fontsize=10)
     axes.flat[0].invert_yaxis()  # shared: the first row on top in every panel
     fig.suptitle(f"{len(rows)} schedulers against {result['against']['name']}, paired by seed")
-    return _written(fig, out_path)
+    return write_png(fig, out_path)
 
 
 def per_step_plot(panels: dict[str, dict[str, list[float]]], out_path: Path) -> str:
@@ -567,4 +563,4 @@ def per_step_plot(panels: dict[str, dict[str, list[float]]], out_path: Path) -> 
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    return _written(fig, out_path)
+    return write_png(fig, out_path)

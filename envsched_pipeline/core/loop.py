@@ -42,6 +42,13 @@ def consistency_problems(lake: Lake) -> list[str]:
 
 
 def status(lake: Lake) -> dict:
+    """Where the run stands (what `envsched status` prints), from one read of each thing it asks
+    about (``Lake.snapshot``)."""
+    with lake.snapshot():
+        return _status(lake)
+
+
+def _status(lake: Lake) -> dict:
     spec = load_run(lake)
     sel, roll, stats = lake.steps("manifests"), lake.steps("rollouts"), lake.steps("statistics")
     problems = consistency_problems(lake)

@@ -75,6 +75,25 @@ def test_figures_are_palette_pngs_a_fraction_of_matplotlibs_size(tmp_path):
     assert os.path.getsize(ours) < 0.5 * os.path.getsize(tmp_path / "theirs.png")
 
 
+@pytest.mark.parametrize("loss", [None, 0.25])
+def test_the_loss_panel_says_when_a_run_reports_no_loss(lake, monkeypatch, loss):
+    import envsched_pipeline.analysis.plots as plots  # the figure is looked at before it is written
+
+    for s in range(3):
+        lake.write("train_metrics", [{"step": s, "seconds": 1.0, "loss": loss, "reward_mean": 0.5}], step=s)
+    drawn = {}
+    monkeypatch.setattr(
+        plots, "write_png", lambda fig, path, dpi=90: drawn.setdefault("fig", fig) and str(path)
+    )
+    plots.training_curves(lake, 2)
+    panel = drawn["fig"].axes[0]
+    words = " ".join(t.get_text() for t in panel.texts)
+    if loss is None:  # a note, no line, and the steps on the x axis (not matplotlib's default 0..1)
+        assert "no loss reported" in words and not panel.lines and panel.get_xlim() == (0.0, 2.0)
+    else:
+        assert not words and list(panel.lines[0].get_ydata()) == [0.25] * 3
+
+
 def test_picks_read_as_sentences(small_run):
     rows = select_manifest(small_run, 0)["rows"]
     table = picks_table(rows)

@@ -653,6 +653,11 @@ class _Snapshot:
         self._write("write_parquet", rel, data)
 
 
+def store_endpoint() -> str:
+    """The object store an ``s3://`` lake talks to, in words: ``$AWS_ENDPOINT_URL`` when set."""
+    return os.environ.get("AWS_ENDPOINT_URL") or "AWS's endpoint"
+
+
 def local_dir_for(url: str) -> Path:
     base = os.environ.get("ENVSCHED_LOCAL_DIR") or str(Path.home() / ".cache" / "envsched" / "lakes")
     return Path(base) / url.split("://", 1)[1].rstrip("/")
@@ -743,8 +748,9 @@ class Lake:
             if not self.store.glob("*"):
                 bucket = self.store.base.split("/", 1)[0]
                 if not self.store.fs.exists(bucket):
-                    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS"
-                    raise LakeError(f"no lake at {self.root}: there is no bucket {bucket!r} at {endpoint}")
+                    raise LakeError(
+                        f"no lake at {self.root}: there is no bucket {bucket!r} at {store_endpoint()}"
+                    )
                 raise LakeError(
                     f"no lake at {self.root} (nothing under that prefix): start a run with `envsched train`"
                 )

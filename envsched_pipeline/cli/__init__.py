@@ -25,6 +25,7 @@ from envsched_pipeline import __version__
 from envsched_pipeline.cli import analyze, deploy, pool, rollouts, sql, step, sweep, train
 from envsched_pipeline.cli.common import HelpFormatter, Parser, stop_with_parent
 from envsched_pipeline.errors import EnvschedError
+from envsched_pipeline.lake import store_endpoint
 
 MACHINE_REFUSALS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
@@ -79,7 +80,7 @@ def object_store_problem(exc: BaseException) -> str | None:
     seen = exc
     while seen is not None:
         if type(seen).__module__.split(".")[0] in ("botocore", "aiobotocore"):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS's endpoint"
+            endpoint = store_endpoint()
             first = str(seen).strip().splitlines()[0] if str(seen).strip() else type(seen).__name__
             return (
                 f"the lake's object store ({endpoint}) could not be used: {first} (the endpoint comes from "

@@ -740,14 +740,13 @@ def section_event_log(steps: int = 20) -> None:
         return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
     def event_bytes(root: Path) -> int:  # each event once, as one event log table holds them (Postgres)
-        total = 0
-        for db in (root / "history" / "runs").glob("*.db"):
-            if db.name != "index.db":  # SQLite's index database repeats the asset events
-                with closing(sqlite3.connect(db)) as con:
-                    total += con.execute("select coalesce(sum(length(event)), 0) from event_logs").fetchone()[
-                        0
-                    ]
-        return total
+        def stored(db: Path) -> int:
+            with closing(sqlite3.connect(db)) as con:
+                (size,) = con.execute("select coalesce(sum(length(event)), 0) from event_logs").fetchone()
+            return size
+
+        # SQLite's index database repeats the asset events
+        return sum(stored(db) for db in (root / "history" / "runs").glob("*.db") if db.name != "index.db")
 
     pool = load_synthetic("synthetic", n_envs=12, tasks_per_env=20, seed=0)
     real, real_materialized = plots.write_png, training_assets.materialized

@@ -57,6 +57,7 @@ from sections.system import (  # noqa: E402
     section_pools,
     section_resident,
     section_resident_neural,
+    section_state_keep,
     section_step_views,
 )
 from sections.traces import section_traces  # noqa: E402
@@ -77,7 +78,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "step_views,lake_requests,event_log,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,lake_requests,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -222,6 +223,8 @@ def main() -> int:
         section_lake_requests()
     if "event_log" in sections:
         section_event_log()
+    if "state_keep" in sections:
+        section_state_keep()
     if "backends" in sections:
         section_backends()
     if "sim_sweep" in sections:

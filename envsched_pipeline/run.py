@@ -436,7 +436,11 @@ def start_run(
         )
         if changed:
             record.setdefault("config_changes", []).append(
-                {"from_step": len(lake.steps("manifests")), **{k: getattr(spec, k) for k in changed}}
+                {
+                    "from_step": len(lake.steps("manifests")),
+                    **{k: getattr(spec, k) for k in changed},
+                    "was": {k: getattr(current, k) for k in changed},  # a state rebuilt before it
+                }
             )
         lake.write_json(
             RUN_FILE,

@@ -85,6 +85,7 @@ LAYERS = {
         "test_trainer",
         "test_yield",
         "test_explain",
+        "test_state_keep",
         "test_sandbox_reach",
         "test_trust",
         "test_trackers",

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from envs.registry import load_synthetic
+from envsched_pipeline.core.fold import load_state
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.core.state_store import load_state
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.run import RunSpec, start_run
 from envsched_pipeline.scheduler.config import SchedulerConfig

@@ -11,8 +11,8 @@ import pytest
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.build import build_scheduler
+from envsched_pipeline.core.fold import load_state
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.core.state_store import load_state
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.orchestration.metadata import near_misses_table

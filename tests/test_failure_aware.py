@@ -6,10 +6,10 @@ import json
 import numpy as np
 
 from envs.registry import load_synthetic
+from envsched_pipeline.core.fold import load_state, observations_from_rollouts
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.core.state_store import load_state
-from envsched_pipeline.core.statistics import observations_from_rollouts, statistics_step
+from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 

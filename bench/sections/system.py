@@ -553,8 +553,13 @@ def section_lake_requests(steps: int = 30) -> None:
         self.fs.invalidate_cache()
         return sorted(p[len(self.base) + 1 :] for p in self.fs.glob(self._key(pattern)))
 
-    def before_state_steps(lake):  # one lookup per step with statistics
-        return {s for s in lake.steps("statistics") if has_state(lake, s)}
+    real_done = loop_module._done
+
+    def before_done(lake, external):  # the loop once looked up each step's state
+        sel, roll, stats = real_done(lake, external)
+        for s in stats:
+            has_state(lake, s)
+        return sel, roll, stats
 
     @contextlib.contextmanager
     def before_snapshot(self):  # every read asked the store
@@ -589,13 +594,13 @@ def section_lake_requests(steps: int = 30) -> None:
             real = (
                 lake_module._ObjectStore.glob,
                 lake_module._ObjectStore.get,
-                loop_module.state_steps,
+                loop_module._done,
                 lake_module.Lake.snapshot,
             )
             if patched:
                 lake_module._ObjectStore.glob = before_glob
                 lake_module._ObjectStore.get = before_get
-                loop_module.state_steps = before_state_steps
+                loop_module._done = before_done
                 lake_module.Lake.snapshot = before_snapshot
                 os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"
             try:
@@ -627,7 +632,7 @@ def section_lake_requests(steps: int = 30) -> None:
                 (
                     lake_module._ObjectStore.glob,
                     lake_module._ObjectStore.get,
-                    loop_module.state_steps,
+                    loop_module._done,
                     lake_module.Lake.snapshot,
                 ) = real
                 os.environ.pop("ENVSCHED_LAKE_CACHE_MB", None)
@@ -700,6 +705,105 @@ def section_lake_requests(steps: int = 30) -> None:
             ]
         ),
         after="step_views",
+    )
+
+
+def section_state_keep(steps: int = 100) -> None:
+    """What the scheduler state costs the lake: a simulated run of the default pool in-process,
+    the bytes of every state it saved (each step's, all kept before 2026-12-06) against the bytes
+    the lake holds at the end (step 0's, every KEEP_EVERY-th, the newest two), and what asking for
+    a state no longer kept costs (it is folded again from the kept one before it)."""
+    # the pool and the step service load only for this section
+    import tempfile
+
+    import envsched_pipeline.core.state_store as state_store
+    import envsched_pipeline.core.statistics as statistics_module
+    from envs.registry import load_synthetic
+    from envsched_pipeline.core.build import new_run
+    from envsched_pipeline.core.fold import load_state, states_before
+    from envsched_pipeline.core.pools import import_pool
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.lake import Lake
+    from envsched_pipeline.run import start_run
+    from trainer.step import run_step
+
+    written: list[int] = []
+    real_save = statistics_module.save_state
+
+    def counted(lake, state, step):
+        path = real_save(lake, state, step)
+        written.append(len(state.to_bytes()))
+        return path
+
+    pool = load_synthetic("synthetic")
+    with tempfile.TemporaryDirectory() as d:
+        lake = Lake(os.path.join(d, "lake"))
+        import_pool(lake, pool)
+        spec = start_run(lake, new_run(pool="synthetic", policy="simulated", max_steps=steps))
+        statistics_module.save_state = counted
+        try:
+            for t in range(steps):
+                select_manifest(lake, t)
+                run_step(lake, t, log=lambda *_: None)
+                statistics_module.statistics_step(lake, t)
+                if t % 10 == 9:
+                    print(f"state keep bench: step {t + 1}/{steps}", flush=True)
+        finally:
+            statistics_module.save_state = real_save
+        n_tasks = len(lake.read("tasks"))
+        kept = sorted(state_store.state_steps(lake))
+        held = sum((lake.root / state_store.state_rel(s)).stat().st_size for s in kept)
+        lake_bytes = sum(p.stat().st_size for p in lake.root.rglob("*") if p.is_file())
+        timings: dict[int, float] = {}
+        for t in range(steps):
+            t0 = time.perf_counter()
+            load_state(lake, spec, t)
+            timings[t] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in states_before(lake, spec, range(1, steps)):
+            pass
+        one_pass = time.perf_counter() - t0
+    dropped = [t for t in range(steps) if t not in kept]
+    base = {t: max(k for k in kept if k < t) for t in dropped}
+    read_s, fold_s = np.mean([timings[t] for t in kept]), np.mean([timings[t] for t in dropped])
+    worst = max(dropped, key=lambda t: (t - base[t], t))
+    total, late = sum(written), float(np.mean(written[-10:]))
+    rows = [
+        "| | every state kept (before) | now | now / before |",
+        "|---|---|---|---|",
+        f"| states in the lake after {steps} steps | {steps} | {len(kept)} | {len(kept) / steps:.2f}x |",
+        f"| their bytes, KB | {total / 1024:.0f} | {held / 1024:.0f} | {held / total:.2f}x |",
+        f"| per step, KB | {total / steps / 1024:.0f} | {held / steps / 1024:.0f} | {held / total:.2f}x |",
+        f"| the whole lake (its pool included), KB per step | {(lake_bytes - held + total) / steps / 1024:.0f} | "
+        f"{lake_bytes / steps / 1024:.0f} | {lake_bytes / (lake_bytes - held + total):.2f}x |",
+    ]
+    write_section(
+        "state_keep",
+        "\n".join(
+            [
+                "## What the scheduler state costs the lake",
+                "",
+                f"A simulated run of {steps} steps of the default synthetic pool ({n_tasks} tasks, "
+                "B = 64, G = 8, the recommended envsched form) in-process. Before 2026-12-06 the "
+                "lake kept the state after every step; now it keeps step 0's, every "
+                f"{state_store.KEEP_EVERY}th (19, 39, ...) and the newest two, and folds any other "
+                "again from the kept one before it when asked (`envsched explain`, a rewind, "
+                "replay), checked against the digest its step's statistics recorded. The bytes of "
+                "every state the run saved against what the lake holds at the end, one run. "
+                f"Machine: {machine()}.",
+                "",
+                *rows,
+                "",
+                f"Asking for a state: a kept one reads in {read_s * 1000:.0f} ms on average, one no "
+                f"longer kept is folded again in {fold_s * 1000:.0f} ms on average, most of it "
+                f"reading the pool and building the scheduler once (the most steps folded, "
+                f"{worst - base[worst]} for the state after step {worst}: {timings[worst] * 1000:.0f} ms). Replay's pass over every step's state folds each step once: "
+                f"{one_pass:.1f} s for {steps - 1} states. At {late / 1024:.0f} KB a state (the "
+                f"last ten's mean), a 10,000-step run kept {late * 10000 / 1024**3:.1f} GB of states "
+                f"before and keeps about {late * (10000 / state_store.KEEP_EVERY + 2) / 1024**2:.0f} MB now.",
+            ]
+        ),
+        after="event_log",
     )
 
 

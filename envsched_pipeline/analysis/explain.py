@@ -18,7 +18,7 @@ import json
 import numpy as np
 
 from envsched_pipeline.core.build import build_scheduler, scheduler_config
-from envsched_pipeline.core.state_store import has_state, load_state
+from envsched_pipeline.core.fold import load_state, state_available
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run, step_rng
@@ -42,7 +42,7 @@ def explain_step(lake: Lake, step: int, task: str | None = None) -> dict:
         span = f"steps {have[0]}..{have[-1]}" if have else "no manifest yet"
         raise StepError(f"step {step} has no manifest in {lake.root} ({span})")
     rows = lake.read("manifests", step=step).to_pylist()
-    if step > 0 and not has_state(lake, step - 1):
+    if step > 0 and not state_available(lake, step - 1):
         raise StepError(
             f"the scheduler state after step {step - 1} is missing in {lake.root}, so step {step}'s "
             f"selection cannot be recomputed; materialize statistics[{step - 1}] first"

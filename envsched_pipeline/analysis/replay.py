@@ -23,13 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from envsched_pipeline.core.build import scheduler_config
-from envsched_pipeline.core.state_store import load_state
+from envsched_pipeline.core.fold import states_before
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run, step_rng
 from envsched_pipeline.scheduler import GRAPH_SCHEDULERS, make_scheduler
 from envsched_pipeline.scheduler.config import SchedulerConfig
-from envsched_pipeline.scheduler.state import SchedulerState
 from envsched_pipeline.scheduler.variants import resolve, scheduler_label
 
 
@@ -69,9 +68,7 @@ def replay(lake: Lake, schedulers: list[str], window: int = 4, log=print) -> dic
     out = {}
     for name, (base, config) in forms.items():
         est, overlap, model_share = [], [], []
-        for t in steps:
-            state = load_state(lake, spec, t - 1)
-            state = SchedulerState.from_bytes(state.to_bytes())  # the scheduler may annotate its copy
+        for t, state in states_before(lake, spec, steps):  # each its own copy: a scheduler annotates it
             g = graph.reindex(state.task_ids) if graph is not None else None
             sched = make_scheduler(base, config, graph=g if base in GRAPH_SCHEDULERS else None)
             picks = sched.select(state, spec.batch_size, step_rng(spec, t, salt=7), t).picks

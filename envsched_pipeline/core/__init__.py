@@ -1,7 +1,8 @@
 """The step service: everything one training step needs, over the lake, without Dagster.
 
     pools        pool rows -> ``environments`` / ``tasks`` / ``task_latents``
-    state_store  the scheduler state after each step (``state/step=t/scheduler.npz``)
+    state_store  the scheduler states the lake keeps (``state/step=t/scheduler.npz``)
+    fold         rollouts t folded into the state after t-1; any state, kept or folded again
     select       state after t-1 -> manifest t (``manifests[t]``) + its audit
     yields       predicted vs realized share of informative groups; over-sampling factor
     statistics   rollouts t -> state after t + ``statistics[t]``

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 
 from envsched_pipeline.core.build import scheduler_config
+from envsched_pipeline.core.fold import load_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.rollouts import ERROR_CLASSES
@@ -297,7 +298,8 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
     """Take the run back to ``step``: every partition and artifact of ``step`` and later (manifests,
     rollouts, metrics, evals, statistics, scheduler state, plots, checkpoints) moves to
     ``archive/rewind-to-step<step>-<ms>/``, so the loop redoes the run from there with the policy
-    and scheduler state after ``step - 1``, which must be on disk. A halt at ``step`` or later is
+    after ``step - 1``, which must be on disk, and the scheduler state after it (kept, or folded
+    again from the kept one before it). A halt at ``step`` or later is
     cleared, and ``answered_runs`` (the Dagster runs of those steps that failed or were canceled)
     stop counting as attempts."""
     spec = require_run(lake)
@@ -321,6 +323,8 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
                 f"--to {step}: the policy after step {step - 1} is not on disk; rewind to a step after "
                 f"one that is: {', '.join(map(str, ok[-12:]))}"
             )
+    if step > 0:  # the state the redo selects from: a fold that fails is refused before anything moves
+        load_state(lake, spec, step - 1)
     moved = lake.archive(f"{REWIND_ARCHIVE}{step}", lambda kind, s: s >= step)
     # checkpoints kept on local disk go to the same archive's folder there
     into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from envsched_pipeline.core.gates import halt_message, halted
-from envsched_pipeline.core.state_store import state_steps
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
@@ -16,13 +15,13 @@ def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
     roll = set(lake.steps("rollouts"))
     if not external:
         roll &= set(lake.steps("train_metrics"))
-    stats = set(lake.steps("statistics")) & state_steps(lake)
+    stats = set(lake.steps("statistics"))  # a state is saved before them (and folded again if dropped)
     return sel, roll, stats
 
 
 def consistency_problems(lake: Lake) -> list[str]:
     """Partitions missing below the run's frontier: a step that has later steps but lacks its own
-    manifest, rollouts, metrics, statistics or state (e.g. a deleted partition)."""
+    manifest, rollouts, metrics or statistics (e.g. a deleted partition)."""
     spec = load_run(lake)
     if spec is None:
         return []
@@ -33,7 +32,7 @@ def consistency_problems(lake: Lake) -> list[str]:
     for t in range(frontier):
         missing = [
             name
-            for name, have in (("manifest", sel), ("rollouts", roll), ("statistics/state", stats))
+            for name, have in (("manifest", sel), ("rollouts", roll), ("statistics", stats))
             if t not in have
         ]
         if missing:

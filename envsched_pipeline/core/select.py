@@ -12,8 +12,8 @@ import json
 import time
 
 from envsched_pipeline.core.build import build_scheduler, scheduler_config
+from envsched_pipeline.core.fold import load_state
 from envsched_pipeline.core.gates import require_not_halted
-from envsched_pipeline.core.state_store import has_state, load_state
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.core.yields import oversampling_factor, predicted_yield
 from envsched_pipeline.errors import StepError
@@ -32,7 +32,7 @@ def select_manifest(lake: Lake, step: int) -> dict:
         raise StepError(f"step must be >= 0, got {step}")
     if step > 0 and not lake.has("rollouts", step=step - 1):
         raise StepError(f"cannot select step {step}: rollouts of step {step - 1} are missing")
-    if step > 0 and not has_state(lake, step - 1):
+    if step > 0 and not lake.has("statistics", step=step - 1):
         statistics_step(lake, step - 1)  # an external trainer ingested t-1: fold it in now
     state = load_state(lake, spec, step - 1)
     sched = build_scheduler(lake, spec, state)

@@ -1,22 +1,29 @@
-"""Where the scheduler state lives: ``state/step=t/scheduler.npz`` in the lake, one per step.
+"""Where the scheduler state lives: ``state/step=t/scheduler.npz`` in the lake.
 
-The state after step t is what the manifest of step t+1 is selected from. Loading re-keys a
-stored state onto an edited pool by task content hash (renamed tasks keep their history).
+The state after step t is what the manifest of step t+1 is selected from. Saving the state after
+step t drops the one after t-2 unless it is step 0's or a ``KEEP_EVERY``-th (19, 39, ...), as the
+neural learner's checkpoints are kept: a run's states cost the newest two and one in twenty
+rather than one a step (at 2550 tasks about 200 KB each). A state no longer kept is folded again
+when asked for (:mod:`envsched_pipeline.core.fold`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from envsched_pipeline.core.pools import pool_tasks
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec
-from envsched_pipeline.scheduler.state import SchedulerState, align_state, prior_from
+from envsched_pipeline.scheduler.state import SchedulerState, prior_from
 
 STATE_FILE = "scheduler.npz"
+KEEP_EVERY = 20
+
+
+def kept_for_good(step: int) -> bool:
+    """Whether the state after ``step`` stays once newer ones exist: step 0's (a fold needs no
+    cross-run prior read again) and those of steps 19, 39, ..."""
+    return step == 0 or (step + 1) % KEEP_EVERY == 0
 
 
 def state_rel(step: int) -> str:
@@ -34,7 +41,13 @@ def state_steps(lake: Lake) -> set[int]:
 
 
 def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
-    return lake.write_bytes(state_rel(step), state.to_bytes())
+    """Write the state after ``step`` and drop the one after ``step - 2`` unless it is kept for good
+    (the newest two stay: a retried step needs its predecessor's)."""
+    path = lake.write_bytes(state_rel(step), state.to_bytes())
+    old = step - 2
+    if old >= 0 and not kept_for_good(old):
+        lake.delete(state_rel(old))
+    return path
 
 
 def read_state(lake: Lake, step: int) -> SchedulerState:
@@ -50,29 +63,6 @@ def read_state(lake: Lake, step: int) -> SchedulerState:
         raise StepError(
             f"{where}: cannot read the scheduler state ({exc}); re-materialize that step's statistics"
         ) from exc
-
-
-def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
-    """State after ``step`` (a fresh state, or the cross-run prior, for step -1)."""
-    tasks = pool_tasks(lake, spec.pool)
-    ids = tasks.column("task_id").to_pylist()
-    envs = tasks.column("env_id").to_pylist()
-    hashes = tasks.column("content_hash").to_pylist()
-    if step < 0:
-        if spec.prior_lake:
-            return prior_state(lake, spec, ids, envs, hashes)
-        return SchedulerState.new(ids, envs, hashes)
-    state = read_state(lake, step)
-    stored = state.arrays.get("content_hash")
-    if (
-        stored is None
-        or list(state.task_ids.astype(str)) != ids
-        or list(np.asarray(stored).astype(str)) != hashes
-    ):
-        # the pool was re-imported with edits: re-key the history by content hash
-        state, report = align_state(state, ids, envs, hashes)
-        state.extra["last_alignment"] = report
-    return state
 
 
 def prior_source(lake: Lake, spec: RunSpec) -> tuple[Lake, int]:

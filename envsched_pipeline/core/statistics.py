@@ -1,6 +1,5 @@
-"""Statistics t: fold step t's rollouts into the scheduler state and write ``statistics[t]`` and
-``yields[t]``. Rollouts with an infrastructure error class are not evidence about the task: they
-count as exposure (rollouts spent) but never as outcomes."""
+"""Statistics t: fold step t's rollouts into the scheduler state (:mod:`envsched_pipeline.core.fold`),
+save it, and write ``statistics[t]`` (with the state's digest) and ``yields[t]``."""
 
 from __future__ import annotations
 
@@ -10,52 +9,13 @@ import numpy as np
 import pyarrow as pa
 
 from envsched_pipeline.core.build import build_scheduler
+from envsched_pipeline.core.fold import DIGEST, fold_step, load_state
 from envsched_pipeline.core.gates import check_rollouts, halt, halt_message
-from envsched_pipeline.core.state_store import load_state, save_state
+from envsched_pipeline.core.state_store import save_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.rollouts import TASK_OUTCOMES, batch_metrics
+from envsched_pipeline.rollouts import batch_metrics
 from envsched_pipeline.run import require_run
-from envsched_pipeline.scheduler import Observations, SchedulerState
-
-
-def observations_from_rollouts(
-    state: SchedulerState, step: int, rollouts: pa.Table, partial_tasks: set[str] = frozenset()
-) -> Observations:
-    """Group rollouts by task; infrastructure failures are excluded from the task's outcomes, and
-    so are the rollouts of groups ingested as partial (their variance says nothing comparable)."""
-    cols = rollouts.column_names
-    task_ids = rollouts.column("task_id").to_pylist()
-    rewards = np.asarray(rollouts.column("reward").to_pylist(), dtype=float)
-    err = rollouts.column("error_class").to_pylist() if "error_class" in cols else ["none"] * len(task_ids)
-    hack = (
-        np.asarray(rollouts.column("hack_flag").to_pylist(), dtype=float)
-        if "hack_flag" in cols
-        else np.zeros(len(task_ids))
-    )
-    order: dict[str, list[int]] = {}
-    for j, t in enumerate(task_ids):
-        order.setdefault(t, []).append(j)
-    tids = list(order)
-    idx = state.index_of(tids)
-    outcome = np.array([e is None or e in TASK_OUTCOMES for e in err], dtype=bool)
-    secs = (
-        np.asarray(rollouts.column("seconds").to_pylist(), dtype=float)
-        if "seconds" in cols
-        else np.full(len(task_ids), np.nan)
-    )
-    groups, flags, spent, cost = [], [], [], []
-    for t in tids:
-        js = np.array(order[t])
-        ok = js[outcome[js]] if t not in partial_tasks else js[:0]
-        groups.append(rewards[ok])
-        flags.append(float(hack[ok][rewards[ok] > 0].sum()))
-        spent.append(len(js))
-        cost.append(float(np.nanmean(secs[js])) if np.isfinite(secs[js]).any() else np.nan)
-    obs = Observations.from_groups(step, idx, groups, hack_flags=flags)
-    obs.spent = np.asarray(spent, dtype=float)  # exposure counts every rollout spent
-    obs.cost = np.asarray(cost, dtype=float)
-    return obs
 
 
 def statistics_step(lake: Lake, step: int) -> dict:
@@ -72,19 +32,8 @@ def statistics_step(lake: Lake, step: int) -> dict:
         raise StepError(f"state after step {step - 1} already includes step {state.step}")
     sched = build_scheduler(lake, spec, state)
     rollouts = lake.read("rollouts", step=step)
-    manifest = lake.read("manifests", step=step)
-    partial = set((lake.read_json(f"ingest/step={step}.json") or {}).get("partial_tasks") or [])
-    obs = observations_from_rollouts(state, step, rollouts, partial)
-    half_of = dict(
-        zip(manifest.column("task_id").to_pylist(), manifest.column("half").to_pylist(), strict=True)
-    )
-    obs.halves = np.array([half_of.get(t, "") for t in state.task_ids[obs.task_idx]])
-    pred = dict(
-        zip(manifest.column("task_id").to_pylist(), manifest.column("pred_var").to_pylist(), strict=True)
-    )
-    u = np.array([pred.get(t, np.nan) for t in state.task_ids[obs.task_idx]], dtype=float)
     t0 = time.perf_counter()
-    sched.update(state, obs, predicted_u=None if np.isnan(u).all() else np.nan_to_num(u))
+    obs, u = fold_step(lake, sched, state, step, rollouts)
     seconds = time.perf_counter() - t0
     save_state(lake, state, step)
     a = state.arrays
@@ -112,6 +61,7 @@ def statistics_step(lake: Lake, step: int) -> dict:
         "posterior_var": hat_var,
         "retired": a["retired"][i] > 0,
         "hack_rate": np.where(a["hack_W"][i] > 0, a["hack_X"][i] / np.maximum(a["hack_W"][i], 1e-12), 0.0),
+        DIGEST: np.full(len(i), state.digest()),  # what a state folded again must match
     }
     lake.write("statistics", pa.table(rows), step=step)
     audit = lake.read("audits", step=step).to_pylist()

@@ -10,6 +10,7 @@ by gamma and the new observation is added, so W_i = sum_k gamma^(t - t_k) and X_
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ class SchedulerState:
             raise KeyError(f"task {exc.args[0]!r} is not in the scheduler's pool") from exc
 
     # ------------------------------------------------------------- persist
-    def to_bytes(self) -> bytes:
+    def _payload(self) -> dict[str, np.ndarray]:
+        """What the state's file holds, by name: every array and the meta record."""
         meta = {
             "step": self.step,
             "env_ids": self.env_ids,
@@ -175,10 +177,23 @@ class SchedulerState:
             payload[f"picks_{j}"] = p
         if self.model_rows.size:
             payload["model_rows"] = self.model_rows
-        payload["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        payload["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode(), dtype=np.uint8)
+        return payload
+
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        np.savez_compressed(buf, **payload)
+        np.savez_compressed(buf, **self._payload())
         return buf.getvalue()
+
+    def digest(self) -> str:
+        """A hash of the state's content (not of its compressed file, whose bytes a zip library
+        may vary): two states with the same digest select and update alike."""
+        h = hashlib.sha256()
+        for name, value in sorted(self._payload().items()):
+            a = np.ascontiguousarray(value)
+            h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SchedulerState:

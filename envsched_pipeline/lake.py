@@ -153,6 +153,17 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+# per-step artifacts a run drops once newer ones exist (scheduler states, the neural learner's
+# checkpoints) are kept for good at step 0 and every KEEP_EVERY-th step (19, 39, ...)
+KEEP_EVERY = 20
+
+
+def kept_for_good(step: int) -> bool:
+    """Whether a per-step artifact of ``step`` stays once newer ones exist: step 0's and those of
+    steps 19, 39, ... (a language model's default periodic checkpoints fall on the same steps)."""
+    return step == 0 or (step + 1) % KEEP_EVERY == 0
+
+
 # the best held-out policy of a language-model run (trainer.policy_step.PolicySession.keep_best):
 # a folder under Lake.local with the policy and best.json (step, score, each split's score)
 BEST_CHECKPOINT = "checkpoints/best"

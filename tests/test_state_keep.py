@@ -5,6 +5,7 @@ statistics recorded, for selection, `envsched explain`, replay and rewinds alike
 import pyarrow as pa
 import pytest
 
+import envsched_pipeline.lake as lake_module
 from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.core import state_store
@@ -32,7 +33,7 @@ def one_step(lake, t) -> str:
 
 @pytest.fixture
 def kept_run(small_pool, monkeypatch):
-    monkeypatch.setattr(state_store, "KEEP_EVERY", 4)
+    monkeypatch.setattr(lake_module, "KEEP_EVERY", 4)
     lake = small_pool
     spec = RunSpec(
         pool="synthetic",
@@ -110,7 +111,7 @@ def test_a_state_that_no_longer_folds_as_it_did_is_refused_and_a_rewind_to_it_mo
 
 
 def test_a_state_before_a_config_change_folds_with_the_config_of_its_time(small_pool, monkeypatch):
-    monkeypatch.setattr(state_store, "KEEP_EVERY", 4)
+    monkeypatch.setattr(lake_module, "KEEP_EVERY", 4)
     lake = small_pool
     spec = RunSpec(pool="synthetic", scheduler="envsched", seed=5, batch_size=10, group_size=4, max_steps=8)
     start_run(lake, spec)

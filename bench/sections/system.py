@@ -723,7 +723,7 @@ def section_state_keep(steps: int = 100) -> None:
     from envsched_pipeline.core.fold import load_state, states_before
     from envsched_pipeline.core.pools import import_pool
     from envsched_pipeline.core.select import select_manifest
-    from envsched_pipeline.lake import Lake
+    from envsched_pipeline.lake import KEEP_EVERY, Lake
     from envsched_pipeline.run import start_run
     from trainer.step import run_step
 
@@ -786,7 +786,7 @@ def section_state_keep(steps: int = 100) -> None:
                 f"A simulated run of {steps} steps of the default synthetic pool ({n_tasks} tasks, "
                 "B = 64, G = 8, the recommended envsched form) in-process. Before 2026-12-06 the "
                 "lake kept the state after every step; now it keeps step 0's, every "
-                f"{state_store.KEEP_EVERY}th (19, 39, ...) and the newest two, and folds any other "
+                f"{KEEP_EVERY}th (19, 39, ...) and the newest two, and folds any other "
                 "again from the kept one before it when asked (`envsched explain`, a rewind, "
                 "replay), checked against the digest its step's statistics recorded. The bytes of "
                 "every state the run saved against what the lake holds at the end, one run. "
@@ -800,7 +800,7 @@ def section_state_keep(steps: int = 100) -> None:
                 f"{worst - base[worst]} for the state after step {worst}: {timings[worst] * 1000:.0f} ms). Replay's pass over every step's state folds each step once: "
                 f"{one_pass:.1f} s for {steps - 1} states. At {late / 1024:.0f} KB a state (the "
                 f"last ten's mean), a 10,000-step run kept {late * 10000 / 1024**3:.1f} GB of states "
-                f"before and keeps about {late * (10000 / state_store.KEEP_EVERY + 2) / 1024**2:.0f} MB now.",
+                f"before and keeps about {late * (10000 / KEEP_EVERY + 2) / 1024**2:.0f} MB now.",
             ]
         ),
         after="event_log",

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from envsched_pipeline.core import state_store
+import envsched_pipeline.lake as lake_module
 from envsched_pipeline.core.build import build_scheduler
 from envsched_pipeline.core.pools import pool_tasks
 from envsched_pipeline.core.state_store import (
@@ -191,7 +191,7 @@ def _fold_on(
         after = ", ".join(str(s + 1) for s in sorted(state_steps(lake))[-12:])
         raise StepError(
             f"the scheduler state after step {step} is not kept ({where}; the lake keeps step 0's, "
-            f"every {state_store.KEEP_EVERY}th and the newest two) and folding step {step}'s rollouts again does "
+            f"every {lake_module.KEEP_EVERY}th and the newest two) and folding step {step}'s rollouts again does "
             "not give the state it made the first time: the pool, its graph or the scheduler "
             f"settings changed since. A step just after a kept state can be gone back to: {after}"
         )

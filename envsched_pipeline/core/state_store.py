@@ -1,8 +1,8 @@
 """Where the scheduler state lives: ``state/step=t/scheduler.npz`` in the lake.
 
 The state after step t is what the manifest of step t+1 is selected from. Saving the state after
-step t drops the one after t-2 unless it is step 0's or a ``KEEP_EVERY``-th (19, 39, ...), as the
-neural learner's checkpoints are kept: a run's states cost the newest two and one in twenty
+step t drops the one after t-2 unless it is step 0's or a ``KEEP_EVERY``-th (19, 39, ...;
+:func:`envsched_pipeline.lake.kept_for_good`, as the neural learner's checkpoints are kept): a run's states cost the newest two and one in twenty
 rather than one a step (at 2550 tasks about 200 KB each). A state no longer kept is folded again
 when asked for (:mod:`envsched_pipeline.core.fold`).
 """
@@ -12,18 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, kept_for_good
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.state import SchedulerState, prior_from
 
 STATE_FILE = "scheduler.npz"
-KEEP_EVERY = 20
-
-
-def kept_for_good(step: int) -> bool:
-    """Whether the state after ``step`` stays once newer ones exist: step 0's (a fold needs no
-    cross-run prior read again) and those of steps 19, 39, ..."""
-    return step == 0 or (step + 1) % KEEP_EVERY == 0
 
 
 def state_rel(step: int) -> str:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, kept_for_good
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
@@ -28,7 +28,6 @@ from trainer.realenv import every_environment
 
 EVAL_EVERY = 10
 EVAL_SAMPLES = 8
-KEEP_EVERY = 20
 
 
 def _config(spec: RunSpec) -> NeuralConfig:
@@ -39,10 +38,11 @@ def _config(spec: RunSpec) -> NeuralConfig:
 
 def superseded_checkpoint(step: int) -> int | None:
     """The checkpoint step ``step`` makes unneeded: the two newest stay (a retried step needs its
-    predecessor) and, like a language model's periodic ones, those of steps 19, 39, ..., so
-    `envsched rewind --to 20k` finds the policy it starts from."""
+    predecessor) and so do those kept for good (step 0's and, like a language model's periodic
+    ones, those of steps 19, 39, ...), so `envsched rewind --to 1` or `--to 20k` finds the policy
+    it starts from."""
     old = step - 2
-    return old if old >= 0 and (old + 1) % KEEP_EVERY else None
+    return old if old >= 0 and not kept_for_good(old) else None
 
 
 def _checkpoint(step: int) -> str:

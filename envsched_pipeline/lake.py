@@ -153,8 +153,8 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-# per-step artifacts a run drops once newer ones exist (scheduler states, the neural learner's
-# checkpoints) are kept for good at step 0 and every KEEP_EVERY-th step (19, 39, ...)
+# per-step artifacts a run drops once newer ones exist (scheduler states, the simulated and neural
+# learners' checkpoints) are kept for good at step 0 and every KEEP_EVERY-th step (19, 39, ...)
 KEEP_EVERY = 20
 
 
@@ -162,6 +162,13 @@ def kept_for_good(step: int) -> bool:
     """Whether a per-step artifact of ``step`` stays once newer ones exist: step 0's and those of
     steps 19, 39, ... (a language model's default periodic checkpoints fall on the same steps)."""
     return step == 0 or (step + 1) % KEEP_EVERY == 0
+
+
+def superseded(step: int) -> int | None:
+    """The step whose per-step artifact writing ``step``'s makes unneeded: the one two steps back
+    unless kept for good (the newest two stay: a retried step needs its predecessor's)."""
+    old = step - 2
+    return old if old >= 0 and not kept_for_good(old) else None
 
 
 # the best held-out policy of a language-model run (trainer.policy_step.PolicySession.keep_best):
@@ -777,7 +784,12 @@ class Lake:
 
     @staticmethod
     def artifact_rel(kind: str, step: int | None, name: str) -> str:
-        return f"{kind}/step={int(step)}/{name}" if step is not None else f"{kind}/{name}"
+        return f"{Lake.artifact_folder(kind, step)}/{name}" if step is not None else f"{kind}/{name}"
+
+    @staticmethod
+    def artifact_folder(kind: str, step: int) -> str:
+        """The folder of one step's artifacts of a kind (``state/step=12``)."""
+        return f"{kind}/step={int(step)}"
 
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
         return self.root / self.artifact_rel(kind, step, name)

@@ -1242,7 +1242,7 @@ def test_the_neural_checkpoints_kept_are_the_ones_rewind_can_start_from():
     """Every step writes its checkpoint and drops the one two steps back, except step 0's and steps
     19, 39, ... (a language model's default periodic ones), so `envsched rewind --to 1` and `--to
     20k` find their policy."""
-    from trainer.neural.runner import superseded_checkpoint  # this test's subject
+    from envsched_pipeline.lake import superseded  # this test's subject
 
-    kept = set(range(46)) - {superseded_checkpoint(s) for s in range(46)}
+    kept = set(range(46)) - {superseded(s) for s in range(46)}
     assert kept == {0, 19, 39, 44, 45}

@@ -6,18 +6,22 @@ import pyarrow as pa
 import pytest
 
 import envsched_pipeline.lake as lake_module
+from envs.registry import load_synthetic
 from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.analysis.replay import replay
+from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.core import state_store
 from envsched_pipeline.core.fold import DIGEST, load_state, states_before
-from envsched_pipeline.core.gates import rewind
 from envsched_pipeline.core.loop import consistency_problems, next_action
+from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.state_store import state_steps
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, load_run, start_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS
+from tests.test_external import rollouts_for
 from trainer.step import run_step
 
 STEPS = 11
@@ -56,6 +60,8 @@ def table(lake, name, step):
 def test_a_run_keeps_few_states_and_folds_any_other_again_as_it_was(kept_run):
     lake, spec, digests = kept_run
     assert state_steps(lake) == {0, 3, 7, 9, 10}  # step 0's, every 4th, the newest two
+    assert set(lake.artifact_steps("checkpoints")) == {0, 3, 7, 9, 10}  # the simulated policy's too
+    assert sorted(p.name for p in (lake.root / "state").iterdir()) == [f"step={s}" for s in (0, 10, 3, 7, 9)]
     assert not consistency_problems(lake) and next_action(lake) is None
     assert {r[DIGEST] for r in table(lake, "statistics", 5)} == {digests[5]}
     assert [load_state(lake, spec, t).digest() for t in range(STEPS)] == digests
@@ -75,20 +81,34 @@ def test_a_run_keeps_few_states_and_folds_any_other_again_as_it_was(kept_run):
     assert replay(lake, ["random", "envsched"], log=lambda *_: None) == folded
 
 
-def test_a_rewind_past_a_dropped_state_redoes_the_steps_as_they_were_done(kept_run):
-    lake, spec, digests = kept_run
-    first = {t: table(lake, "manifests", t) for t in range(6, STEPS)}
-    rolled = {t: table(lake, "rollouts", t) for t in range(6, STEPS)}
-    rewind(lake, 6)  # the state after step 5 was dropped
-    assert next_action(lake) == ("select", 6)
-    again = [one_step(lake, t) for t in range(6, STEPS)]
-    assert again == digests[6:]
-    assert {t: table(lake, "manifests", t) for t in range(6, STEPS)} == first
-    assert {t: table(lake, "rollouts", t) for t in range(6, STEPS)} == rolled
+@pytest.fixture
+def external_run(tmp_path, monkeypatch):
+    """An external trainer's run of STEPS steps: it keeps no policy, so it can go back to any step."""
+    monkeypatch.setattr(lake_module, "KEEP_EVERY", 4)
+    import_pool(Lake(tmp_path / "lake"), load_synthetic("mini", n_envs=5, tasks_per_env=8, seed=2))
+    run = ExternalRun(pool="mini", lake=str(tmp_path / "lake"), seed=1, batch_size=6, group_size=4)
+    picked = []
+    for t in range(STEPS):
+        picks = run.manifest(t)
+        picked.append([p["task_id"] for p in picks])
+        run.observe(t, rollouts_for(t, picks))
+    return run, picked
 
 
-def test_a_state_that_no_longer_folds_as_it_did_is_refused_and_a_rewind_to_it_moves_nothing(kept_run):
-    lake, spec, _ = kept_run
+def test_a_rewind_past_a_dropped_state_redoes_the_steps_as_they_were_done(external_run):
+    run, first = external_run
+    assert state_steps(run.lake) == {0, 3, 7, 9, 10}
+    run.rewind(6)  # the state after step 5 was dropped: folded again
+    for t in range(6, STEPS):
+        picks = run.manifest(t)
+        assert [p["task_id"] for p in picks] == first[t]
+        run.observe(t, rollouts_for(t, picks))
+    assert state_steps(run.lake) == {0, 3, 7, 9, 10}
+
+
+def test_a_state_that_no_longer_folds_as_it_did_is_refused_and_a_rewind_to_it_moves_nothing(external_run):
+    run, _ = external_run
+    lake, spec = run.lake, load_run(run.lake)
     rows = table(lake, "rollouts", 5)
     for r in rows:  # step 5's rewards changed after the fact
         r["reward"] = 1.0 - r["reward"]
@@ -101,7 +121,7 @@ def test_a_state_that_no_longer_folds_as_it_did_is_refused_and_a_rewind_to_it_mo
     assert load_state(lake, spec, 4).step == 4  # before the change: folds as it did
     held = lake.steps("manifests")
     with pytest.raises(StepError, match=r"folding step 5's rollouts again"):
-        rewind(lake, 7)
+        run.rewind(7)
     assert lake.steps("manifests") == held and state_steps(lake) == {0, 3, 7, 9, 10}
     # a state whose statistics record no digest (written before states were dropped) is missing
     stats = lake.read("statistics", step=1).drop_columns([DIGEST])

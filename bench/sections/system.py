@@ -685,11 +685,13 @@ def section_lake_requests(steps: int = 30) -> None:
                 "(selection, statistics, plots, checks; the trainer step's own process not counted). "
                 "Before: s3fs's glob (one listing per step folder a wildcard matches), one lookup per "
                 "step's scheduler state, every read a HEAD and a GET, and every query reading every "
-                "Parquet object of its tables; now (2026-12-06): one recursive listing per glob, one "
-                "listing for the states, one GET per read, each object read once per process "
-                "(`$ENVSCHED_LAKE_CACHE_MB`), and the loop's planning passes, the selection, the "
-                "statistics, the checks and a step's views each asking the store once per object, "
-                "listing and partition (`Lake.snapshot`). "
+                "Parquet object of its tables; now (2026-12-06): one recursive listing per glob, no "
+                "lookup of the states (a step with statistics has folded its state), one GET per "
+                "read, each object read once per process (`$ENVSCHED_LAKE_CACHE_MB`), and the "
+                "loop's planning passes, the selection, the statistics, the checks and a step's "
+                "views each asking the store once per object, listing and partition "
+                "(`Lake.snapshot`); the statistics drop the state two steps back unless kept for good "
+                "(a delete a step). "
                 f"Both modes in one run. Machine: {machine()}.",
                 "",
                 *rows,
@@ -709,51 +711,58 @@ def section_lake_requests(steps: int = 30) -> None:
 
 
 def section_state_keep(steps: int = 100) -> None:
-    """What the scheduler state costs the lake: a simulated run of the default pool in-process,
-    the bytes of every state it saved (each step's, all kept before 2026-12-06) against the bytes
-    the lake holds at the end (step 0's, every KEEP_EVERY-th, the newest two), and what asking for
-    a state no longer kept costs (it is folded again from the kept one before it)."""
+    """What the scheduler states and the policy checkpoints cost the lake: a simulated run of the
+    default pool in-process, the bytes of every state and checkpoint it wrote (each step's, all
+    kept before 2026-12-06) against the bytes the lake holds at the end (step 0's, every
+    KEEP_EVERY-th, the newest two), and what asking for a state no longer kept costs (it is folded
+    again from the kept one before it)."""
     # the pool and the step service load only for this section
     import tempfile
+    from pathlib import Path
 
     import envsched_pipeline.core.state_store as state_store
-    import envsched_pipeline.core.statistics as statistics_module
     from envs.registry import load_synthetic
     from envsched_pipeline.core.build import new_run
     from envsched_pipeline.core.fold import load_state, states_before
     from envsched_pipeline.core.pools import import_pool
     from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import KEEP_EVERY, Lake
     from envsched_pipeline.run import start_run
     from trainer.step import run_step
 
-    written: list[int] = []
-    real_save = statistics_module.save_state
+    kinds = ("state", "checkpoints")
+    written: dict[str, list[int]] = {k: [] for k in kinds}
+    real_write = Lake.write_bytes
 
-    def counted(lake, state, step):
-        path = real_save(lake, state, step)
-        written.append(len(state.to_bytes()))
-        return path
+    def counted(self, rel, data):
+        if rel.split("/", 1)[0] in kinds:
+            written[rel.split("/", 1)[0]].append(len(data))
+        return real_write(self, rel, data)
+
+    def folder(root: Path) -> int:
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
     pool = load_synthetic("synthetic")
     with tempfile.TemporaryDirectory() as d:
         lake = Lake(os.path.join(d, "lake"))
         import_pool(lake, pool)
         spec = start_run(lake, new_run(pool="synthetic", policy="simulated", max_steps=steps))
-        statistics_module.save_state = counted
+        Lake.write_bytes = counted
         try:
             for t in range(steps):
                 select_manifest(lake, t)
                 run_step(lake, t, log=lambda *_: None)
-                statistics_module.statistics_step(lake, t)
+                statistics_step(lake, t)
                 if t % 10 == 9:
                     print(f"state keep bench: step {t + 1}/{steps}", flush=True)
         finally:
-            statistics_module.save_state = real_save
+            Lake.write_bytes = real_write
         n_tasks = len(lake.read("tasks"))
         kept = sorted(state_store.state_steps(lake))
-        held = sum((lake.root / state_store.state_rel(s)).stat().st_size for s in kept)
-        lake_bytes = sum(p.stat().st_size for p in lake.root.rglob("*") if p.is_file())
+        by_folder = {f.name: folder(f) for f in lake.root.iterdir() if f.is_dir()}
+        stepped = {n for n in by_folder if any((lake.root / n).glob("step=*"))}
+        lake_bytes = folder(lake.root)
         timings: dict[int, float] = {}
         for t in range(steps):
             t0 = time.perf_counter()
@@ -767,40 +776,71 @@ def section_state_keep(steps: int = 100) -> None:
     base = {t: max(k for k in kept if k < t) for t in dropped}
     read_s, fold_s = np.mean([timings[t] for t in kept]), np.mean([timings[t] for t in dropped])
     worst = max(dropped, key=lambda t: (t - base[t], t))
-    total, late = sum(written), float(np.mean(written[-10:]))
+    total = {k: sum(v) for k, v in written.items()}
+    late = {k: float(np.mean(v[-10:])) for k, v in written.items()}
+    before_lake = lake_bytes + sum(total[k] - by_folder[k] for k in kinds)
     rows = [
-        "| | every state kept (before) | now | now / before |",
+        "| | every one kept (before) | now | now / before |",
         "|---|---|---|---|",
-        f"| states in the lake after {steps} steps | {steps} | {len(kept)} | {len(kept) / steps:.2f}x |",
-        f"| their bytes, KB | {total / 1024:.0f} | {held / 1024:.0f} | {held / total:.2f}x |",
-        f"| per step, KB | {total / steps / 1024:.0f} | {held / steps / 1024:.0f} | {held / total:.2f}x |",
-        f"| the whole lake (its pool included), KB per step | {(lake_bytes - held + total) / steps / 1024:.0f} | "
-        f"{lake_bytes / steps / 1024:.0f} | {lake_bytes / (lake_bytes - held + total):.2f}x |",
+        f"| scheduler states in the lake after {steps} steps | {steps} | {len(kept)} | {len(kept) / steps:.2f}x |",
+        *(
+            f"| {label}, KB per step | {total[k] / steps / 1024:.1f} | {by_folder[k] / steps / 1024:.1f} | "
+            f"{by_folder[k] / total[k]:.2f}x |"
+            for k, label in (
+                ("state", "scheduler states"),
+                ("checkpoints", "the simulated policy's checkpoints"),
+            )
+        ),
+        f"| the whole lake (its pool included), KB per step | {before_lake / steps / 1024:.0f} | "
+        f"{lake_bytes / steps / 1024:.0f} | {lake_bytes / before_lake:.2f}x |",
     ]
+    per_step = {n: b for n, b in by_folder.items() if n in stepped}
+    folders = [
+        "| folder | KB after the run | KB per step | share of the steps' bytes |",
+        "|---|---|---|---|",
+        *(
+            f"| {n} | {b / 1024:.0f} | {b / steps / 1024:.1f} | {b / sum(per_step.values()):.0%} |"
+            for n, b in sorted(per_step.items(), key=lambda nb: -nb[1])
+        ),
+        f"| (the pool: {', '.join(sorted(n for n in by_folder if n not in per_step))}) | "
+        f"{sum(b for n, b in by_folder.items() if n not in per_step) / 1024:.0f} | | |",
+    ]
+    state_10k = {k: late[k] * 10000 for k in kinds}
     write_section(
         "state_keep",
         "\n".join(
             [
-                "## What the scheduler state costs the lake",
+                "## What the scheduler states and the policy checkpoints cost the lake",
                 "",
                 f"A simulated run of {steps} steps of the default synthetic pool ({n_tasks} tasks, "
                 "B = 64, G = 8, the recommended envsched form) in-process. Before 2026-12-06 the "
-                "lake kept the state after every step; now it keeps step 0's, every "
-                f"{KEEP_EVERY}th (19, 39, ...) and the newest two, and folds any other "
-                "again from the kept one before it when asked (`envsched explain`, a rewind, "
+                "lake kept the scheduler state and the simulated policy's checkpoint of every step; "
+                f"now both keep step 0's, every {KEEP_EVERY}th (19, 39, ...) and the newest two (the "
+                "neural learner's checkpoints follow the same rule), and a state no longer kept is "
+                "folded again from the kept one before it when asked (`envsched explain`, a rewind, "
                 "replay), checked against the digest its step's statistics recorded. The bytes of "
-                "every state the run saved against what the lake holds at the end, one run. "
-                f"Machine: {machine()}.",
+                "every state and checkpoint the run wrote against what the lake holds at the end, "
+                f"one run. Machine: {machine()}.",
                 "",
                 *rows,
                 "",
                 f"Asking for a state: a kept one reads in {read_s * 1000:.0f} ms on average, one no "
                 f"longer kept is folded again in {fold_s * 1000:.0f} ms on average, most of it "
                 f"reading the pool and building the scheduler once (the most steps folded, "
-                f"{worst - base[worst]} for the state after step {worst}: {timings[worst] * 1000:.0f} ms). Replay's pass over every step's state folds each step once: "
-                f"{one_pass:.1f} s for {steps - 1} states. At {late / 1024:.0f} KB a state (the "
-                f"last ten's mean), a 10,000-step run kept {late * 10000 / 1024**3:.1f} GB of states "
-                f"before and keeps about {late * (10000 / KEEP_EVERY + 2) / 1024**2:.0f} MB now.",
+                f"{worst - base[worst]} for the state after step {worst}: {timings[worst] * 1000:.0f} ms). "
+                f"Replay's pass over every step's state folds each step once: {one_pass:.1f} s for "
+                f"{steps - 1} states. At the last ten steps' sizes ({late['state'] / 1024:.0f} KB a "
+                f"state, {late['checkpoints'] / 1024:.0f} KB a checkpoint), a 10,000-step run kept "
+                f"{sum(state_10k.values()) / 1024**3:.1f} GB of them before and keeps about "
+                f"{sum(late.values()) * (10000 / KEEP_EVERY + 2) / 1024**2:.0f} MB now. A policy "
+                "checkpoint no longer kept is not made again: `envsched rewind` goes back to a step "
+                "just after a kept one (an external trainer's run, which keeps no policy, to any step).",
+                "",
+                "What the lake holds after the run, by folder (the Dagster assets' plots live "
+                'under `Lake.local` and the event log in the Dagster instance: RESULTS "What a step '
+                "adds to the Dagster event log and the lake's plots\"):",
+                "",
+                *folders,
             ]
         ),
         after="event_log",

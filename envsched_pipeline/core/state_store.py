@@ -1,10 +1,11 @@
 """Where the scheduler state lives: ``state/step=t/scheduler.npz`` in the lake.
 
 The state after step t is what the manifest of step t+1 is selected from. Saving the state after
-step t drops the one after t-2 unless it is step 0's or a ``KEEP_EVERY``-th (19, 39, ...;
-:func:`envsched_pipeline.lake.kept_for_good`, as the neural learner's checkpoints are kept): a run's states cost the newest two and one in twenty
-rather than one a step (at 2550 tasks about 200 KB each). A state no longer kept is folded again
-when asked for (:mod:`envsched_pipeline.core.fold`).
+step t drops the one after t-2 unless it is kept for good, step 0's or a ``KEEP_EVERY``-th (19,
+39, ...; :func:`envsched_pipeline.lake.superseded`, the rule the learners' checkpoints follow): a
+run's states cost the newest two and one in twenty rather than one a step (at 2550 tasks up to
+about 330 KB each). A state no longer kept is folded again when asked for
+(:mod:`envsched_pipeline.core.fold`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, kept_for_good
+from envsched_pipeline.lake import Lake, superseded
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.state import SchedulerState, prior_from
 
@@ -37,9 +38,8 @@ def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
     """Write the state after ``step`` and drop the one after ``step - 2`` unless it is kept for good
     (the newest two stay: a retried step needs its predecessor's)."""
     path = lake.write_bytes(state_rel(step), state.to_bytes())
-    old = step - 2
-    if old >= 0 and not kept_for_good(old):
-        lake.delete(state_rel(old))
+    if (old := superseded(step)) is not None:
+        lake.delete(Lake.artifact_folder("state", old))
     return path
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, kept_for_good
+from envsched_pipeline.lake import Lake, superseded
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
@@ -34,15 +34,6 @@ def _config(spec: RunSpec) -> NeuralConfig:
     pc = spec.policy_settings()
     known = {k: v for k, v in pc.set_values().items() if k in NeuralConfig.__dataclass_fields__}
     return NeuralConfig.from_dict(known)
-
-
-def superseded_checkpoint(step: int) -> int | None:
-    """The checkpoint step ``step`` makes unneeded: the two newest stay (a retried step needs its
-    predecessor) and so do those kept for good (step 0's and, like a language model's periodic
-    ones, those of steps 19, 39, ...), so `envsched rewind --to 1` or `--to 20k` finds the policy
-    it starts from."""
-    old = step - 2
-    return old if old >= 0 and not kept_for_good(old) else None
 
 
 def _checkpoint(step: int) -> str:
@@ -133,8 +124,8 @@ def _neural_step(
     version = learner.version
     info = learner.learn()
     lake.write_bytes(_checkpoint(step), learner.state_bytes())
-    if (old := superseded_checkpoint(step)) is not None:
-        lake.delete(_checkpoint(old))
+    if (old := superseded(step)) is not None:
+        lake.delete(Lake.artifact_folder("checkpoints", old))
     n = len(task_ids)
     flags = [
         bool(

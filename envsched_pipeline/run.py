@@ -439,7 +439,7 @@ def start_run(
                 {
                     "from_step": len(lake.steps("manifests")),
                     **{k: getattr(spec, k) for k in changed},
-                    "was": {k: getattr(current, k) for k in changed},  # a state rebuilt before it
+                    "was": {k: getattr(current, k) for k in changed},  # a state folded again before it
                 }
             )
         lake.write_json(

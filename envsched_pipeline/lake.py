@@ -576,9 +576,13 @@ class _ObjectStore(_Store):
         return dict(zip(rels, sync(self.fs.loop, every), strict=True))
 
     def delete(self, rel: str) -> None:
+        """The object ``rel`` or every object under the folder ``rel``: one listing, one bulk delete
+        (nothing when there is nothing)."""
         self.fs.invalidate_cache()
-        if self.fs.exists(self._key(rel)):
-            self.fs.rm(self._key(rel), recursive=True)
+        base = self._key(rel)
+        found = [f for f in self.fs.find(base) if f == base or f.startswith(base + "/")]
+        if found:
+            self.fs.rm(found)
 
     def move(self, src: str, dst: str) -> None:
         """Every object under ``src`` copied to the same place under ``dst``, then removed (s3fs's

@@ -442,6 +442,28 @@ def test_a_snapshot_asks_the_store_once_per_object_and_listing(s3, s3_calls):
     assert s3_calls == ["get_object"] * 2  # outside a snapshot every read asks the store
 
 
+def test_a_delete_is_one_listing_and_one_bulk_delete_and_takes_only_what_it_names(s3, s3_calls):
+    """A run drops a step's state and checkpoint folder every step: on an object store that is one
+    listing and one bulk delete (it was a HEAD, two listings and the delete), and the folder
+    ``step=1`` is not a prefix of ``step=10``."""
+    url, _ = s3
+    lake = Lake(url)
+    for rel in (
+        "state/step=1/scheduler.npz",
+        "state/step=1/other",
+        "state/step=10/scheduler.npz",
+        "halt.json",
+    ):
+        lake.write_bytes(rel, b"x")
+    s3_calls.clear()
+    lake.delete("state/step=1")
+    assert s3_calls == ["list_objects_v2", "delete_objects"], s3_calls
+    assert lake.store.glob("state/step=*/*") == ["state/step=10/scheduler.npz"]
+    lake.delete("halt.json")
+    lake.delete("nothing/step=3")  # nothing there: nothing to do, no error
+    assert not lake.exists("halt.json") and lake.exists("state/step=10/scheduler.npz")
+
+
 def test_a_store_that_cannot_be_reached_or_lacks_the_bucket_is_one_line(s3, monkeypatch, capsys):
     """An endpoint nobody answers at, or a bucket that is not there, is one line naming the
     endpoint and where its settings come from (it was a botocore traceback)."""

@@ -513,9 +513,12 @@ def section_lake_requests(steps: int = 30) -> None:
     """Requests to the object store per step of a run on an ``s3://`` lake (moto's S3 server on
     this machine), counted in the driver's process, as the run grows: the listings, scheduler-state
     lookups and cached reads of 2026-12-06 against what came before (s3fs's glob, one lookup per
-    step's state, every query reading every file), both in one run."""
+    step's state, every query reading every file), both in one run; and, in the run of today's
+    code, the trainer step's own process (counted by a ``sitecustomize`` the bench puts on its
+    path)."""
     # the S3 server, Dagster, the loop driver and s3fs load only for this section
     import contextlib
+    import shutil
     import socket
     import subprocess
     import sys
@@ -577,7 +580,40 @@ def section_lake_requests(steps: int = 30) -> None:
         "AWS_SECRET_ACCESS_KEY": "bench",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    saved = {k: os.environ.get(k) for k in [*env, "ENVSCHED_LOCAL_DIR", "ENVSCHED_LAKE_CACHE_MB"]}
+    saved = {
+        k: os.environ.get(k)
+        for k in [
+            *env,
+            "ENVSCHED_LOCAL_DIR",
+            "ENVSCHED_LAKE_CACHE_MB",
+            "PYTHONPATH",
+            "ENVSCHED_BENCH_REQUESTS",
+        ]
+    }
+    hook = tempfile.mkdtemp()  # the trainer's process counts its requests into a file
+    child_log = os.path.join(hook, "requests.log")
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(
+            "import os\n"
+            "if os.environ.get('ENVSCHED_BENCH_REQUESTS'):\n"
+            "    import s3fs\n"
+            "    _real = s3fs.S3FileSystem._call_s3\n"
+            "    async def _counted(self, method, *args, **kwargs):\n"
+            "        with open(os.environ['ENVSCHED_BENCH_REQUESTS'], 'a') as log:\n"
+            "            log.write('.')\n"
+            "        return await _real(self, method, *args, **kwargs)\n"
+            "    s3fs.S3FileSystem._call_s3 = _counted\n"
+        )
+
+    def child_requests() -> int:  # the trainer's requests since the last call
+        try:
+            with open(child_log) as log:
+                n = len(log.read())
+        except FileNotFoundError:
+            return 0
+        os.remove(child_log)
+        return n
+
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for _ in range(100):
@@ -603,6 +639,9 @@ def section_lake_requests(steps: int = 30) -> None:
                 loop_module._done = before_done
                 lake_module.Lake.snapshot = before_snapshot
                 os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"
+            else:
+                os.environ["ENVSCHED_BENCH_REQUESTS"] = child_log
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, saved["PYTHONPATH"]]))
             try:
                 with tempfile.TemporaryDirectory() as d, dg.instance_for_test() as instance:
                     os.environ["ENVSCHED_LOCAL_DIR"] = d
@@ -614,18 +653,22 @@ def section_lake_requests(steps: int = 30) -> None:
                     )
                     counts: list[float] = []
                     walls: list[float] = []
+                    trainer: list[float] = []
 
-                    def on_step(step, _wall, counts=counts, walls=walls):
+                    def on_step(step, _wall, counts=counts, walls=walls, trainer=trainer):
                         counts.append(len(calls))
                         walls.append(time.perf_counter())
+                        trainer.append(child_requests())
                         calls.clear()
 
                     calls.clear()
+                    child_requests()
                     walls.append(time.perf_counter())
                     run_loop(lake, steps, instance=instance, on_step=on_step)
                     results[mode] = {
                         "requests": counts,
                         "wall": [b - a for a, b in zip(walls, walls[1:], strict=False)],
+                        "trainer": trainer,
                     }
                     print(f"lake requests bench: {mode}: {counts[:3]} ... {counts[-3:]}", flush=True)
             finally:
@@ -636,7 +679,9 @@ def section_lake_requests(steps: int = 30) -> None:
                     lake_module.Lake.snapshot,
                 ) = real
                 os.environ.pop("ENVSCHED_LAKE_CACHE_MB", None)
+                os.environ.pop("ENVSCHED_BENCH_REQUESTS", None)
     finally:
+        shutil.rmtree(hook, ignore_errors=True)
         s3fs.S3FileSystem._call_s3 = real_call
         for k, v in saved.items():
             if v is None:
@@ -647,18 +692,22 @@ def section_lake_requests(steps: int = 30) -> None:
         server.wait(timeout=10)
     marks = sorted({1, steps // 3, 2 * steps // 3, steps - 1})
     rows = [
-        "| step | requests, before | requests, now | now / before | wall s, before | wall s, now |",
-        "|---|---|---|---|---|---|",
+        "| step | requests, before | requests, now | now / before | wall s, before | wall s, now | "
+        "the trainer process's requests, now |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in marks:
         b, n = results["before"], results["now"]
         rows.append(
             f"| {t} | {b['requests'][t]:.0f} | {n['requests'][t]:.0f} | "
-            f"{n['requests'][t] / b['requests'][t]:.2f}x | {b['wall'][t]:.2f} | {n['wall'][t]:.2f} |"
+            f"{n['requests'][t] / b['requests'][t]:.2f}x | {b['wall'][t]:.2f} | {n['wall'][t]:.2f} | "
+            f"{n['trainer'][t]:.0f} |"
         )
 
-    def fit(mode: str) -> tuple[float, float]:  # requests per step = a + b x step (least squares, steps 1..)
-        y = np.array(results[mode]["requests"][1:])
+    def fit(
+        mode: str, key: str = "requests"
+    ) -> tuple[float, float]:  # a + b x step (least squares, steps 1..)
+        y = np.array(results[mode][key][1:])
         b, a = np.polyfit(np.arange(1, len(y) + 1), y, 1)
         return float(a), float(b)
 
@@ -682,7 +731,9 @@ def section_lake_requests(steps: int = 30) -> None:
                 f"A simulated run of {steps} steps (pool of 4 environments x 6 tasks, B = 6, G = 4) on an "
                 "`s3://` lake served by moto's S3 server on this machine, through the Dagster jobs "
                 "in-process; requests counted at s3fs's one entry point in the driver's process "
-                "(selection, statistics, plots, checks; the trainer step's own process not counted). "
+                "(selection, statistics, plots, checks) and, in today's run, in the trainer step's "
+                "own process (the manifest, the run, the pool's latents, the policy checkpoint, the "
+                "rollouts and metrics it writes; the same code in both modes). "
                 "Before: s3fs's glob (one listing per step folder a wildcard matches), one lookup per "
                 "step's scheduler state, every read a HEAD and a GET, and every query reading every "
                 "Parquet object of its tables; now (2026-12-06): one recursive listing per glob, no "
@@ -701,7 +752,9 @@ def section_lake_requests(steps: int = 30) -> None:
                 f"in tens of milliseconds. At {REQUEST_S * 1000:.0f} ms a request, the line fitted "
                 f"to each mode puts the step at step 1000 at {at_1000('before') / 60:.1f} minutes of "
                 f"requests before and {at_1000('now'):.1f} seconds now (requests run one after another "
-                "in the driver; the concurrent reads of new objects are counted one each).",
+                "in the driver; the concurrent reads of new objects are counted one each). The "
+                f"trainer's process asks {np.mean(results['now']['trainer'][1:]):.0f} times a step "
+                f"on average and adds **{fit('now', 'trainer')[1]:.1f}** a step of the run.",
                 "",
                 "![requests per step](lake_requests.png)",
             ]

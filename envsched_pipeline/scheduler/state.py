@@ -2,7 +2,8 @@
 
 Everything is a flat numpy array over the pool's tasks (index i) or environments (index e), so
 an update is O(pool) vector arithmetic and a selection never replays history. The state is saved
-to the lake after every step (``state/step=t/scheduler.npz``) and loaded for step t+1.
+to the lake after every step (``state/step=t/scheduler.npz``; the lake keeps step 0's, every 20th
+and the newest two, and folds any other again) and loaded for step t+1.
 
 Decayed sums (docs/algorithm.md §2): with gamma = 2^(-1/h_long), after each step every sum is multiplied
 by gamma and the new observation is added, so W_i = sum_k gamma^(t - t_k) and X_i likewise.

@@ -575,21 +575,24 @@ class _ObjectStore(_Store):
 
         return dict(zip(rels, sync(self.fs.loop, every), strict=True))
 
+    def _under(self, rel: str) -> list[str]:
+        """The keys of the object ``rel`` or of every object under the folder ``rel``, from one
+        listing (``step=1`` is not a prefix of ``step=10``)."""
+        self.fs.invalidate_cache()
+        base = self._key(rel)
+        return [f for f in self.fs.find(base) if f == base or f.startswith(base + "/")]
+
     def delete(self, rel: str) -> None:
         """The object ``rel`` or every object under the folder ``rel``: one listing, one bulk delete
         (nothing when there is nothing)."""
-        self.fs.invalidate_cache()
-        base = self._key(rel)
-        found = [f for f in self.fs.find(base) if f == base or f.startswith(base + "/")]
-        if found:
+        if found := self._under(rel):
             self.fs.rm(found)
 
     def move(self, src: str, dst: str) -> None:
         """Every object under ``src`` copied to the same place under ``dst``, then removed (s3fs's
         recursive ``mv`` also tries to copy the folder's own key, which an object store lacks)."""
-        self.fs.invalidate_cache()
         base = self._key(src)
-        files = [f for f in self.fs.find(base) if f == base or f.startswith(base + "/")]
+        files = self._under(src)
         for f in files:
             self.fs.copy(f, self._key(dst) + f[len(base) :])
         if files:
@@ -794,6 +797,12 @@ class Lake:
     def artifact_folder(kind: str, step: int) -> str:
         """The folder of one step's artifacts of a kind (``state/step=12``)."""
         return f"{kind}/step={int(step)}"
+
+    def drop_superseded(self, kind: str, step: int) -> None:
+        """After writing ``step``'s artifacts of ``kind``, drop the folder of the step they make
+        unneeded (:func:`superseded`: step 0's, every ``KEEP_EVERY``-th and the newest two stay)."""
+        if (old := superseded(step)) is not None:
+            self.delete(self.artifact_folder(kind, old))
 
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:
         return self.root / self.artifact_rel(kind, step, name)

@@ -36,7 +36,7 @@ from envs.hack import flag_trajectory
 from envs.registry import episode_spec
 from envs.rollout_backend import episode_pool
 from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
-from envsched_pipeline.lake import Lake, superseded
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import STALE_SECONDS, step_lock
 from envsched_pipeline.rollouts import write_step_result
 from envsched_pipeline.run import RunSpec, require_run, step_rng
@@ -106,8 +106,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     version = learner.version
     info = learner.learn(task_ids, rewards)
     lake.write_bytes(_checkpoint(step, "policy.json"), learner.to_bytes())
-    if (old := superseded(step)) is not None:  # step 0's, every 20th and the newest two stay
-        lake.delete(Lake.artifact_folder("checkpoints", old))
+    lake.drop_superseded("checkpoints", step)  # step 0's, every 20th and the newest two stay
     seconds = time.perf_counter() - t0
     n, g = rewards.shape
     rollouts = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, superseded
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec
 from envsched_pipeline.scheduler.state import SchedulerState, prior_from
 
@@ -38,8 +38,7 @@ def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
     """Write the state after ``step`` and drop the one after ``step - 2`` unless it is kept for good
     (the newest two stay: a retried step needs its predecessor's)."""
     path = lake.write_bytes(state_rel(step), state.to_bytes())
-    if (old := superseded(step)) is not None:
-        lake.delete(Lake.artifact_folder("state", old))
+    lake.drop_superseded("state", step)
     return path
 
 

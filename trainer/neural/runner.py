@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, superseded
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
@@ -124,8 +124,7 @@ def _neural_step(
     version = learner.version
     info = learner.learn()
     lake.write_bytes(_checkpoint(step), learner.state_bytes())
-    if (old := superseded(step)) is not None:
-        lake.delete(Lake.artifact_folder("checkpoints", old))
+    lake.drop_superseded("checkpoints", step)
     n = len(task_ids)
     flags = [
         bool(

@@ -2,6 +2,8 @@
 any other state is folded again from the kept one before it, checked against the digest its step's
 statistics recorded, for selection, `envsched explain`, replay and rewinds alike."""
 
+import math
+
 import pyarrow as pa
 import pytest
 
@@ -53,6 +55,15 @@ def kept_run(small_pool, monkeypatch):
     return lake, load_run(lake), digests
 
 
+def same(a, b) -> bool:
+    """Equal structures whose floats agree to 1e-12 relative."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) or (a != a and b != b)
+    return a == b
+
+
 def table(lake, name, step):
     return lake.read(name, step=step).to_pylist()
 
@@ -78,7 +89,9 @@ def test_a_run_keeps_few_states_and_folds_any_other_again_as_it_was(kept_run):
     for t in range(STEPS):  # every state back in the lake (each the one its step made: digests above)
         lake.write_bytes(state_store.state_rel(t), load_state(lake, spec, t).to_bytes())
     assert state_steps(lake) == set(range(STEPS))
-    assert replay(lake, ["random", "envsched"], log=lambda *_: None) == folded
+    # the same estimates (to the last few bits: replay's float sums are not bit-reproducible
+    # between two calls, whatever the states)
+    assert same(replay(lake, ["random", "envsched"], log=lambda *_: None), folded)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from envsched_pipeline.core.build import build_scheduler
 from envsched_pipeline.core.pools import pool_tasks
 from envsched_pipeline.core.state_store import (
     prior_state,
-    read_state,
+    state_from,
     state_rel,
     state_steps,
 )
@@ -104,7 +104,15 @@ def step_observations(
 def spec_at(lake: Lake, spec: RunSpec, step: int) -> RunSpec:
     """The run as it selected and folded ``step``: a scheduler config changed after it (with
     ``--allow-config-change``, recorded in ``run.json``) is taken back to the one it replaced."""
-    for change in reversed((lake.read_json(RUN_FILE) or {}).get("config_changes", [])):
+    return _spec_at(_config_changes(lake), spec, step)
+
+
+def _config_changes(lake: Lake) -> list[dict]:
+    return (lake.read_json(RUN_FILE) or {}).get("config_changes", [])
+
+
+def _spec_at(changes: list[dict], spec: RunSpec, step: int) -> RunSpec:
+    for change in reversed(changes):
         was = change.get("was") or {}
         if change.get("from_step", 0) > step and "scheduler_config" in was:
             spec = replace(spec, scheduler_config=was["scheduler_config"])
@@ -129,9 +137,10 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
         if spec.prior_lake:
             return prior_state(lake, spec, ids, envs, hashes)
         return SchedulerState.new(ids, envs, hashes)
-    if not lake.exists(state_rel(step)) and lake.has("statistics", step=step):
+    data = lake.read_bytes(state_rel(step))  # one request for a kept state, the hot path's case
+    if data is None and lake.has("statistics", step=step):
         return _rebuilt(lake, spec, step)
-    state = read_state(lake, step)
+    state = state_from(lake, step, data)
     stored = state.arrays.get("content_hash")
     if (
         stored is None
@@ -147,12 +156,13 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
 def states_before(lake: Lake, spec: RunSpec, steps: Iterable[int]) -> Iterator[tuple[int, SchedulerState]]:
     """(t, state after t-1) for each of ``steps`` in order, each the caller's own copy. A state the
     lake no longer keeps is folded on from the one before it, so a pass over a run's steps folds
-    each step at most once."""
+    each step at most once; which states are kept is one listing for the pass."""
     state: SchedulerState | None = None
-    scheds: dict[str, Scheduler] = {}
+    kept = state_steps(lake)
+    folds = _Folds(lake, spec)
     for t in sorted(steps):
-        if state is not None and state.step == t - 2 and not lake.exists(state_rel(t - 1)):
-            _fold_on(lake, spec, state, t - 1, scheds)
+        if state is not None and state.step == t - 2 and t - 1 not in kept:
+            folds.fold_on(state, t - 1)
         else:
             state = load_state(lake, spec, t - 1)
         yield t, copy.deepcopy(state)
@@ -162,40 +172,47 @@ def _rebuilt(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     kept = [s for s in state_steps(lake) if s < step]
     base = kept[-1] if kept else -1
     state = load_state(lake, spec, base)
-    scheds: dict[str, Scheduler] = {}
+    folds = _Folds(lake, spec)
     for s in range(base + 1, step + 1):
-        _fold_on(lake, spec, state, s, scheds)
+        folds.fold_on(state, s)
     return state
 
 
-def _fold_on(
-    lake: Lake, spec: RunSpec, state: SchedulerState, step: int, scheds: dict[str, Scheduler]
-) -> None:
-    """Fold ``step`` into the state after ``step - 1`` and check the result is the state the step
-    made the first time (its statistics' digest). ``scheds`` keeps a scheduler per config seen, so
-    a pass loads the graph once."""
-    where = lake.where(state_rel(step))
-    if not lake.has("statistics", step=step):
-        raise StepError(
-            f"scheduler state after step {step} is missing ({where}); materialize statistics[{step}] first"
-        )
-    recorded = lake.read("statistics", step=step)  # a partition written before digests has none
-    digests = set(recorded.column(DIGEST).to_pylist()) if DIGEST in recorded.column_names else set()
-    if len(digests) != 1 or None in digests:
-        raise StepError(
-            f"scheduler state after step {step} is missing ({where}) and its statistics record no "
-            f"state digest to fold it again against; re-materialize statistics[{step}]"
-        )
-    at = spec_at(lake, spec, step)
-    key = json.dumps(at.scheduler_config, sort_keys=True)
-    if key not in scheds:
-        scheds[key] = build_scheduler(lake, at, state)
-    apply(scheds[key], state, *step_observations(lake, state, step))
-    if state.digest() != digests.pop():
-        after = ", ".join(str(s + 1) for s in sorted(state_steps(lake))[-12:])
-        raise StepError(
-            f"the scheduler state after step {step} is not kept ({where}; the lake keeps step 0's, "
-            f"every {lake_module.KEEP_EVERY}th and the newest two) and folding step {step}'s rollouts again does "
-            "not give the state it made the first time: the pool, its graph or the scheduler "
-            f"settings changed since. A step just after a kept state can be gone back to: {after}"
-        )
+class _Folds:
+    """What one pass of folds shares: the run's recorded config changes (read once) and a scheduler
+    per config in force (so a pass builds the graph once)."""
+
+    def __init__(self, lake: Lake, spec: RunSpec):
+        self.lake, self.spec = lake, spec
+        self.changes = _config_changes(lake)
+        self.scheds: dict[str, Scheduler] = {}
+
+    def fold_on(self, state: SchedulerState, step: int) -> None:
+        """Fold ``step`` into the state after ``step - 1`` and check the result is the state the
+        step made the first time (its statistics' digest)."""
+        lake = self.lake
+        where = lake.where(state_rel(step))
+        if not lake.has("statistics", step=step):
+            raise StepError(
+                f"scheduler state after step {step} is missing ({where}); materialize statistics[{step}] first"
+            )
+        recorded = lake.read("statistics", step=step)  # a partition written before digests has none
+        digests = set(recorded.column(DIGEST).to_pylist()) if DIGEST in recorded.column_names else set()
+        if len(digests) != 1 or None in digests:
+            raise StepError(
+                f"scheduler state after step {step} is missing ({where}) and its statistics record no "
+                f"state digest to fold it again against; re-materialize statistics[{step}]"
+            )
+        at = _spec_at(self.changes, self.spec, step)
+        key = json.dumps(at.scheduler_config, sort_keys=True)
+        if key not in self.scheds:
+            self.scheds[key] = build_scheduler(lake, at, state)
+        apply(self.scheds[key], state, *step_observations(lake, state, step))
+        if state.digest() != digests.pop():
+            after = ", ".join(str(s + 1) for s in sorted(state_steps(lake))[-12:])
+            raise StepError(
+                f"the scheduler state after step {step} is not kept ({where}; the lake keeps step 0's, "
+                f"every {lake_module.KEEP_EVERY}th and the newest two) and folding step {step}'s rollouts "
+                "again does not give the state it made the first time: the pool, its graph or the "
+                f"scheduler settings changed since. A step just after a kept state can be gone back to: {after}"
+            )

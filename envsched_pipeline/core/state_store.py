@@ -43,8 +43,12 @@ def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
 
 
 def read_state(lake: Lake, step: int) -> SchedulerState:
+    return state_from(lake, step, lake.read_bytes(state_rel(step)))
+
+
+def state_from(lake: Lake, step: int, data: bytes | None) -> SchedulerState:
+    """The state after ``step`` from the bytes read for it (None: it is not in the lake)."""
     where = lake.where(state_rel(step))
-    data = lake.read_bytes(state_rel(step))
     if data is None:
         raise StepError(
             f"scheduler state after step {step} is missing ({where}); materialize statistics[{step}] first"

@@ -20,6 +20,9 @@ from envsched_pipeline.settings import BIG, check_settings
 
 RUN_FILE = "run.json"
 POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external")
+# the policies whose per-step checkpoints the lake drops (step 0's, every KEEP_EVERY-th and the
+# newest two stay) and whose steps record a checkpoint digest, so a dropped one can be made again
+REMADE_CHECKPOINTS = ("simulated", "neural")
 TRAINERS = ("subprocess", "external")
 
 

@@ -86,6 +86,7 @@ LAYERS = {
         "test_yield",
         "test_explain",
         "test_state_keep",
+        "test_remake",
         "test_sandbox_reach",
         "test_trust",
         "test_trackers",

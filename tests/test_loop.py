@@ -118,7 +118,7 @@ def test_rewind_redoes_the_run_from_a_step_as_it_was_done(small_run, dagster_hom
     """`envsched rewind --to K` takes the run back to step K (later steps archived, not deleted) and
     the loop redoes it from the policy and scheduler state after K-1: the same manifests and
     rollouts as the first time. A halt at or after K is cleared. It refuses a step whose
-    predecessor's policy is gone, naming the steps it can go back to, and a step past the run; the
+    predecessor's policy is gone and cannot be made again, naming the steps it can go back to, and a step past the run; the
     missing-checkpoint error of a training step points at it."""
     from envsched_pipeline.cli import main  # the command under test
     from envsched_pipeline.core.gates import halt, halted
@@ -138,9 +138,10 @@ def test_rewind_redoes_the_run_from_a_step_as_it_was_done(small_run, dagster_hom
 
     lake.delete("checkpoints/step=0")
     assert main(["rewind", "--to", "1"]) == 2
-    assert "the policy after step 0 is not on disk; rewind to a step after one that is: 0, 2" in (
-        capsys.readouterr().err
-    )
+    assert (
+        "the policy after step 0 is not on disk and cannot be made again (no simulated checkpoint "
+        "before step 0 is in the lake to make it again from); rewind to a step after one that is: 0, 2"
+    ) in capsys.readouterr().err
     assert main(["rewind", "--to", "3"]) == 2 and "holds steps 0..2" in capsys.readouterr().err
     lake.delete("checkpoints/step=1")
     with pytest.raises(StepError, match=r"`envsched rewind --to 1` redoes that step"):

@@ -21,6 +21,7 @@ zero-variance groups carry no gradient), with slow forgetting towards zero.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 
@@ -211,6 +212,12 @@ class SimulatedLearner:
             "config": asdict(self.config),
         }
         return json.dumps(blob).encode()
+
+    def digest(self) -> str:
+        """A hash of the checkpoint (its bytes are a pure function of the state): the step records
+        it, so a checkpoint the lake no longer keeps can be made again and checked
+        (:mod:`trainer.remake`)."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
 
     def load_bytes(self, data: bytes) -> None:
         """Restore a checkpoint. Per-environment and per-task state is matched by id, so a pool that

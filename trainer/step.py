@@ -50,7 +50,8 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 TRAIN_LOCK_WAIT = STALE_SECONDS + 30.0
 
 
-def _checkpoint(step: int, name: str) -> str:
+def checkpoint_rel(step: int, name: str) -> str:
+    """Where a learner's checkpoint of ``step`` lives in the lake."""
     return Lake.artifact_rel("checkpoints", step, name)
 
 
@@ -76,9 +77,9 @@ def simulated_learner(lake: Lake, spec: RunSpec):
 def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
     learner = simulated_learner(lake, spec)
     if step > 0:
-        prev = lake.read_bytes(_checkpoint(step - 1, "policy.json"))
+        prev = lake.read_bytes(checkpoint_rel(step - 1, "policy.json"))
         if prev is None:
-            where = lake.where(_checkpoint(step - 1, "policy.json"))
+            where = lake.where(checkpoint_rel(step - 1, "policy.json"))
             raise StepError(
                 f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step - 1}` redoes that step (or names the steps it can go back to)"
             )
@@ -105,7 +106,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     adv = group_advantages(rewards)
     version = learner.version
     info = learner.learn(task_ids, rewards)
-    lake.write_bytes(_checkpoint(step, "policy.json"), learner.to_bytes())
+    lake.write_bytes(checkpoint_rel(step, "policy.json"), learner.to_bytes())
     lake.drop_superseded("checkpoints", step)  # step 0's, every 20th and the newest two stay
     seconds = time.perf_counter() - t0
     n, g = rewards.shape
@@ -152,6 +153,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "seconds": seconds,
     }
     metrics["sim_mode"] = mode
+    metrics["checkpoint_digest"] = learner.digest()
     metrics["errors"] = int((rollouts["error_class"] != "none").sum())
     evals = [
         {"step": step, "benchmark": "heldout_seen (simulated)", "score": learner.heldout_score(), "se": 0.0}

@@ -763,6 +763,51 @@ def section_lake_requests(steps: int = 30) -> None:
     )
 
 
+def _neural_remake(steps: int = 24) -> dict:
+    """A neural run of ``steps`` steps of the default pool (B = 64, G = 8), in-process; then its
+    checkpoint with the most steps since a kept one made again (each of those steps run again and
+    checked against the digest it recorded)."""
+    # the pool, the step service and the trainer load only for this section
+    import tempfile
+
+    from envs.registry import load_synthetic
+    from envsched_pipeline.core.build import new_run
+    from envsched_pipeline.core.pools import import_pool
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
+    from envsched_pipeline.lake import Lake
+    from envsched_pipeline.run import start_run
+    from trainer.remake import remake
+    from trainer.step import run_step
+
+    with tempfile.TemporaryDirectory() as d:
+        lake = Lake(os.path.join(d, "lake"))
+        import_pool(lake, load_synthetic("synthetic"))
+        start_run(lake, new_run(pool="synthetic", policy="neural", max_steps=steps))
+        for t in range(steps):
+            select_manifest(lake, t)
+            run_step(lake, t, log=lambda *_: None)
+            statistics_step(lake, t)
+            print(f"state keep bench (neural): step {t + 1}/{steps}", flush=True)
+        kept = lake.artifact_steps("checkpoints")
+        after = max(
+            (t for t in range(steps) if t not in kept), key=lambda t: t - max(k for k in kept if k < t)
+        )
+        first = sum(lake.read("train_metrics", step=t).to_pylist()[0]["seconds"] for t in range(1, after + 1))
+        t0 = time.perf_counter()
+        out = remake(lake, after, log=lambda m: print(f"state keep bench (neural): {m.strip()}", flush=True))
+        return {
+            "run_steps": steps,
+            "kept": kept,
+            "after": after,
+            "from": out["from"],
+            "steps": len(out["remade"]),
+            "seconds": time.perf_counter() - t0,
+            "first_seconds": first * len(out["remade"]) / after,
+            "bytes": len(lake.read_bytes(f"checkpoints/step={after}/neural.pt")),
+        }
+
+
 def section_state_keep(steps: int = 100) -> None:
     """What the scheduler states and the policy checkpoints cost the lake: a simulated run of the
     default pool in-process, the bytes of every state and checkpoint it wrote (each step's, all
@@ -782,6 +827,7 @@ def section_state_keep(steps: int = 100) -> None:
     from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import KEEP_EVERY, Lake
     from envsched_pipeline.run import start_run
+    from trainer.remake import remake
     from trainer.step import run_step
 
     kinds = ("state", "checkpoints")
@@ -825,6 +871,15 @@ def section_state_keep(steps: int = 100) -> None:
         for _ in states_before(lake, spec, range(1, steps)):
             pass
         one_pass = time.perf_counter() - t0
+        ckpt_kept = set(lake.artifact_steps("checkpoints"))
+        ckpt_worst = max(
+            (t for t in range(steps) if t not in ckpt_kept),
+            key=lambda t: (t - max(k for k in ckpt_kept if k < t), t),
+        )
+        t0 = time.perf_counter()
+        sim_made = remake(lake, ckpt_worst, log=lambda *_: None)
+        sim_made["seconds"] = time.perf_counter() - t0
+    neural = _neural_remake()
     dropped = [t for t in range(steps) if t not in kept]
     base = {t: max(k for k in kept if k < t) for t in dropped}
     read_s, fold_s = np.mean([timings[t] for t in kept]), np.mean([timings[t] for t in dropped])
@@ -885,9 +940,23 @@ def section_state_keep(steps: int = 100) -> None:
                 f"{steps - 1} states. At the last ten steps' sizes ({late['state'] / 1024:.0f} KB a "
                 f"state, {late['checkpoints'] / 1024:.0f} KB a checkpoint), a 10,000-step run kept "
                 f"{sum(state_10k.values()) / 1024**3:.1f} GB of them before and keeps about "
-                f"{sum(late.values()) * (10000 / KEEP_EVERY + 2) / 1024**2:.0f} MB now. A policy "
-                "checkpoint no longer kept is not made again: `envsched rewind` goes back to a step "
-                "just after a kept one (an external trainer's run, which keeps no policy, to any step).",
+                f"{sum(late.values()) * (10000 / KEEP_EVERY + 2) / 1024**2:.0f} MB now.",
+                "",
+                "A policy checkpoint no longer kept is made again when a rewind needs it (`envsched "
+                "rewind`, `rewind_job`; `python -m trainer.remake`) from the kept one before it, each "
+                "step in between done again and checked against the checkpoint digest it recorded "
+                "(before 2026-12-06 a rewind went back only to a step just after a kept checkpoint). "
+                f"In this run, the simulated policy after step {ckpt_worst} ({len(sim_made['remade'])} "
+                f"steps from step {sim_made['from']}'s, each update applied again to the rewards its "
+                f"rollouts recorded): {sim_made['seconds'] * 1000:.0f} ms. The neural learner's steps "
+                "are run again, rollouts and update (seeded by the run's seed and the step): in a "
+                f"second run, {neural['run_steps']} steps of the "
+                f"neural learner on the same pool (B = 64, G = 8; checkpoints kept "
+                f"{', '.join(map(str, neural['kept']))}; {neural['bytes'] / 1024:.0f} KB each), the "
+                f"checkpoint after step {neural['after']} was made again from step {neural['from']}'s "
+                f"in {neural['seconds']:.1f} s ({neural['steps']} steps, every one the checkpoint its "
+                f"step recorded; those steps took {neural['first_seconds']:.1f} s of rollouts and "
+                f"updates the first time).",
                 "",
                 "What the lake holds after the run, by folder (the Dagster assets' plots live "
                 'under `Lake.local` and the event log in the Dagster instance: RESULTS "What a step '

@@ -394,7 +394,7 @@ def cmd_rewind(args) -> int:
     lake = lake_of(args).require()
     spec = require_run(lake)
     dagster_home()
-    out = rewind_run(lake, get_instance(), args.to, who="envsched rewind")
+    out = rewind_run(lake, get_instance(), args.to, who="envsched rewind", log=lambda m: print(m, flush=True))
     steps = out["steps"]
     span = f"steps {steps[0]}..{steps[-1]}" if steps else "nothing"
     halt = "; the halt is cleared" if out["halt_cleared"] else ""

@@ -14,13 +14,14 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from envsched_pipeline.core.build import scheduler_config
 from envsched_pipeline.core.fold import load_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.rollouts import ERROR_CLASSES
-from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
 
 HALT_FILE = "halt.json"
@@ -294,14 +295,18 @@ def rewinds(lake: Lake) -> int:
     return len(lake.store.glob(f"archive/{REWIND_ARCHIVE}*"))
 
 
-def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
+def rewind(
+    lake: Lake, step: int, answered_runs: list[str] = (), remake: Callable[[int], object] | None = None
+) -> dict:
     """Take the run back to ``step``: every partition and artifact of ``step`` and later (manifests,
     rollouts, metrics, evals, statistics, scheduler state, plots, checkpoints) moves to
     ``archive/rewind-to-step<step>-<ms>/``, so the loop redoes the run from there with the policy
     after ``step - 1``, which must be on disk, and the scheduler state after it (kept, or folded
     again from the kept one before it). A halt at ``step`` or later is
     cleared, and ``answered_runs`` (the Dagster runs of those steps that failed or were canceled)
-    stop counting as attempts."""
+    stop counting as attempts. ``remake(k)`` makes the policy after step k again where the lake no
+    longer keeps it (the simulated and neural learners', from the kept one before it), before
+    anything moves."""
     spec = require_run(lake)
     held = set(lake.steps("manifests")) | set(lake.steps("rollouts")) | set(lake.steps("statistics"))
     if not held:
@@ -315,16 +320,22 @@ def rewind(lake: Lake, step: int, answered_runs: list[str] = ()) -> dict:
             f"the run is halted at step {record['step']}, before step {step}: rewind to step "
             f"{record['step']} or earlier, or fix it and `envsched resume`"
         )
+    if step > 0:  # the state the redo selects from: a fold that fails is refused before anything moves
+        load_state(lake, spec, step - 1)
     if step > 0 and spec.trainer != "external" and spec.policy != "openai":
-        have = checkpointed_steps(lake)
+        have, why = checkpointed_steps(lake), ""
+        if step - 1 not in have and remake is not None and spec.policy in REMADE_CHECKPOINTS:
+            try:
+                remake(step - 1)
+            except StepError as exc:
+                why = f" and cannot be made again ({exc})"
+            have = checkpointed_steps(lake)
         if step - 1 not in have:
             ok = sorted({0} | {c + 1 for c in have if c < last})
             raise StepError(
-                f"--to {step}: the policy after step {step - 1} is not on disk; rewind to a step after "
-                f"one that is: {', '.join(map(str, ok[-12:]))}"
+                f"--to {step}: the policy after step {step - 1} is not on disk{why}; rewind to a step "
+                f"after one that is: {', '.join(map(str, ok[-12:]))}"
             )
-    if step > 0:  # the state the redo selects from: a fold that fails is refused before anything moves
-        load_state(lake, spec, step - 1)
     moved = lake.archive(f"{REWIND_ARCHIVE}{step}", lambda kind, s: s >= step)
     # checkpoints kept on local disk go to the same archive's folder there
     into = lake.local / "archive" / moved["archive"].rsplit("/", 1)[-1] / "checkpoints"

@@ -2,6 +2,9 @@
 Dagster UI): the lake's part is ``core.gates.rewind``; this adds the instance's part, so the
 redone steps' old failed or canceled runs stop counting as attempts, and nothing runs beside it."""
 
+import subprocess
+import sys
+
 import dagster as dg
 from pydantic import Field
 
@@ -14,9 +17,23 @@ from envsched_pipeline.resources.lake import LakeResource
 from envsched_pipeline.run import require_run
 
 
-def rewind_run(lake: Lake, instance: dg.DagsterInstance, step: int, who: str) -> dict:
+def remake_policy(lake: Lake, after: int, log=print) -> None:
+    """Make the policy checkpoint after step ``after`` again (``python -m trainer.remake``: the
+    trainer's own process, so the code location never loads torch), its lines passed to ``log``."""
+    cmd = [sys.executable, "-m", "trainer.remake", "--lake", str(lake.root), "--after", str(after)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            log(line.rstrip())
+        err = proc.stderr.read().strip()
+    if proc.returncode != 0:
+        last = (err.splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise StepError(last.removeprefix("error: "))
+
+
+def rewind_run(lake: Lake, instance: dg.DagsterInstance, step: int, who: str, log=print) -> dict:
     """Rewind the lake's run to ``step`` while holding its lease (as ``who``), refusing while one of
-    its steps is queued or running in Dagster."""
+    its steps is queued or running in Dagster; a policy checkpoint the lake no longer keeps is made
+    again first (lines to ``log``)."""
     spec = require_run(lake)
     with Lease(lake, kind=who):  # no driver may run beside it
         flying = in_flight(lake, instance, spec.run_id)
@@ -30,11 +47,13 @@ def rewind_run(lake: Lake, instance: dg.DagsterInstance, step: int, who: str) ->
             for r in runs_of(instance, spec.run_id, ENDED_BADLY)
             if int(r.tags.get("envsched/step", -1)) >= step
         ]
-        return rewind(lake, step, answered_runs=ended)
+        return rewind(lake, step, answered_runs=ended, remake=lambda k: remake_policy(lake, k, log))
 
 
 class RewindConfig(dg.Config):
-    to: int = Field(description="the first step to redo; the policy after the step before it must be on disk")
+    to: int = Field(
+        description="the first step to redo; the policy after the step before it is made again if the lake no longer keeps it"
+    )
 
 
 @dg.op(
@@ -42,7 +61,9 @@ class RewindConfig(dg.Config):
 )
 def rewind_steps(context: dg.OpExecutionContext, config: RewindConfig, lake: LakeResource) -> None:
     try:
-        out = rewind_run(lake.lake(), context.instance, config.to, who="rewind_job (Dagster)")
+        out = rewind_run(
+            lake.lake(), context.instance, config.to, who="rewind_job (Dagster)", log=context.log.info
+        )
     except EnvschedError as exc:
         raise dg.Failure(str(exc)) from exc
     steps = out["steps"]

@@ -15,6 +15,7 @@ from the shared parameters of one small network. Deterministic given the seeds (
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import math
@@ -792,6 +793,29 @@ class NeuralLearner:
             buf,
         )
         return buf.getvalue()
+
+    def digest(self) -> str:
+        """A hash of what a checkpoint holds (the weights, the optimizer's state, the version), over
+        the tensors' bytes rather than ``torch.save``'s archive: the step records it, so a
+        checkpoint the lake no longer keeps can be made again and checked (:mod:`trainer.remake`)."""
+        h = hashlib.sha256(str(self.version).encode())
+
+        def add(name: str, value) -> None:
+            h.update(name.encode())
+            if isinstance(value, torch.Tensor):
+                h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(value).encode())
+
+        for name, value in self.model.state_dict().items():
+            add(name, value)
+        opt = self.optimizer.state_dict()
+        for key in sorted(opt["state"]):
+            for name, value in sorted(opt["state"][key].items()):
+                add(f"{key}.{name}", value)
+        for i, group in enumerate(opt["param_groups"]):
+            add(f"group{i}", sorted(group.items()))
+        return h.hexdigest()
 
     def load_bytes(self, data: bytes) -> None:
         blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)

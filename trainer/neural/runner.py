@@ -25,9 +25,11 @@ from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
 from trainer.realenv import every_environment
+from trainer.step import checkpoint_rel
 
 EVAL_EVERY = 10
 EVAL_SAMPLES = 8
+CHECKPOINT = "neural.pt"  # the file of a step's checkpoint folder
 
 
 def _config(spec: RunSpec) -> NeuralConfig:
@@ -37,10 +39,11 @@ def _config(spec: RunSpec) -> NeuralConfig:
 
 
 def _checkpoint(step: int) -> str:
-    return Lake.artifact_rel("checkpoints", step, "neural.pt")
+    return checkpoint_rel(step, CHECKPOINT)
 
 
-def _learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
+def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
+    """The learner ``step`` starts from: the checkpoint of the step before, or at step 0 the warm start."""
     envs = every_environment(lake, spec.pool)
     kinds = {e.get("kind") or "envscaler" for e in envs.values()}
     if problem := environment_kinds_problem("neural", spec.pool, kinds):
@@ -86,7 +89,7 @@ class NeuralSession:
 
     def __init__(self, lake: Lake, spec: RunSpec, step: int, log=print):
         self.lake, self.spec = lake, spec
-        self.learner = _learner(lake, spec, step, log)
+        self.learner = load_learner(lake, spec, step, log)
 
     def step(self, step: int, manifest: pa.Table, log=print) -> dict:
         env_ids = manifest.column("env_id").to_pylist()
@@ -102,27 +105,37 @@ class NeuralSession:
         self.learner.close()
 
 
+def roll_and_learn(
+    lake: Lake, spec: RunSpec, learner: NeuralLearner, step: int, manifest: pa.Table
+) -> tuple[dict, dict, list, dict]:
+    """Step ``step``'s rollouts of the manifest's tasks (G each, seeded by the run's seed and the
+    step) and its GRPO update: the task rows, the rollouts, their traces, the update's diagnostics. The same
+    checkpoint and step give the same update (:mod:`trainer.remake` makes dropped checkpoints so)."""
+    task_ids = manifest.column("task_id").to_pylist()
+    rows = {
+        r["task_id"]: r
+        for r in lake.read("tasks", pool=spec.pool).to_pylist()
+        if r["task_id"] in set(task_ids)
+    }
+    out = learner.rollout(
+        [rows[t] for t in task_ids],
+        spec.group_size,
+        seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
+    )
+    traces = learner.last["traces"]
+    return rows, out, traces, learner.learn()
+
+
 def _neural_step(
     lake: Lake, spec: RunSpec, learner: NeuralLearner, step: int, manifest: pa.Table, log
 ) -> dict:
     """Roll out the manifest's tasks G times, update, checkpoint, and measure held-out when due."""
     task_ids = manifest.column("task_id").to_pylist()
     env_ids = manifest.column("env_id").to_pylist()
-    rows = {
-        r["task_id"]: r
-        for r in lake.read("tasks", pool=spec.pool).to_pylist()
-        if r["task_id"] in set(task_ids)
-    }
-    g = spec.group_size
-    out = learner.rollout(
-        [rows[t] for t in task_ids],
-        g,
-        seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
-    )
-    traces = learner.last["traces"]
-    rewards = out["reward"]
     version = learner.version
-    info = learner.learn()
+    rows, out, traces, info = roll_and_learn(lake, spec, learner, step, manifest)
+    rewards = out["reward"]
+    g = spec.group_size
     lake.write_bytes(_checkpoint(step), learner.state_bytes())
     lake.drop_superseded("checkpoints", step)
     n = len(task_ids)
@@ -170,6 +183,7 @@ def _neural_step(
         "rollout_seconds": out["rollout_seconds"],
         "errors": int((out["error_class"] != "none").sum()),
         "parameters": learner.parameters,
+        "checkpoint_digest": learner.digest(),
         **{
             k: info[k]
             for k in (

@@ -1,0 +1,163 @@
+"""Make again a policy checkpoint the lake no longer keeps (``python -m trainer.remake``).
+
+The simulated and neural learners keep the checkpoint of step 0, of every ``KEEP_EVERY``-th step
+and of the newest two (:func:`envsched_pipeline.lake.superseded`); each step records the digest of
+the checkpoint it wrote (``checkpoint_digest`` in ``train_metrics``). Going back to a step after a
+dropped checkpoint (``envsched rewind``) first makes it again from the nearest kept one before it:
+
+* simulated: each step's update applied again to the rewards its rollouts recorded;
+* neural: each step run again, its rollouts (seeded by the run's seed and the step) and update.
+
+Every step made again must give the checkpoint whose digest its step recorded, so a pool, a
+setting or a code change since is refused (naming the step) rather than handing the redo another
+policy. Only the checkpoint asked for is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+
+import envsched_pipeline.lake as lake_module
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
+from trainer.step import checkpoint_rel, simulated_learner
+
+FILES = {"simulated": "policy.json", "neural": "neural.pt"}  # each such learner's checkpoint file
+assert set(FILES) == set(REMADE_CHECKPOINTS)
+DIGEST = "checkpoint_digest"  # the train_metrics field each step records
+
+
+def remake(lake: Lake, after: int, log=print) -> dict:
+    """Write the checkpoint of step ``after`` again, made from the nearest kept checkpoint before it
+    and checked step by step against the digests the steps recorded. Returns what was done
+    (``remade``: the steps made again; empty when the checkpoint is there)."""
+    spec = require_run(lake)
+    if spec.policy not in FILES:
+        raise StepError(
+            f"policy {spec.policy!r} keeps no per-step checkpoint that can be made again "
+            f"(only {', '.join(FILES)} do)"
+        )
+    name = FILES[spec.policy]
+    kept = lake.artifact_steps("checkpoints", name)
+    if after in kept:
+        return {"after": after, "from": after, "remade": [], "seconds": 0.0}
+    base = max((s for s in kept if s < after), default=None)
+    if base is None:
+        raise StepError(
+            f"no {spec.policy} checkpoint before step {after} is in the lake to make it again from"
+        )
+    digests = _recorded(lake, range(base + 1, after + 1))
+    t0 = time.perf_counter()
+    log(f"making the policy after step {after} again from step {base}'s checkpoint ({after - base} steps)")
+    learner = _load(lake, spec, base, log)
+    try:
+        for s in range(base + 1, after + 1):
+            manifest = _manifest(lake, s)
+            _redo[spec.policy](lake, spec, learner, s, manifest)
+            if learner.digest() != digests[s]:
+                raise StepError(
+                    f"step {s} done again from step {s - 1}'s policy does not give the checkpoint it "
+                    f"wrote the first time (its digest in train_metrics[{s}]): the pool, the policy "
+                    "settings or the trainer changed since; the lake keeps step 0's checkpoint, every "
+                    f"{lake_module.KEEP_EVERY}th and the newest two"
+                )
+            log(f"  step {s}: the checkpoint made again matches ({s - base}/{after - base})")
+        data = learner.to_bytes() if spec.policy == "simulated" else learner.state_bytes()
+        lake.write_bytes(checkpoint_rel(after, name), data)
+    finally:
+        if spec.policy == "neural":
+            learner.close()
+    return {
+        "after": after,
+        "from": base,
+        "remade": list(range(base + 1, after + 1)),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _recorded(lake: Lake, steps: range) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for s in steps:
+        rows = lake.read("train_metrics", step=s).to_pylist() if lake.has("train_metrics", step=s) else []
+        digest = rows[0].get(DIGEST) if rows else None
+        if not digest:
+            raise StepError(
+                f"the policy checkpoint after step {s} is not kept and train_metrics[{s}] records no "
+                f"{DIGEST} to make it again against (a step trained before checkpoints were dropped, or "
+                "not trained)"
+            )
+        found[s] = digest
+    return found
+
+
+def _manifest(lake: Lake, step: int) -> pa.Table:
+    if not lake.has("manifests", step=step):
+        raise StepError(f"manifest of step {step} is missing: the policy after it cannot be made again")
+    return lake.read("manifests", step=step).sort_by("slot")
+
+
+def _load(lake: Lake, spec: RunSpec, base: int, log):
+    if spec.policy == "simulated":
+        learner = simulated_learner(lake, spec)
+        learner.load_bytes(lake.read_bytes(checkpoint_rel(base, FILES["simulated"])))
+        return learner
+    from trainer.neural.runner import load_learner  # torch: only the neural learner loads it
+
+    return load_learner(lake, spec, base + 1, log=lambda *_: None)
+
+
+def _redo_simulated(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> None:
+    """The simulated update of ``step`` applied again to the rewards its rollouts recorded."""
+    task_ids = manifest.column("task_id").to_pylist()
+    got = lake.read("rollouts", step=step, columns=["task_id", "rollout", "reward"]).to_pylist()
+    cell = {(r["task_id"], r["rollout"]): r["reward"] for r in got}
+    g = spec.group_size
+    missing = [(t, k) for t in task_ids for k in range(g) if (t, k) not in cell]
+    if missing:
+        raise StepError(
+            f"rollouts of step {step} lack {len(missing)} of the manifest's rollouts "
+            f"(first: task {missing[0][0]!r}, rollout {missing[0][1]}): its update cannot be done again"
+        )
+    learner.learn(task_ids, np.array([[cell[(t, k)] for k in range(g)] for t in task_ids], dtype=float))
+
+
+def _redo_neural(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> None:
+    from trainer.neural.runner import roll_and_learn  # torch: only the neural learner loads it
+
+    roll_and_learn(lake, spec, learner, step, manifest)
+
+
+_redo = {"simulated": _redo_simulated, "neural": _redo_neural}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.remake", description=__doc__.splitlines()[0])
+    ap.add_argument("--lake", required=True)
+    ap.add_argument("--after", type=int, required=True, help="the step whose checkpoint to make again")
+    args = ap.parse_args(argv)
+    try:
+        out = remake(Lake(args.lake), args.after, log=lambda m: print(m, flush=True))
+    except StepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"trainer.remake: interrupted; the policy after step {args.after} was not written",
+            file=sys.stderr,
+        )
+        return 130
+    if out["remade"]:
+        print(
+            f"made the policy after step {args.after} again ({len(out['remade'])} steps, {out['seconds']:.1f} s)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1241,7 +1241,7 @@ def test_a_validation_slice_steers_the_coverage_share_and_leaves_held_out_alone(
 def test_the_neural_checkpoints_kept_are_the_ones_rewind_can_start_from():
     """Every step writes its checkpoint and drops the one two steps back, except step 0's and steps
     19, 39, ... (a language model's default periodic ones), so `envsched rewind --to 1` and `--to
-    20k` find their policy."""
+    20k` find their policy (any other is made again from them: tests/test_remake.py)."""
     from envsched_pipeline.lake import superseded  # this test's subject
 
     kept = set(range(46)) - {superseded(s) for s in range(46)}

@@ -22,7 +22,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import LakeError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import Lease, current, step_lock
-from envsched_pipeline.run import load_run
+from envsched_pipeline.run import RunSpec, load_run, start_run
 from tests.procs import free_port, stop, wait_for_port
 
 pytest.importorskip("s3fs")
@@ -362,6 +362,34 @@ def test_rewind_on_an_s3_lake_archives_the_local_model_checkpoints_too(s3):
     assert sorted(p.name for p in (lake.local / "checkpoints").iterdir()) == ["step=0"]
     kept = list((lake.local / "archive").glob("rewind-to-step1-*/checkpoints/step=2/policy/trainer.json"))
     assert len(kept) == 1 and Lake(url).steps("rollouts") == [0]
+
+
+def test_a_rewind_on_an_s3_lake_makes_a_dropped_policy_checkpoint_again(
+    s3, dagster_home, monkeypatch, capsys
+):
+    """The simulated policy's checkpoints on a bucket: `envsched rewind` makes one the lake dropped
+    again in the trainer's own process, reading and writing the bucket, and the redo repeats."""
+    import envsched_pipeline.lake as lake_module  # its keep rule, shortened for this test
+    from tests.test_state_keep import one_step  # select, train and fold a step in-process
+
+    url, _ = s3
+    monkeypatch.setattr(lake_module, "KEEP_EVERY", 2)  # keeps steps 0, 1, 3 and the newest two
+    lake = Lake(url)
+    import_pool(lake, load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=2))
+    start_run(lake, RunSpec(pool="mini", seed=4, batch_size=6, group_size=G, max_steps=5))
+    for t in range(5):
+        one_step(lake, t)
+    assert lake.artifact_steps("checkpoints") == [0, 1, 3, 4]
+    by_step = [("step", "ascending"), ("task_id", "ascending"), ("rollout", "ascending")]
+    first = lake.read("rollouts", columns=["step", "task_id", "rollout", "reward"]).sort_by(by_step)
+    capsys.readouterr()
+    assert main(["--lake", url, "rewind", "--to", "3"]) == 0
+    said = capsys.readouterr().out
+    assert "making the policy after step 2 again from step 1's checkpoint (1 step)" in said, said
+    assert lake.artifact_steps("checkpoints") == [0, 1, 2] and lake.steps("rollouts") == [0, 1, 2]
+    for t in (3, 4):
+        one_step(lake, t)
+    assert lake.read("rollouts", columns=["step", "task_id", "rollout", "reward"]).sort_by(by_step) == first
 
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def remake(lake: Lake, after: int, log=print) -> dict:
         )
     digests = _recorded(lake, range(base + 1, after + 1))
     t0 = time.perf_counter()
-    log(f"making the policy after step {after} again from step {base}'s checkpoint ({after - base} steps)")
+    log(f"making the policy after step {after} again from step {base}'s checkpoint ({_steps(after - base)})")
     learner = _load(lake, spec, base, log)
     try:
         for s in range(base + 1, after + 1):
@@ -79,6 +79,10 @@ def remake(lake: Lake, after: int, log=print) -> dict:
         "remade": list(range(base + 1, after + 1)),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
 def _recorded(lake: Lake, steps: range) -> dict[int, str]:
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if out["remade"]:
         print(
-            f"made the policy after step {args.after} again ({len(out['remade'])} steps, {out['seconds']:.1f} s)"
+            f"made the policy after step {args.after} again ({_steps(len(out['remade']))}, {out['seconds']:.1f} s)"
         )
     return 0
 

@@ -72,8 +72,9 @@ def add_parser(sub) -> None:
         "--to",
         type=INDEX,
         required=True,
-        help="the first step to redo; the policy after the step before it must be on disk (a bad "
-        "checkpoint, a diverged run, a missing partition: go back to before it)",
+        help="the first step to redo (a bad checkpoint, a diverged run, a missing partition: go back "
+        "to before it); a simulated or neural policy after the step before it that the lake no longer "
+        "keeps is made again first, a language model's must be on disk",
     )
     rw.set_defaults(func=cmd_rewind)
 

@@ -461,6 +461,22 @@ def start_run(
     return spec
 
 
+def config_changes(lake: Lake) -> list[dict]:
+    """The scheduler and policy config changes the run was resumed with (``--allow-config-change``),
+    each with the step it applies from and what it replaced, oldest first."""
+    return (lake.read_json(RUN_FILE) or {}).get("config_changes", [])
+
+
+def spec_at(spec: RunSpec, changes: list[dict], step: int) -> RunSpec:
+    """The run as it did ``step``: each config changed after it taken back to the one it replaced
+    (what a scheduler state folded again, or a policy checkpoint made again, was made with)."""
+    for change in reversed(changes):
+        if change.get("from_step", 0) > step:
+            was = change.get("was") or {}
+            spec = replace(spec, **{k: was[k] for k in ("scheduler_config", "policy_config") if k in was})
+    return spec
+
+
 def resume_refusal(
     lake: Lake, current: RunSpec, spec: RunSpec, allow_config_change: bool = False
 ) -> str | None:

@@ -155,3 +155,23 @@ def test_a_dropped_neural_checkpoint_is_made_again_by_running_its_steps_again(tm
     for t in (4, 5):
         one_step(lake, t)
     assert done(lake) == first and [recorded(lake, t) for t in range(6)] == digests
+
+
+def test_a_checkpoint_made_again_across_a_settings_change_uses_each_steps_settings(small_pool, monkeypatch):
+    """A run resumed with other policy settings (`--allow-config-change`, from step 6): the steps
+    before the change are done again with the settings they were trained with."""
+    monkeypatch.setattr(lake_module, "KEEP_EVERY", 4)
+    lake = small_pool
+    spec = RunSpec(pool="synthetic", seed=3, batch_size=10, group_size=4, max_steps=STEPS)
+    start_run(lake, spec)
+    for t in range(6):
+        one_step(lake, t)
+    changed = RunSpec(**{**spec.to_dict(), "policy_config": {"skill_lr": 0.09}})
+    start_run(lake, changed, allow_config_change=True)
+    for t in range(6, STEPS):
+        one_step(lake, t)
+    assert set(lake.artifact_steps("checkpoints")) == {0, 3, 7, 9, 10}
+    out = remake(lake, 6, log=lambda *_: None)
+    assert out["from"] == 3 and out["remade"] == [4, 5, 6]
+    assert hashlib.sha256(lake.read_bytes("checkpoints/step=6/policy.json")).hexdigest() == recorded(lake, 6)
+    assert b'"skill_lr": 0.09' in lake.read_bytes("checkpoints/step=6/policy.json")

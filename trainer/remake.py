@@ -25,7 +25,7 @@ import pyarrow as pa
 import envsched_pipeline.lake as lake_module
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
+from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, config_changes, require_run, spec_at
 from trainer.step import checkpoint_rel, simulated_learner
 
 FILES = {"simulated": "policy.json", "neural": "neural.pt"}  # each such learner's checkpoint file
@@ -55,11 +55,17 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     digests = _recorded(lake, range(base + 1, after + 1))
     t0 = time.perf_counter()
     log(f"making the policy after step {after} again from step {base}'s checkpoint ({_steps(after - base)})")
-    learner = _load(lake, spec, base, log)
+    changes = config_changes(lake)
+    now = spec_at(spec, changes, base + 1)
+    learner = _learner(lake, now, lake.read_bytes(checkpoint_rel(base, name)))
     try:
         for s in range(base + 1, after + 1):
-            manifest = _manifest(lake, s)
-            _redo[spec.policy](lake, spec, learner, s, manifest)
+            at = spec_at(spec, changes, s)  # the policy settings in force at the step
+            if at.policy_config != now.policy_config:  # changed from this step: as its own process did
+                data = _bytes(learner)
+                _close(learner)
+                learner, now = _learner(lake, at, data), at
+            _redo[spec.policy](lake, at, learner, s, _manifest(lake, s))
             if learner.digest() != digests[s]:
                 raise StepError(
                     f"step {s} done again from step {s - 1}'s policy does not give the checkpoint it "
@@ -68,11 +74,9 @@ def remake(lake: Lake, after: int, log=print) -> dict:
                     f"{lake_module.KEEP_EVERY}th and the newest two"
                 )
             log(f"  step {s}: the checkpoint made again matches ({s - base}/{after - base})")
-        data = learner.to_bytes() if spec.policy == "simulated" else learner.state_bytes()
-        lake.write_bytes(checkpoint_rel(after, name), data)
+        lake.write_bytes(checkpoint_rel(after, name), _bytes(learner))
     finally:
-        if spec.policy == "neural":
-            learner.close()
+        _close(learner)
     return {
         "after": after,
         "from": base,
@@ -106,14 +110,27 @@ def _manifest(lake: Lake, step: int) -> pa.Table:
     return lake.read("manifests", step=step).sort_by("slot")
 
 
-def _load(lake: Lake, spec: RunSpec, base: int, log):
+def _learner(lake: Lake, spec: RunSpec, data: bytes | None):
+    """A learner with ``spec``'s policy settings holding the checkpoint ``data``."""
+    if data is None:
+        raise StepError("the kept checkpoint to make the policy again from went while it was read")
     if spec.policy == "simulated":
         learner = simulated_learner(lake, spec)
-        learner.load_bytes(lake.read_bytes(checkpoint_rel(base, FILES["simulated"])))
-        return learner
-    from trainer.neural.runner import load_learner  # torch: only the neural learner loads it
+    else:
+        from trainer.neural.runner import new_learner  # torch: only the neural learner loads it
 
-    return load_learner(lake, spec, base + 1, log=lambda *_: None)
+        learner = new_learner(lake, spec)
+    learner.load_bytes(data)
+    return learner
+
+
+def _bytes(learner) -> bytes:
+    return learner.state_bytes() if hasattr(learner, "state_bytes") else learner.to_bytes()
+
+
+def _close(learner) -> None:
+    if hasattr(learner, "close"):  # the neural learner's environment processes
+        learner.close()
 
 
 def _redo_simulated(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +31,7 @@ from envsched_pipeline.core.state_store import (
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import TASK_OUTCOMES
-from envsched_pipeline.run import RUN_FILE, RunSpec
+from envsched_pipeline.run import RunSpec, config_changes, spec_at
 from envsched_pipeline.scheduler import Observations, Scheduler, SchedulerState
 from envsched_pipeline.scheduler.state import align_state
 
@@ -101,24 +100,6 @@ def step_observations(
     return obs, u
 
 
-def spec_at(lake: Lake, spec: RunSpec, step: int) -> RunSpec:
-    """The run as it selected and folded ``step``: a scheduler config changed after it (with
-    ``--allow-config-change``, recorded in ``run.json``) is taken back to the one it replaced."""
-    return _spec_at(_config_changes(lake), spec, step)
-
-
-def _config_changes(lake: Lake) -> list[dict]:
-    return (lake.read_json(RUN_FILE) or {}).get("config_changes", [])
-
-
-def _spec_at(changes: list[dict], spec: RunSpec, step: int) -> RunSpec:
-    for change in reversed(changes):
-        was = change.get("was") or {}
-        if change.get("from_step", 0) > step and "scheduler_config" in was:
-            spec = replace(spec, scheduler_config=was["scheduler_config"])
-    return spec
-
-
 def state_available(lake: Lake, step: int) -> bool:
     """Whether the state after ``step`` can be had: kept in the lake, or folded again (its step's
     statistics exist; the state was saved before them)."""
@@ -184,7 +165,7 @@ class _Folds:
 
     def __init__(self, lake: Lake, spec: RunSpec):
         self.lake, self.spec = lake, spec
-        self.changes = _config_changes(lake)
+        self.changes = config_changes(lake)
         self.scheds: dict[str, Scheduler] = {}
 
     def fold_on(self, state: SchedulerState, step: int) -> None:
@@ -203,7 +184,7 @@ class _Folds:
                 f"scheduler state after step {step} is missing ({where}) and its statistics record no "
                 f"state digest to fold it again against; re-materialize statistics[{step}]"
             )
-        at = _spec_at(self.changes, self.spec, step)
+        at = spec_at(self.spec, self.changes, step)
         key = json.dumps(at.scheduler_config, sort_keys=True)
         if key not in self.scheds:
             self.scheds[key] = build_scheduler(lake, at, state)

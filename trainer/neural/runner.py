@@ -42,13 +42,18 @@ def _checkpoint(step: int) -> str:
     return checkpoint_rel(step, CHECKPOINT)
 
 
-def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
-    """The learner ``step`` starts from: the checkpoint of the step before, or at step 0 the warm start."""
+def new_learner(lake: Lake, spec: RunSpec) -> NeuralLearner:
+    """An untrained learner with ``spec``'s settings over the pool's environments."""
     envs = every_environment(lake, spec.pool)
     kinds = {e.get("kind") or "envscaler" for e in envs.values()}
     if problem := environment_kinds_problem("neural", spec.pool, kinds):
         raise StepError(problem)
-    learner = NeuralLearner(envs, _config(spec), seed=spec.seed)
+    return NeuralLearner(envs, _config(spec), seed=spec.seed)
+
+
+def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
+    """The learner ``step`` starts from: the checkpoint of the step before, or at step 0 the warm start."""
+    learner = new_learner(lake, spec)
     if step > 0:
         prev = lake.read_bytes(_checkpoint(step - 1))
         if prev is None:
@@ -59,7 +64,7 @@ def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
         learner.load_bytes(prev)
         return learner
     warm = warmstart_pool(spec.seed, TestbedConfig())
-    overlap = set(envs) & {e["env_id"] for e in warm.environments}
+    overlap = set(learner.envs) & {e["env_id"] for e in warm.environments}
     if overlap:
         raise StepError(f"the warm-start environments overlap pool {spec.pool!r}: {sorted(overlap)[:3]}")
     learner.add_envs({e["env_id"]: e for e in warm.environments})

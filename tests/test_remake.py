@@ -15,9 +15,9 @@ from envsched_pipeline.core.gates import rewind
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, start_run
+from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, start_run
 from tests.test_state_keep import one_step
-from trainer.remake import remake
+from trainer.remake import FILES, remake
 
 STEPS = 11
 BY_STEP = [("step", "ascending"), ("task_id", "ascending"), ("rollout", "ascending")]
@@ -175,3 +175,7 @@ def test_a_checkpoint_made_again_across_a_settings_change_uses_each_steps_settin
     assert out["from"] == 3 and out["remade"] == [4, 5, 6]
     assert hashlib.sha256(lake.read_bytes("checkpoints/step=6/policy.json")).hexdigest() == recorded(lake, 6)
     assert b'"skill_lr": 0.09' in lake.read_bytes("checkpoints/step=6/policy.json")
+
+
+def test_every_learner_whose_checkpoints_the_lake_drops_can_have_one_made_again():
+    assert set(FILES) == set(REMADE_CHECKPOINTS)

@@ -16,6 +16,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, start_run
+from tests.test_report import neural_run
 from tests.test_state_keep import one_step
 from trainer.remake import FILES, remake
 
@@ -126,21 +127,7 @@ def test_a_dropped_neural_checkpoint_is_made_again_by_running_its_steps_again(tm
     """The neural learner's steps are seeded: run again from the kept checkpoint, each gives the
     weights and optimizer state its step recorded."""
     monkeypatch.setattr(lake_module, "KEEP_EVERY", 3)
-    lake = Lake(tmp_path / "lake")
-    import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
-    start_run(
-        lake,
-        RunSpec(
-            pool="synthetic",
-            policy="neural",
-            batch_size=4,
-            group_size=4,
-            max_steps=6,
-            policy_config={"warm_start_steps": 5, "eval_every": 2},
-        ),
-    )
-    for t in range(6):
-        one_step(lake, t)
+    lake = neural_run(tmp_path / "lake", "envsched", steps=6)
     assert set(lake.artifact_steps("checkpoints")) == {0, 2, 4, 5}
     first, digests = done(lake), [recorded(lake, t) for t in range(6)]
     said = []

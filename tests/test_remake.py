@@ -88,7 +88,7 @@ def test_a_dropped_simulated_checkpoint_is_made_again_as_it_was(two_runs, dagste
 
 
 def test_a_checkpoint_that_does_not_come_out_as_recorded_is_refused_and_the_rewind_moves_nothing(
-    two_runs,
+    two_runs, dagster_home, capsys
 ):
     lake, _ = two_runs
     held = lake.steps("manifests")
@@ -105,6 +105,13 @@ def test_a_checkpoint_that_does_not_come_out_as_recorded_is_refused_and_the_rewi
         r"rewind to a step after one that is: 0, 1, 4, 8, 10",
     ):
         rewind(lake, 6, remake=lambda k: remake(lake, k))
+    assert lake.steps("manifests") == held and lake.read_bytes("checkpoints/step=5/policy.json") is None
+    capsys.readouterr()  # the same refusal from `envsched rewind`, the remake in the trainer's process
+    assert main(["--lake", str(lake.root), "rewind", "--to", "6"]) == 2
+    assert (
+        "the policy after step 5 is not on disk and cannot be made again (step 4 done again from step "
+        "3's policy does not give the checkpoint it wrote the first time"
+    ) in capsys.readouterr().err
     assert lake.steps("manifests") == held and lake.read_bytes("checkpoints/step=5/policy.json") is None
 
     lake.write_bytes("checkpoints/step=3/policy.json", kept)

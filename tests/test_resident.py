@@ -10,6 +10,7 @@ import pytest
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.lake import Lake
+from trainer.remake import remake
 from trainer.resident import read_info
 
 TRAIN = [
@@ -122,7 +123,8 @@ def test_a_rewind_makes_the_live_worker_reload_the_policy_it_goes_back_to(lake, 
 def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_step(tmp_path, monkeypatch):
     """`--policy neural --resident`: one worker keeps the learner (its torch model, optimizer and
     environment processes) across steps, loaded once, and every step's numbers equal those of the
-    one-process-per-step run: rewards, loss, held-out."""
+    one-process-per-step run: rewards, loss, held-out, the checkpoint's digest (so one the lake drops
+    is made again from a kept one)."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     base = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "2", "--group-size", "2"]
     lakes = {}
@@ -142,8 +144,12 @@ def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_st
         "select step, task_id, rollout, reward from rollouts order by 1, 2, 3",
         "select step, loss::varchar as loss, grad_norm::varchar as g from train_metrics order by 1",  # NaN: text
         "select step, benchmark, score from evals order by 1, 2",
+        "select step, checkpoint_digest from train_metrics order by 1",
     ):
         assert lakes["resident"].sql(q).to_pylist() == lakes["per-step"].sql(q).to_pylist(), q
+    # a checkpoint the worker wrote, once dropped, is made again as it was (trainer.remake)
+    lakes["resident"].delete("checkpoints/step=1")
+    assert remake(lakes["resident"], 1, log=lambda *_: None)["remade"] == [1]
 
 
 def test_a_run_made_longer_keeps_its_worker_and_checkpoint_cadence(lake):

@@ -6,6 +6,7 @@ moves, so a run goes back to any step as it went back to any scheduler state."""
 import hashlib
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pytest
 
 import envsched_pipeline.lake as lake_module
@@ -115,16 +116,21 @@ def test_a_checkpoint_that_does_not_come_out_as_recorded_is_refused_and_the_rewi
     assert lake.steps("manifests") == held and lake.read_bytes("checkpoints/step=5/policy.json") is None
 
     lake.write_bytes("checkpoints/step=3/policy.json", kept)
-    metrics = lake.read("train_metrics", step=4).drop_columns(["checkpoint_digest"])
-    lake.write("train_metrics", metrics, step=4)  # a step trained before steps recorded digests
+    metrics = lake.read("train_metrics", step=4)
+    lake.write("train_metrics", metrics.drop_columns(["checkpoint_digest"]), step=4)  # before digests
     with pytest.raises(StepError, match=r"train_metrics\[4\] records no checkpoint_digest"):
         remake(lake, 5)
+    lake.write("train_metrics", metrics, step=4)
+    tasks = lake.read("tasks", pool="synthetic")
+    step4 = set(lake.read("manifests", step=4).column("task_id").to_pylist())
+    picked = next(t for t in lake.read("manifests", step=5).column("task_id").to_pylist() if t not in step4)
+    lake.write("tasks", tasks.filter(pa.compute.not_equal(tasks["task_id"], picked)), pool="synthetic")
+    with pytest.raises(
+        StepError, match=rf"1 task\(s\) of step 5 are no longer in pool 'synthetic' \(first: '{picked}'"
+    ):
+        remake(lake, 5)  # the pool imported again without a task step 5 trained on
+    lake.write("tasks", tasks, pool="synthetic")
     rows = lake.read("rollouts", step=4).to_pylist()[1:]
-    lake.write(
-        "train_metrics",
-        pa.Table.from_pylist([{**metrics.to_pylist()[0], "checkpoint_digest": recorded(lake, 3)}]),
-        step=4,
-    )
     lake.write("rollouts", pa.Table.from_pylist(rows), step=4)  # a rollout lost
     with pytest.raises(StepError, match=r"rollouts of step 4 lack 1 of the manifest's rollouts"):
         remake(lake, 5)

@@ -56,6 +56,7 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     t0 = time.perf_counter()
     log(f"making the policy after step {after} again from step {base}'s checkpoint ({_steps(after - base)})")
     changes = config_changes(lake)
+    pool = set(lake.read("tasks", pool=spec.pool, columns=["task_id"]).column("task_id").to_pylist())
     now = spec_at(spec, changes, base + 1)
     learner = _learner(lake, now, lake.read_bytes(checkpoint_rel(base, name)))
     try:
@@ -65,7 +66,7 @@ def remake(lake: Lake, after: int, log=print) -> dict:
                 data = _bytes(learner)
                 _close(learner)
                 learner, now = _learner(lake, at, data), at
-            _redo[spec.policy](lake, at, learner, s, _manifest(lake, s))
+            _redo[spec.policy](lake, at, learner, s, _manifest(lake, spec, s, pool))
             if learner.digest() != digests[s]:
                 raise StepError(
                     f"step {s} done again from step {s - 1}'s policy does not give the checkpoint it "
@@ -104,10 +105,18 @@ def _recorded(lake: Lake, steps: range) -> dict[int, str]:
     return found
 
 
-def _manifest(lake: Lake, step: int) -> pa.Table:
+def _manifest(lake: Lake, spec: RunSpec, step: int, pool: set[str]) -> pa.Table:
+    """Step ``step``'s manifest, each of its tasks still in the pool (``pool``: its task ids)."""
     if not lake.has("manifests", step=step):
         raise StepError(f"manifest of step {step} is missing: the policy after it cannot be made again")
-    return lake.read("manifests", step=step).sort_by("slot")
+    manifest = lake.read("manifests", step=step).sort_by("slot")
+    gone = sorted(set(manifest.column("task_id").to_pylist()) - pool)
+    if gone:
+        raise StepError(
+            f"{len(gone)} task(s) of step {step} are no longer in pool {spec.pool!r} (first: {gone[0]!r}; "
+            "it was imported again with edits since): the steps after it cannot be done again"
+        )
+    return manifest
 
 
 def _learner(lake: Lake, spec: RunSpec, data: bytes | None):

@@ -301,8 +301,8 @@ def rewind(
     """Take the run back to ``step``: every partition and artifact of ``step`` and later (manifests,
     rollouts, metrics, evals, statistics, scheduler state, plots, checkpoints) moves to
     ``archive/rewind-to-step<step>-<ms>/``, so the loop redoes the run from there with the policy
-    after ``step - 1``, which must be on disk, and the scheduler state after it (kept, or folded
-    again from the kept one before it). A halt at ``step`` or later is
+    after ``step - 1`` (on disk, or made again by ``remake``) and the scheduler state after it
+    (kept, or folded again from the kept one before it). A halt at ``step`` or later is
     cleared, and ``answered_runs`` (the Dagster runs of those steps that failed or were canceled)
     stop counting as attempts. ``remake(k)`` makes the policy after step k again where the lake no
     longer keeps it (the simulated and neural learners', from the kept one before it), before

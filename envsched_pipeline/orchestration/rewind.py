@@ -4,6 +4,7 @@ redone steps' old failed or canceled runs stop counting as attempts, and nothing
 
 import subprocess
 import sys
+import tempfile
 
 import dagster as dg
 from pydantic import Field
@@ -21,10 +22,15 @@ def remake_policy(lake: Lake, after: int, log=print) -> None:
     """Make the policy checkpoint after step ``after`` again (``python -m trainer.remake``: the
     trainer's own process, so the code location never loads torch), its lines passed to ``log``."""
     cmd = [sys.executable, "-m", "trainer.remake", "--lake", str(lake.root), "--after", str(after)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with (
+        tempfile.TemporaryFile("w+") as errors,  # a file, not a pipe: stderr never fills up and blocks it
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True) as proc,
+    ):
         for line in proc.stdout:
             log(line.rstrip())
-        err = proc.stderr.read().strip()
+        proc.wait()
+        errors.seek(0)
+        err = errors.read().strip()
     if proc.returncode != 0:
         last = (err.splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise StepError(last.removeprefix("error: "))

@@ -491,7 +491,7 @@ def test_a_training_step_whose_lock_was_taken_over_writes_nothing_more(small_run
     ):
         run_step(lake, 0, log=lambda *_: None)
     assert not any(lake.has(t, step=0) for t in ("rollouts", "evals", "train_metrics"))
-    assert not lake.exists(step_mod._checkpoint(0, "policy.json"))
+    assert not lake.exists(step_mod.checkpoint_rel(0, "policy.json"))
     assert json.loads(lake.read_bytes("locks/train-step=0.lock"))["id"] == "pod-1"  # the taker's, kept
     # the taker's step runs (here: the holder went stale) and writes the step whole
     monkeypatch.setitem(step_mod.ENGINES, "simulated", real)

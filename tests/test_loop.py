@@ -144,7 +144,7 @@ def test_rewind_redoes_the_run_from_a_step_as_it_was_done(small_run, dagster_hom
     ) in capsys.readouterr().err
     assert main(["rewind", "--to", "3"]) == 2 and "holds steps 0..2" in capsys.readouterr().err
     lake.delete("checkpoints/step=1")
-    with pytest.raises(StepError, match=r"`envsched rewind --to 1` redoes that step"):
+    with pytest.raises(StepError, match=r"`envsched rewind --to 2` makes it again from a kept one"):
         run_step(lake, 2, log=lambda *_: None)  # the step after a lost checkpoint says how to go on
 
     assert main(["rewind", "--to", "0"]) == 0

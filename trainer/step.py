@@ -81,7 +81,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         if prev is None:
             where = lake.where(checkpoint_rel(step - 1, "policy.json"))
             raise StepError(
-                f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step - 1}` redoes that step (or names the steps it can go back to)"
+                f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
             )
         learner.load_bytes(prev)
     rng = step_rng(spec, step, salt=1)

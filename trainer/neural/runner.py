@@ -59,7 +59,7 @@ def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
         if prev is None:
             where = lake.where(_checkpoint(step - 1))
             raise StepError(
-                f"neural checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step - 1}` redoes that step (or names the steps it can go back to)"
+                f"neural checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
             )
         learner.load_bytes(prev)
         return learner

@@ -88,6 +88,16 @@ def test_results_do_not_depend_on_the_callers_torch_threads(pool):
     assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
 
 
+def test_a_checkpoint_loads_with_the_learners_own_learning_rate(pool):
+    """The optimizer's saved state carries the learning rate and weight decay it ran with; a run
+    resumed with other ones (`--allow-config-change`) trains with those it asked for."""
+    old = learner(pool, warm_start_steps=0, lr=1e-3, weight_decay=0.0)
+    new = learner(pool, warm_start_steps=0, lr=5e-3, weight_decay=0.01)
+    new.load_bytes(old.state_bytes())
+    assert [(g["lr"], g["weight_decay"]) for g in new.optimizer.param_groups] == [(5e-3, 0.01)]
+    assert new.digest() != old.digest()  # what its steps record: the settings it trained with
+
+
 def test_it_acts_without_the_answer_key(pool):
     """Gold actions (the generator's answer key) are never read at rollout time: garbling them
     changes nothing the policy does."""

@@ -818,9 +818,15 @@ class NeuralLearner:
         return h.hexdigest()
 
     def load_bytes(self, data: bytes) -> None:
+        """Restore a checkpoint: weights, the optimizer's moments and the version. The learning rate
+        and weight decay are this learner's settings, not the checkpoint's (the optimizer's state
+        carries the ones it was saved with, so a run resumed with another `lr` kept training at
+        the old one while its metrics reported the new)."""
         blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         self.model.load_state_dict(blob["model"])
         self.optimizer.load_state_dict(blob["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
         self.version = int(blob["version"])
 
 

@@ -155,6 +155,15 @@ def test_a_dropped_neural_checkpoint_is_made_again_by_running_its_steps_again(tm
     for t in (4, 5):
         one_step(lake, t)
     assert done(lake) == first and [recorded(lake, t) for t in range(6)] == digests
+    # a setting changed behind the run's back: the refusal says whether the rollouts or the update moved
+    run = lake.read_json("run.json")
+    for setting, value, differs in (
+        ("temperature", 0.5, r"\d+ of its 16 rollouts earned other rewards than it recorded"),
+        ("lr", 0.01, r"its rollouts earned the rewards it recorded, and the update differs"),
+    ):
+        lake.write_json("run.json", {**run, "policy_config": {**run["policy_config"], setting: value}})
+        with pytest.raises(StepError, match=rf"step 3 done again .*train_metrics\[3\]; {differs}"):
+            remake(lake, 3)
 
 
 def test_a_checkpoint_made_again_across_a_settings_change_uses_each_steps_settings(small_pool, monkeypatch):

@@ -66,13 +66,13 @@ def remake(lake: Lake, after: int, log=print) -> dict:
                 data = _bytes(learner)
                 _close(learner)
                 learner, now = _learner(lake, at, data), at
-            _redo[spec.policy](lake, at, learner, s, _manifest(lake, spec, s, pool))
+            differs = _redo[spec.policy](lake, at, learner, s, _manifest(lake, spec, s, pool))
             if learner.digest() != digests[s]:
                 raise StepError(
                     f"step {s} done again from step {s - 1}'s policy does not give the checkpoint it "
-                    f"wrote the first time (its digest in train_metrics[{s}]): the pool, the policy "
-                    "settings or the trainer changed since; the lake keeps step 0's checkpoint, every "
-                    f"{lake_module.KEEP_EVERY}th and the newest two"
+                    f"wrote the first time (its digest in train_metrics[{s}]; {differs}): the pool, "
+                    "the policy settings or the trainer changed since; the lake keeps step 0's "
+                    f"checkpoint, every {lake_module.KEEP_EVERY}th and the newest two"
                 )
             log(f"  step {s}: the checkpoint made again matches ({s - base}/{after - base})")
         lake.write_bytes(checkpoint_rel(after, name), _bytes(learner))
@@ -142,8 +142,8 @@ def _close(learner) -> None:
         learner.close()
 
 
-def _redo_simulated(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> None:
-    """The simulated update of ``step`` applied again to the rewards its rollouts recorded."""
+def _recorded_rewards(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table) -> np.ndarray:
+    """The rewards step ``step``'s rollouts recorded, (tasks in manifest order, G)."""
     task_ids = manifest.column("task_id").to_pylist()
     got = lake.read("rollouts", step=step, columns=["task_id", "rollout", "reward"]).to_pylist()
     cell = {(r["task_id"], r["rollout"]): r["reward"] for r in got}
@@ -154,13 +154,28 @@ def _redo_simulated(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.
             f"rollouts of step {step} lack {len(missing)} of the manifest's rollouts "
             f"(first: task {missing[0][0]!r}, rollout {missing[0][1]}): its update cannot be done again"
         )
-    learner.learn(task_ids, np.array([[cell[(t, k)] for k in range(g)] for t in task_ids], dtype=float))
+    return np.array([[cell[(t, k)] for k in range(g)] for t in task_ids], dtype=float)
 
 
-def _redo_neural(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> None:
+def _redo_simulated(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> str:
+    """The simulated update of ``step`` applied again to the rewards its rollouts recorded."""
+    learner.learn(manifest.column("task_id").to_pylist(), _recorded_rewards(lake, spec, step, manifest))
+    return "the update, done again on the rewards its rollouts recorded, differs"
+
+
+def _redo_neural(lake: Lake, spec: RunSpec, learner, step: int, manifest: pa.Table) -> str:
+    """Step ``step`` run again; what differs from its first run, should its checkpoint differ."""
     from trainer.neural.runner import roll_and_learn  # torch: only the neural learner loads it
 
-    roll_and_learn(lake, spec, learner, step, manifest)
+    _, out, _, _ = roll_and_learn(lake, spec, learner, step, manifest)
+    first = _recorded_rewards(lake, spec, step, manifest)
+    moved = int((~np.isclose(out["reward"], first, rtol=0, atol=1e-9)).sum())
+    if moved:
+        return (
+            f"{moved} of its {first.size} rollouts earned other rewards than it recorded (the policy "
+            "before it, its sampling settings or an environment that behaves differently run to run)"
+        )
+    return "its rollouts earned the rewards it recorded, and the update differs"
 
 
 _redo = {"simulated": _redo_simulated, "neural": _redo_neural}

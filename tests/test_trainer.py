@@ -231,6 +231,19 @@ def test_tiny_qwen3_update_lowers_the_loss(tok):
     assert zero["trained_sequences"] == 0  # zero-variance groups: no gradient, no compute
 
 
+def test_a_checkpoints_optimizer_loads_with_the_trainers_own_learning_rate(tok, tmp_path):
+    """The saved optimizer state carries the learning rate and weight decay it ran with; a run
+    resumed with other ones (`--allow-config-change`) trains with those it asked for."""
+    from trainer.model import tiny_qwen3
+    from trainer.update import GRPOConfig, GRPOTrainer
+
+    old = GRPOTrainer(tiny_qwen3(seed=0), tok, GRPOConfig(lr=1e-3, weight_decay=0.0))
+    old.save(tmp_path / "ckpt", step=3)
+    new = GRPOTrainer(tiny_qwen3(seed=0), tok, GRPOConfig(lr=5e-3, weight_decay=0.01))
+    new.load_optimizer(tmp_path / "ckpt")
+    assert [(g["lr"], g["weight_decay"]) for g in new.optimizer.param_groups] == [(5e-3, 0.01)]
+
+
 def test_the_loss_can_average_over_the_whole_batch(tok):
     """loss_denominator "batch": zero-advantage sequences join the token-mean's denominator, so the
     gradient is the informative-only one times the informative share of the batch's policy tokens."""

@@ -281,10 +281,14 @@ class GRPOTrainer:
         shutil.rmtree(old, ignore_errors=True)
 
     def load_optimizer(self, path: Path) -> None:
-
+        """The optimizer's moments and the policy version from a checkpoint; the learning rate and
+        weight decay stay this trainer's settings (the saved state carries those it ran with, so a
+        run resumed with another `lr` trained on at the old one)."""
         opt = Path(path) / "optimizer.pt"
         if opt.exists() and self.ds_engine is None:
             self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=False))
+            for group in self.optimizer.param_groups:
+                group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
         meta = Path(path) / "trainer.json"
         if meta.exists():
             self.version = int(json.loads(meta.read_text()).get("version", 0))

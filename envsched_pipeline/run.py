@@ -507,15 +507,16 @@ def _changed_configs(current: RunSpec, spec: RunSpec) -> list[str]:
     return [k for k in ("scheduler_config", "policy_config") if getattr(current, k) != getattr(spec, k)]
 
 
+def training_settings(policy_config: dict) -> dict:
+    """The policy settings that act on training: all but the held-out evaluation's."""
+    return {k: v for k, v in policy_config.items() if k not in EVAL_SETTINGS}
+
+
 def _training_changes(current: RunSpec, spec: RunSpec) -> bool:
     """Whether ``spec`` changes how ``current`` trains: anything but its held-out evaluation."""
-
-    def training(pc: dict) -> dict:
-        return {k: v for k, v in pc.items() if k not in EVAL_SETTINGS}
-
-    return current.scheduler_config != spec.scheduler_config or training(current.policy_config) != training(
-        spec.policy_config
-    )
+    return current.scheduler_config != spec.scheduler_config or training_settings(
+        current.policy_config
+    ) != training_settings(spec.policy_config)
 
 
 # policies that act only in some kinds of environment (the neural learner's pointer policy makes

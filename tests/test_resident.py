@@ -124,7 +124,9 @@ def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_st
     """`--policy neural --resident`: one worker keeps the learner (its torch model, optimizer and
     environment processes) across steps, loaded once, and every step's numbers equal those of the
     one-process-per-step run: rewards, loss, held-out, the checkpoint's digest (so one the lake drops
-    is made again from a kept one)."""
+    is made again from a kept one). Resumed with another learning rate (`--allow-config-change`),
+    the live worker reloads the policy with it, as a new process per step does (it trained on with
+    the settings it was built with)."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
     base = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "2", "--group-size", "2"]
     lakes = {}
@@ -133,12 +135,17 @@ def test_the_neural_learner_runs_resident_with_the_results_of_one_process_per_st
         pool = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
         assert main(["--lake", str(root), *pool]) == 0
         extra = ["--resident"] if mode == "resident" else []
-        assert main(["--lake", str(root), *base, *extra, "--steps", "3"]) == 0
+        assert main(["--lake", str(root), *base, *extra, "--steps", "2", "--max-steps", "3"]) == 0
+        again = ["--steps", "3", "--allow-config-change", "--lr", "0.002"]
+        assert main(["--lake", str(root), *base, *extra, *again]) == 0
         lakes[mode] = Lake(root)
     rows = (
-        lakes["resident"].sql("select model_loads, worker_pid from train_metrics order by step").to_pylist()
+        lakes["resident"]
+        .sql("select model_loads, worker_pid, lr from train_metrics order by step")
+        .to_pylist()
     )
-    assert [r["model_loads"] for r in rows] == [1, 1, 1] and len({r["worker_pid"] for r in rows}) == 1
+    assert [r["model_loads"] for r in rows] == [1, 1, 2] and len({r["worker_pid"] for r in rows}) == 1
+    assert [r["lr"] for r in rows][1:] == [3e-4, 0.002]
     assert read_info(lakes["resident"]) is None  # the run is complete: the worker exited
     for q in (
         "select step, task_id, rollout, reward from rollouts order by 1, 2, 3",

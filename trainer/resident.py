@@ -37,7 +37,7 @@ from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake, atomic_write_bytes
 from envsched_pipeline.lease import holder_check
 from envsched_pipeline.rollouts import write_step_result
-from envsched_pipeline.run import require_run
+from envsched_pipeline.run import require_run, training_settings
 
 IDLE_SECONDS = 1800.0
 START_TIMEOUT = 600.0
@@ -91,6 +91,7 @@ class Worker:
         self.token = secrets.token_hex(16)
         self.session = None
         self.next_step: int | None = None  # the step the in-memory policy is ready for
+        self.built_with: dict = {}  # the training settings the in-memory policy was built with
         self.loads = 0
         self.steps_done: list[int] = []
         self.last_work = time.time()
@@ -110,6 +111,7 @@ class Worker:
             self._drop()
         if self.session is not None:
             return self.session
+        self.built_with = training_settings(self.spec.policy_config)
         if self.spec.policy == "neural":  # a checkpoint every step: it loads the one before `step`
             from trainer.neural.runner import NeuralSession  # torch: the worker's whole purpose
 
@@ -153,6 +155,11 @@ class Worker:
                 return
             step = int(req["step"])
             self.spec = require_run(self.lake)  # the run's length may have grown since the worker started
+            if self.session is not None and training_settings(self.spec.policy_config) != self.built_with:
+                # resumed with other settings (--allow-config-change): the policy in memory was built
+                # with the old ones, so it reloads from the checkpoint with the new
+                _send(conn, {"log": "the run's policy settings changed: reloading the policy with them"})
+                self._drop()
             if self.session is not None:
                 self.session.spec = self.spec  # its checkpoint at the run's last step reads the length
             fence = holder_check(self.lake, *req["fence"]) if req.get("fence") else None

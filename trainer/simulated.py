@@ -213,11 +213,11 @@ class SimulatedLearner:
         }
         return json.dumps(blob).encode()
 
-    def digest(self) -> str:
-        """A hash of the checkpoint (its bytes are a pure function of the state): the step records
-        it, so a checkpoint the lake no longer keeps can be made again and checked
-        (:mod:`trainer.remake`)."""
-        return hashlib.sha256(self.to_bytes()).hexdigest()
+    def digest(self, data: bytes | None = None) -> str:
+        """A hash of the checkpoint (its bytes are a pure function of the state; ``data``: those
+        bytes, when the caller has made them already): the step records it, so a checkpoint the
+        lake no longer keeps can be made again and checked (:mod:`trainer.remake`)."""
+        return hashlib.sha256(self.to_bytes() if data is None else data).hexdigest()
 
     def load_bytes(self, data: bytes) -> None:
         """Restore a checkpoint. Per-environment and per-task state is matched by id, so a pool that

@@ -106,7 +106,8 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     adv = group_advantages(rewards)
     version = learner.version
     info = learner.learn(task_ids, rewards)
-    lake.write_bytes(checkpoint_rel(step, "policy.json"), learner.to_bytes())
+    checkpoint = learner.to_bytes()
+    lake.write_bytes(checkpoint_rel(step, "policy.json"), checkpoint)
     lake.drop_superseded("checkpoints", step)  # step 0's, every 20th and the newest two stay
     seconds = time.perf_counter() - t0
     n, g = rewards.shape
@@ -153,7 +154,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
         "seconds": seconds,
     }
     metrics["sim_mode"] = mode
-    metrics["checkpoint_digest"] = learner.digest()
+    metrics["checkpoint_digest"] = learner.digest(checkpoint)
     metrics["errors"] = int((rollouts["error_class"] != "none").sum())
     evals = [
         {"step": step, "benchmark": "heldout_seen (simulated)", "score": learner.heldout_score(), "se": 0.0}

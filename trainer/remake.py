@@ -26,10 +26,8 @@ import envsched_pipeline.lake as lake_module
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, config_changes, require_run, spec_at
-from trainer.step import checkpoint_rel, simulated_learner
+from trainer.step import CHECKPOINT_FILES, checkpoint_rel, simulated_learner
 
-# each learner of run.REMADE_CHECKPOINTS and its checkpoint file
-FILES = {"simulated": "policy.json", "neural": "neural.pt"}
 DIGEST = "checkpoint_digest"  # the train_metrics field each step records
 
 
@@ -38,12 +36,12 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     and checked step by step against the digests the steps recorded. Returns what was done
     (``remade``: the steps made again; empty when the checkpoint is there)."""
     spec = require_run(lake)
-    if spec.policy not in FILES:
+    if spec.policy not in CHECKPOINT_FILES:
         raise StepError(
             f"policy {spec.policy!r} keeps no per-step checkpoint that can be made again "
-            f"(only {', '.join(FILES)} do)"
+            f"(only {', '.join(CHECKPOINT_FILES)} do)"
         )
-    name = FILES[spec.policy]
+    name = CHECKPOINT_FILES[spec.policy]
     kept = lake.artifact_steps("checkpoints", name)
     if after in kept:
         return {"after": after, "from": after, "remade": [], "seconds": 0.0}

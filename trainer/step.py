@@ -50,6 +50,10 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 TRAIN_LOCK_WAIT = STALE_SECONDS + 30.0
 
 
+# each learner of run.REMADE_CHECKPOINTS and the file of its per-step checkpoint folder
+CHECKPOINT_FILES = {"simulated": "policy.json", "neural": "neural.pt"}
+
+
 def checkpoint_rel(step: int, name: str) -> str:
     """Where a learner's checkpoint of ``step`` lives in the lake."""
     return Lake.artifact_rel("checkpoints", step, name)
@@ -77,9 +81,9 @@ def simulated_learner(lake: Lake, spec: RunSpec):
 def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
     learner = simulated_learner(lake, spec)
     if step > 0:
-        prev = lake.read_bytes(checkpoint_rel(step - 1, "policy.json"))
+        prev = lake.read_bytes(checkpoint_rel(step - 1, CHECKPOINT_FILES["simulated"]))
         if prev is None:
-            where = lake.where(checkpoint_rel(step - 1, "policy.json"))
+            where = lake.where(checkpoint_rel(step - 1, CHECKPOINT_FILES["simulated"]))
             raise StepError(
                 f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
             )
@@ -107,7 +111,7 @@ def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=
     version = learner.version
     info = learner.learn(task_ids, rewards)
     checkpoint = learner.to_bytes()
-    lake.write_bytes(checkpoint_rel(step, "policy.json"), checkpoint)
+    lake.write_bytes(checkpoint_rel(step, CHECKPOINT_FILES["simulated"]), checkpoint)
     lake.drop_superseded("checkpoints", step)  # step 0's, every 20th and the newest two stay
     seconds = time.perf_counter() - t0
     n, g = rewards.shape

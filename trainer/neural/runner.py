@@ -25,11 +25,10 @@ from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
 from trainer.realenv import every_environment
-from trainer.step import checkpoint_rel
+from trainer.step import CHECKPOINT_FILES, checkpoint_rel
 
 EVAL_EVERY = 10
 EVAL_SAMPLES = 8
-CHECKPOINT = "neural.pt"  # the file of a step's checkpoint folder
 
 
 def _config(spec: RunSpec) -> NeuralConfig:
@@ -39,7 +38,7 @@ def _config(spec: RunSpec) -> NeuralConfig:
 
 
 def _checkpoint(step: int) -> str:
-    return checkpoint_rel(step, CHECKPOINT)
+    return checkpoint_rel(step, CHECKPOINT_FILES["neural"])
 
 
 def new_learner(lake: Lake, spec: RunSpec) -> NeuralLearner:

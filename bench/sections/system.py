@@ -763,6 +763,29 @@ def section_lake_requests(steps: int = 30) -> None:
     )
 
 
+def _steps_in_process(lake, steps: int, label: str, every: int = 1) -> None:
+    """Select, train and fold steps 0..steps-1 of the lake's run in this process, with progress."""
+    # the step service and the trainer load only for the sections that run steps
+    from envsched_pipeline.core.select import select_manifest
+    from envsched_pipeline.core.statistics import statistics_step
+    from trainer.step import run_step
+
+    for t in range(steps):
+        select_manifest(lake, t)
+        run_step(lake, t, log=lambda *_: None)
+        statistics_step(lake, t)
+        if t % every == every - 1:
+            print(f"{label}: step {t + 1}/{steps}", flush=True)
+
+
+def _farthest_dropped(kept, steps: int) -> int:
+    """Of steps 0..steps-1, the one not in ``kept`` with the most steps since the kept one before
+    it (the latest of equals): the most a fold or a remake has to do."""
+    return max(
+        (t for t in range(steps) if t not in kept), key=lambda t: (t - max(k for k in kept if k < t), t)
+    )
+
+
 def _neural_remake(steps: int = 24) -> dict:
     """A neural run of ``steps`` steps of the default pool (B = 64, G = 8), in-process; then its
     checkpoint with the most steps since a kept one made again (each of those steps run again and
@@ -773,26 +796,18 @@ def _neural_remake(steps: int = 24) -> dict:
     from envs.registry import load_synthetic
     from envsched_pipeline.core.build import new_run
     from envsched_pipeline.core.pools import import_pool
-    from envsched_pipeline.core.select import select_manifest
-    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import Lake
     from envsched_pipeline.run import start_run
     from trainer.remake import remake
-    from trainer.step import run_step
+    from trainer.step import CHECKPOINT_FILES, checkpoint_rel
 
     with tempfile.TemporaryDirectory() as d:
         lake = Lake(os.path.join(d, "lake"))
         import_pool(lake, load_synthetic("synthetic"))
         start_run(lake, new_run(pool="synthetic", policy="neural", max_steps=steps))
-        for t in range(steps):
-            select_manifest(lake, t)
-            run_step(lake, t, log=lambda *_: None)
-            statistics_step(lake, t)
-            print(f"state keep bench (neural): step {t + 1}/{steps}", flush=True)
+        _steps_in_process(lake, steps, "state keep bench (neural)")
         kept = lake.artifact_steps("checkpoints")
-        after = max(
-            (t for t in range(steps) if t not in kept), key=lambda t: t - max(k for k in kept if k < t)
-        )
+        after = _farthest_dropped(kept, steps)
         first = sum(lake.read("train_metrics", step=t).to_pylist()[0]["seconds"] for t in range(1, after + 1))
         t0 = time.perf_counter()
         out = remake(lake, after, log=lambda m: print(f"state keep bench (neural): {m.strip()}", flush=True))
@@ -804,7 +819,7 @@ def _neural_remake(steps: int = 24) -> dict:
             "steps": len(out["remade"]),
             "seconds": time.perf_counter() - t0,
             "first_seconds": first * len(out["remade"]) / after,
-            "bytes": len(lake.read_bytes(f"checkpoints/step={after}/neural.pt")),
+            "bytes": len(lake.read_bytes(checkpoint_rel(after, CHECKPOINT_FILES["neural"]))),
         }
 
 
@@ -823,12 +838,9 @@ def section_state_keep(steps: int = 100) -> None:
     from envsched_pipeline.core.build import new_run
     from envsched_pipeline.core.fold import load_state, states_before
     from envsched_pipeline.core.pools import import_pool
-    from envsched_pipeline.core.select import select_manifest
-    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import KEEP_EVERY, Lake
     from envsched_pipeline.run import start_run
     from trainer.remake import remake
-    from trainer.step import run_step
 
     kinds = ("state", "checkpoints")
     written: dict[str, list[int]] = {k: [] for k in kinds}
@@ -849,12 +861,7 @@ def section_state_keep(steps: int = 100) -> None:
         spec = start_run(lake, new_run(pool="synthetic", policy="simulated", max_steps=steps))
         Lake.write_bytes = counted
         try:
-            for t in range(steps):
-                select_manifest(lake, t)
-                run_step(lake, t, log=lambda *_: None)
-                statistics_step(lake, t)
-                if t % 10 == 9:
-                    print(f"state keep bench: step {t + 1}/{steps}", flush=True)
+            _steps_in_process(lake, steps, "state keep bench", every=10)
         finally:
             Lake.write_bytes = real_write
         n_tasks = len(lake.read("tasks"))
@@ -871,11 +878,7 @@ def section_state_keep(steps: int = 100) -> None:
         for _ in states_before(lake, spec, range(1, steps)):
             pass
         one_pass = time.perf_counter() - t0
-        ckpt_kept = set(lake.artifact_steps("checkpoints"))
-        ckpt_worst = max(
-            (t for t in range(steps) if t not in ckpt_kept),
-            key=lambda t: (t - max(k for k in ckpt_kept if k < t), t),
-        )
+        ckpt_worst = _farthest_dropped(set(lake.artifact_steps("checkpoints")), steps)
         t0 = time.perf_counter()
         sim_made = remake(lake, ckpt_worst, log=lambda *_: None)
         sim_made["seconds"] = time.perf_counter() - t0
@@ -883,7 +886,7 @@ def section_state_keep(steps: int = 100) -> None:
     dropped = [t for t in range(steps) if t not in kept]
     base = {t: max(k for k in kept if k < t) for t in dropped}
     read_s, fold_s = np.mean([timings[t] for t in kept]), np.mean([timings[t] for t in dropped])
-    worst = max(dropped, key=lambda t: (t - base[t], t))
+    worst = _farthest_dropped(kept, steps)
     total = {k: sum(v) for k, v in written.items()}
     late = {k: float(np.mean(v[-10:])) for k, v in written.items()}
     before_lake = lake_bytes + sum(total[k] - by_folder[k] for k in kinds)

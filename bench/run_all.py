@@ -52,6 +52,7 @@ from sections.system import (  # noqa: E402
     section_event_log,
     section_incremental,
     section_kernels,
+    section_lake_bytes,
     section_lake_requests,
     section_latency,
     section_pools,
@@ -78,7 +79,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "step_views,lake_requests,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "step_views,lake_requests,lake_bytes,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -221,6 +222,8 @@ def main() -> int:
         section_step_views()
     if "lake_requests" in sections:
         section_lake_requests()
+    if "lake_bytes" in sections:
+        section_lake_bytes()
     if "event_log" in sections:
         section_event_log()
     if "state_keep" in sections:

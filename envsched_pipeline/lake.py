@@ -340,6 +340,20 @@ class _LocalStore(_Store):
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.root / rel, columns=columns)
 
+    def read_partition(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        """One partition's ``columns``, through this process's cache when the file is the version
+        read before (its inode, modification time and size) and within the cache's size."""
+        st = (self.root / rel).stat()
+        version = f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+        hit = _PARQUET_CACHE.get(self.full(rel), version)
+        if hit is not None:
+            return _selected(hit, columns)
+        if st.st_size > _PARQUET_CACHE.limit():
+            return self.read_parquet(rel, columns=columns)
+        table = pq.read_table(self.root / rel)
+        _PARQUET_CACHE.put(self.full(rel), version, table)
+        return _selected(table, columns)
+
     def parquet_meta(self, rel: str) -> None:
         pq.ParquetFile(self.root / rel).metadata  # noqa: B018
 
@@ -389,6 +403,18 @@ class _ParquetCache:
                 return None
             self._items.move_to_end(key)
             return item[1]
+
+    def held(self, key: str) -> tuple[str, pa.Table] | None:
+        """The version held for ``key`` and its table, whichever version that is (to ask the
+        store whether it is still the current one); None with the cache turned off."""
+        if not self.limit():
+            return None
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or not item[0]:
+                return None
+            self._items.move_to_end(key)
+            return item
 
     def forget(self, key: str) -> None:
         with self._lock:
@@ -471,11 +497,19 @@ class _ObjectStore(_Store):
         self.fs.invalidate_cache()
         return self.fs.exists(self._key(rel))
 
-    async def _get_object(self, rel: str) -> tuple[bytes, str]:
+    async def _get_object(self, rel: str, unless: str | None = None) -> tuple[bytes, str] | None:
         """One GET: the object's bytes and the ETag of that same version (s3fs's cat_file asks
-        for the size with a HEAD first); FileNotFoundError when it is not there."""
+        for the size with a HEAD first); FileNotFoundError when it is not there. With ``unless``
+        (an ETag) the GET is conditional (``If-None-Match``): None, and no bytes sent, when the
+        object is still that version."""
         bucket, key, _ = self.fs.split_path(self._key(rel))
-        out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+        condition = {"IfNoneMatch": unless} if unless else {}
+        try:
+            out = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **condition)
+        except OSError as exc:
+            if unless and _s3_error_code(exc) in ("304", "NotModified"):
+                return None
+            raise
         try:
             return await out["Body"].read(), out["ETag"]
         finally:
@@ -606,6 +640,20 @@ class _ObjectStore(_Store):
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(pa.BufferReader(self._object(rel)), columns=columns)
 
+    def read_partition(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        """One partition's ``columns`` from one GET, conditional on the ETag of the version this
+        process read before: an unchanged partition (a pool's tasks and graph, read by several
+        ops of every step) costs the request and none of its bytes."""
+        from fsspec.asyn import sync  # s3fs's own event loop runs the async GET
+
+        held = _PARQUET_CACHE.held(self.full(rel))
+        got = sync(self.fs.loop, self._get_object, rel, held[0] if held else None)
+        if got is None:
+            return _selected(held[1], columns)
+        table = pq.read_table(pa.BufferReader(got[0]))
+        _PARQUET_CACHE.put(self.full(rel), got[1], table)
+        return _selected(table, columns)
+
     def parquet_meta(self, rel: str) -> None:
         pq.ParquetFile(pa.BufferReader(self._object(rel))).metadata  # noqa: B018
 
@@ -638,6 +686,8 @@ class _Snapshot:
     def exists(self, rel: str) -> bool:
         if ("get", rel) in self._seen:
             return self._seen[("get", rel)] is not None
+        if ("partition", rel) in self._seen:
+            return True
         return self._once(("exists", rel), lambda: self._store.exists(rel))
 
     def glob(self, pattern: str) -> list[str]:
@@ -654,6 +704,10 @@ class _Snapshot:
             return pq.read_table(pa.BufferReader(data), columns=columns)
         key = ("parquet", rel, tuple(columns) if columns is not None else None)
         return self._once(key, lambda: self._store.read_parquet(rel, columns=columns))
+
+    def read_partition(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        """The whole partition read once, whichever columns each read wants."""
+        return _selected(self._once(("partition", rel), lambda: self._store.read_partition(rel)), columns)
 
     def _write(self, name: str, *args: Any) -> Any:
         self._seen.clear()
@@ -951,8 +1005,12 @@ class Lake:
             read = self.store.read_tables(listed)
             loaders = {f: (lambda t=t: _selected(t, columns)) for f, t in read.items()}
         else:  # a missing partition is skipped below
-            files = [f"{rel}/{PART}"] if partition else list(listed)
-            loaders = {f: (lambda f=f: self.store.read_parquet(f, columns=columns)) for f in files}
+            if partition:  # through this process's cache, asking the store only whether it changed
+                loaders = {
+                    f"{rel}/{PART}": lambda: self.store.read_partition(f"{rel}/{PART}", columns=columns)
+                }
+            else:
+                loaders = {f: (lambda f=f: self.store.read_parquet(f, columns=columns)) for f in listed}
         parts = []
         for f, load in loaders.items():
             try:

@@ -1,3 +1,4 @@
+import os
 import re
 
 import pyarrow as pa
@@ -130,6 +131,36 @@ def test_a_replaced_partition_is_read_again_and_a_big_table_is_not_cached(tmp_pa
             lake.sql(query)
 
 
+def test_a_partition_read_again_comes_from_the_cache_until_its_file_changes(tmp_path, monkeypatch):
+    """One partition read by several ops of a step (a pool's tasks, its graph) is parsed once per
+    process and version of its file: a file replaced by another process (not through this lake, so
+    this process cannot have forgotten it) is read again, and a missing one reads as empty."""
+    import pyarrow.parquet as pq  # the other process's write, byte for byte
+
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    parsed = []
+    real = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    for columns in (None, ["reward"], ["task_id", "reward"], None):
+        assert lake.read("rollouts", columns=columns, step=0).num_rows == 3
+    assert Lake(tmp_path).read("rollouts", step=0, columns=["reward"]).num_rows == 3  # another Lake object
+    assert len(parsed) == 1, parsed
+    path = tmp_path / "rollouts" / "step=0" / "part-0.parquet"
+    table = real(path)
+    other = tmp_path / "other.parquet"
+    pq.write_table(table.slice(0, 2), other)
+    os.replace(other, path)  # as another process's atomic write
+    assert lake.read("rollouts", step=0).num_rows == 2 and len(parsed) == 2
+    path.unlink()
+    assert lake.read("rollouts", step=0).num_rows == 0
+    monkeypatch.setenv("ENVSCHED_LAKE_CACHE_MB", "0")  # the cache off: every read parses the file
+    lake.write("rollouts", rollout_rows(0), step=0)
+    for _ in range(2):
+        assert lake.read("rollouts", step=0, columns=["reward"]).column_names == ["reward"]
+    assert len(parsed) == 4, parsed
+
+
 def test_a_snapshot_reads_each_thing_once_and_forgets_on_its_own_writes(tmp_path, monkeypatch):
     """Inside ``Lake.snapshot`` this thread reads each object, listing and partition once; a write
     through the lake forgets what was read; other Lake objects' writes are not seen until the block
@@ -141,7 +172,7 @@ def test_a_snapshot_reads_each_thing_once_and_forgets_on_its_own_writes(tmp_path
     lake.write_json("run.json", {"v": 1})
     reads = []
     store = type(lake.store)
-    for name in ("get", "exists", "glob", "read_parquet"):
+    for name in ("get", "exists", "glob", "read_partition"):
         real = getattr(store, name)
         monkeypatch.setattr(
             store,
@@ -163,7 +194,7 @@ def test_a_snapshot_reads_each_thing_once_and_forgets_on_its_own_writes(tmp_path
         assert ask() == ({"v": 1}, True, [0], 3, True)
         first = list(reads)
         assert ask() == ask()  # the same answers, read from the store no more
-        assert reads == first == ["get", "glob", "read_parquet", "exists"]
+        assert reads == first == ["get", "glob", "read_partition"]  # has(): the partition was read
         other.write_json("run.json", {"v": 2})
         other.write("rollouts", rollout_rows(1), step=1)
         assert ask()[0] == {"v": 1} and ask()[2] == [0]  # the snapshot's view

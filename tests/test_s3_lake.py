@@ -449,6 +449,58 @@ def test_a_steps_reads_cost_the_same_requests_whatever_the_runs_length(s3, s3_ca
     assert lake.sql("select count(*) as n from rollouts where step = 5").column("n").to_pylist() == [9]
 
 
+def test_an_unchanged_partition_read_again_is_a_get_that_brings_no_bytes(s3, monkeypatch):
+    """Every op of a step reads the pool's tasks and graph (half a megabyte and more at the default
+    pool's size): read again by this process, an unchanged partition is one GET conditional on the
+    ETag it was read at, answered 304 with no body; one replaced by another machine is read anew."""
+    import boto3  # the other machine's write, straight to the bucket
+    import pyarrow.parquet as pq  # its bytes
+    import s3fs
+
+    url, env = s3
+    lake = Lake(url)
+    lake.write(
+        "rollouts",
+        [{"step": 0, "task_id": f"t{i}", "env_id": "e", "rollout": 0, "reward": 1.0} for i in range(5)],
+        step=0,
+    )
+    answers = []  # (conditional?, bytes of the body or 304)
+    real = s3fs.S3FileSystem._call_s3
+
+    async def watching(self, method, *args, **kwargs):
+        name = method if isinstance(method, str) else method.__name__
+        try:
+            out = await real(self, method, *args, **kwargs)
+        except OSError as exc:
+            if name == "get_object":
+                answers.append((bool(kwargs.get("IfNoneMatch")), str(exc.__cause__)[:40]))
+            raise
+        if name == "get_object":
+            answers.append((bool(kwargs.get("IfNoneMatch")), out["ContentLength"]))
+        return out
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", watching)
+    for columns in (None, ["reward"], None):
+        assert lake.read("rollouts", step=0, columns=columns).num_rows == 5
+    size = answers[0][1]
+    assert size > 500 and answers[1:] == [(True, "An error occurred (304) when calling the")] * 2, answers
+    buf = pa.BufferOutputStream()
+    pq.write_table(
+        pa.table({"step": [0], "task_id": ["t9"], "env_id": ["e"], "rollout": [0], "reward": [0.0]}), buf
+    )
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).put_object(
+        Bucket=bucket, Key=f"{prefix}/rollouts/step=0/part-0.parquet", Body=buf.getvalue().to_pybytes()
+    )
+    answers.clear()
+    assert lake.read("rollouts", step=0).column("task_id").to_pylist() == ["t9"]
+    assert len(answers) == 1 and answers[0][0] and answers[0][1] > 500, answers  # asked, and it came
+    monkeypatch.setenv("ENVSCHED_LAKE_CACHE_MB", "0")  # the cache off: plain GETs
+    answers.clear()
+    assert lake.read("rollouts", step=0).num_rows == lake.read("rollouts", step=0).num_rows == 1
+    assert [a[0] for a in answers] == [False, False], answers
+
+
 def test_a_snapshot_asks_the_store_once_per_object_and_listing(s3, s3_calls):
     """A planning pass or a step's bookkeeping asks the same questions several times (the run, the
     halt, the steps of each table, a partition for different columns): inside ``Lake.snapshot``

@@ -509,6 +509,173 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
 REQUEST_S = 0.02  # a round trip to a real object store, for the projection (not measured here)
 
 
+def _s3_server(bucket: str):
+    """A context: moto's S3 server on a free port of this machine with ``bucket`` made, its
+    endpoint and credentials in this process's environment (as a deployment sets them) until the
+    block ends; then the server stopped and the environment as it was."""
+    # the S3 server and its client load only for the object-store sections
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+
+    import boto3
+
+    from envsched_pipeline.orchestration.driver import environment
+
+    @contextlib.contextmanager
+    def serve():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        try:
+            for _ in range(100):
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.1)
+            with environment(env):
+                boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+                yield env
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+    return serve()
+
+
+def section_lake_bytes(steps: int = 8) -> None:
+    """Bytes the driver's process reads from an object-store lake a step, at the default pool's
+    size (2550 tasks, B = 64, G = 8): every partition read a whole GET (as before 2026-12-06's
+    thirty-second session) against today's GET conditional on the ETag this process read it at,
+    which an unchanged partition (the pool's tasks and graph, read by several ops of every step)
+    answers with 304 and no body. Both in one run, through the Dagster jobs in-process."""
+    # the S3 server, Dagster, the loop driver and s3fs load only for this section
+    import collections
+    import tempfile
+
+    import dagster as dg
+    import s3fs
+
+    import envsched_pipeline.lake as lake_module
+    from envsched_pipeline.core.pools import ensure_pool
+    from envsched_pipeline.orchestration.driver import run_loop
+    from envsched_pipeline.run import RunSpec, start_run
+
+    got: collections.Counter = collections.Counter()  # body bytes by table
+    asked = [0]
+    real_call = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        asked[0] += 1
+        out = await real_call(self, method, *args, **kwargs)  # a 304 raises: no bytes
+        if (method if isinstance(method, str) else method.__name__) == "get_object":
+            got[kwargs["Key"].split("/")[1].split("=")[0]] += int(out.get("ContentLength") or 0)
+        return out
+
+    def whole(self, rel, columns=None):  # every partition read a whole GET
+        return self.read_parquet(rel, columns=columns)
+
+    results: dict[str, dict] = {}
+    real = lake_module._ObjectStore.read_partition
+    with _s3_server("bench-bytes"):
+        s3fs.S3FileSystem._call_s3 = counting
+        try:
+            for mode in ("whole", "conditional"):
+                if mode == "whole":
+                    lake_module._ObjectStore.read_partition = whole
+                per_step: list[dict] = []
+                with tempfile.TemporaryDirectory() as d, dg.instance_for_test() as instance:
+                    os.environ["ENVSCHED_LOCAL_DIR"] = d
+                    lake = lake_module.Lake(f"s3://bench-bytes/{mode}")
+                    print(f"lake bytes bench: {mode}: importing the default pool", flush=True)
+                    ensure_pool(lake, "synthetic")
+                    start_run(lake, RunSpec(pool="synthetic", policy="simulated", max_steps=steps))
+                    t0 = [time.perf_counter()]
+
+                    def on_step(step, _wall, per_step=per_step, t0=t0, mode=mode):
+                        now = time.perf_counter()
+                        per_step.append({"bytes": dict(got), "requests": asked[0], "wall": now - t0[0]})
+                        print(
+                            f"lake bytes bench: {mode}: step {step + 1}/{steps}, "
+                            f"{sum(got.values()) / 1e6:.2f} MB in {asked[0]} requests",
+                            flush=True,
+                        )
+                        got.clear()
+                        asked[0] = 0
+                        t0[0] = now
+
+                    got.clear()
+                    asked[0] = 0
+                    run_loop(lake, steps, instance=instance, on_step=on_step)
+                    os.environ.pop("ENVSCHED_LOCAL_DIR", None)
+                results[mode] = per_step
+                lake_module._ObjectStore.read_partition = real
+        finally:
+            lake_module._ObjectStore.read_partition = real
+            s3fs.S3FileSystem._call_s3 = real_call
+    steady = range(2, steps)  # step 0 reads the pool and builds the graph; step 1 warms up
+
+    def mean(mode: str, what) -> float:
+        return float(np.mean([what(results[mode][t]) for t in steady]))
+
+    def mb(row: dict, tables=None) -> float:
+        return sum(v for k, v in row["bytes"].items() if tables is None or k in tables) / 1e6
+
+    pool_tables = {"tasks", "edges", "features", "topologies", "environments", "task_latents"}
+    rows = [
+        "| reads | MB a step | of it the pool's tables | requests a step | wall s a step |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, label in (("whole", "a whole GET each (before)"), ("conditional", "conditional GET (now)")):
+        rows.append(
+            f"| {label} | {mean(mode, mb):.2f} | {mean(mode, lambda r: mb(r, pool_tables)):.2f} | "
+            f"{mean(mode, lambda r: r['requests']):.0f} | {mean(mode, lambda r: r['wall']):.2f} |"
+        )
+    top = collections.Counter()
+    for t in steady:
+        top.update(results["whole"][t]["bytes"])
+    biggest = ", ".join(f"{k} {v / len(steady) / 1e3:.0f} KB" for k, v in top.most_common(4))
+    ratio = mean("conditional", mb) / mean("whole", mb)
+    load = os.getloadavg()[0]
+    write_section(
+        "lake_bytes",
+        "\n".join(
+            [
+                "## What a step reads from an object-store lake, at the default pool's size",
+                "",
+                f"A simulated run of {steps} steps of the default synthetic pool (2550 tasks, B = 64, "
+                "G = 8) on an `s3://` lake served by moto's S3 server on this machine, through the "
+                "Dagster jobs in-process; the bytes of every GET's body and the requests counted at "
+                "s3fs's one entry point in the driver's process (selection, statistics, checks, "
+                f"plots), averaged over steps {steady.start}-{steady.stop - 1}. Before: every read of "
+                "one partition a whole GET; now: a GET conditional on the ETag this process last read "
+                "the partition at (`If-None-Match`), answered 304 with no body while it is unchanged. "
+                f"Both in one run. Machine: {machine()}; load average {load:.1f} at the end (the wall "
+                "seconds are the machine's with that load).",
+                "",
+                *rows,
+                "",
+                f"Now / before: **{ratio:.3f}x** the bytes a step. Before, the largest were {biggest} "
+                "a step: the pool's tasks and graph, read whole by several ops of every step though "
+                "they change only when the pool is imported again. The requests stay one per read.",
+            ]
+        ),
+        after="lake_requests",
+    )
+
+
 def section_lake_requests(steps: int = 30) -> None:
     """Requests to the object store per step of a run on an ``s3://`` lake (moto's S3 server on
     this machine), counted in the driver's process, as the run grows: the listings, scheduler-state
@@ -516,15 +683,11 @@ def section_lake_requests(steps: int = 30) -> None:
     step's state, every query reading every file), both in one run; and, in the run of today's
     code, the trainer step's own process (counted by a ``sitecustomize`` the bench puts on its
     path)."""
-    # the S3 server, Dagster, the loop driver and s3fs load only for this section
+    # Dagster, the loop driver and s3fs load only for this section
     import contextlib
     import shutil
-    import socket
-    import subprocess
-    import sys
     import tempfile
 
-    import boto3
     import dagster as dg
     import s3fs
 
@@ -537,14 +700,6 @@ def section_lake_requests(steps: int = 30) -> None:
     from envsched_pipeline.orchestration.driver import run_loop
     from envsched_pipeline.run import RunSpec, start_run
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     calls: list[str] = []
     real_call = s3fs.S3FileSystem._call_s3
 
@@ -574,16 +729,12 @@ def section_lake_requests(steps: int = 30) -> None:
         except (FileNotFoundError, IsADirectoryError):
             return None
 
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    def before_partition(self, rel, columns=None):  # every partition read a whole GET
+        return self.read_parquet(rel, columns=columns)
+
     saved = {
         k: os.environ.get(k)
         for k in [
-            *env,
             "ENVSCHED_LOCAL_DIR",
             "ENVSCHED_LAKE_CACHE_MB",
             "PYTHONPATH",
@@ -615,14 +766,9 @@ def section_lake_requests(steps: int = 30) -> None:
         return n
 
     results: dict[str, dict[str, list[float]]] = {}
+    stack = contextlib.ExitStack()
     try:
-        for _ in range(100):
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        os.environ.update(env)
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench-lake")
+        stack.enter_context(_s3_server("bench-lake"))
         s3fs.S3FileSystem._call_s3 = counting
         pool = load_synthetic("mini", n_envs=4, tasks_per_env=6, seed=0)
         for mode in ("before", "now"):
@@ -630,12 +776,14 @@ def section_lake_requests(steps: int = 30) -> None:
             real = (
                 lake_module._ObjectStore.glob,
                 lake_module._ObjectStore.get,
+                lake_module._ObjectStore.read_partition,
                 loop_module._done,
                 lake_module.Lake.snapshot,
             )
             if patched:
                 lake_module._ObjectStore.glob = before_glob
                 lake_module._ObjectStore.get = before_get
+                lake_module._ObjectStore.read_partition = before_partition
                 loop_module._done = before_done
                 lake_module.Lake.snapshot = before_snapshot
                 os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"
@@ -675,6 +823,7 @@ def section_lake_requests(steps: int = 30) -> None:
                 (
                     lake_module._ObjectStore.glob,
                     lake_module._ObjectStore.get,
+                    lake_module._ObjectStore.read_partition,
                     loop_module._done,
                     lake_module.Lake.snapshot,
                 ) = real
@@ -688,8 +837,7 @@ def section_lake_requests(steps: int = 30) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.terminate()
-        server.wait(timeout=10)
+        stack.close()
     marks = sorted({1, steps // 3, 2 * steps // 3, steps - 1})
     rows = [
         "| step | requests, before | requests, now | now / before | wall s, before | wall s, now | "

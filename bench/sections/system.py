@@ -411,7 +411,7 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
     step table `envsched train` prints, with every view of the lake built per query (before
     2026-12-05) against only the views a query reads. A lake of N steps is made from a 10-step
     simulated run whose partitions are written again under later steps (the same rows, renumbered)."""
-    # the step service, the simulated trainer and the plots load only for this section
+    # the step service and the plots load only for this section
     import tempfile
 
     import envsched_pipeline.lake as lake_module
@@ -419,10 +419,7 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
     from envsched_pipeline.analysis import plots
     from envsched_pipeline.core.loop import step_summary
     from envsched_pipeline.core.pools import import_pool
-    from envsched_pipeline.core.select import select_manifest
-    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.run import RunSpec, start_run
-    from trainer.step import run_step
 
     base_steps = 10
     rows = [
@@ -437,10 +434,7 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
             lake,
             RunSpec(pool="synthetic", policy="simulated", batch_size=16, group_size=8, max_steps=base_steps),
         )
-        for t in range(base_steps):
-            select_manifest(lake, t)
-            run_step(lake, t, log=lambda *_: None)
-            statistics_step(lake, t)
+        _steps_in_process(lake, base_steps, "step views bench")
         tables = [t for t in lake_module.STEP_TABLES if lake.steps(t)]
         have = base_steps
         for n in lengths:

@@ -994,8 +994,9 @@ class Lake:
         return self.store.glob(f"{table}/**/{PART}")
 
     def read(self, table: str, columns: list[str] | None = None, **partition: Any) -> pa.Table:
-        """Read one partition, or the whole table when no partition is given (from one listing and
-        this process's cached reads when the table is within the cache's size)."""
+        """Read one partition (through this process's cache, asking the store only whether it
+        changed), or the whole table when no partition is given (from one listing and this
+        process's cached reads when the table is within the cache's size)."""
         rel = self._partition_rel(table, **partition)
         empty = self._empty(table)
         if columns is not None:

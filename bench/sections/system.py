@@ -507,13 +507,14 @@ def _s3_server(bucket: str):
     """A context: moto's S3 server on a free port of this machine with ``bucket`` made, its
     endpoint and credentials in this process's environment (as a deployment sets them) until the
     block ends; then the server stopped and the environment as it was."""
-    # the S3 server and its client load only for the object-store sections
+    # the S3 server and its clients load only for the object-store sections
     import contextlib
     import socket
     import subprocess
     import sys
 
     import boto3
+    import s3fs
 
     from envsched_pipeline.orchestration.driver import environment
 
@@ -540,9 +541,13 @@ def _s3_server(bucket: str):
                         break
                 time.sleep(0.1)
             with environment(env):
+                # s3fs keeps its filesystems by their arguments: one made for an earlier section's
+                # server would still talk to that server's port
+                s3fs.S3FileSystem.clear_instance_cache()
                 boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
                 yield env
         finally:
+            s3fs.S3FileSystem.clear_instance_cache()
             server.terminate()
             server.wait(timeout=10)
 

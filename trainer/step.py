@@ -59,6 +59,18 @@ def checkpoint_rel(step: int, name: str) -> str:
     return Lake.artifact_rel("checkpoints", step, name)
 
 
+def previous_checkpoint(lake: Lake, learner: str, step: int, what: str) -> bytes:
+    """The checkpoint ``learner`` (a key of CHECKPOINT_FILES) wrote after step ``step - 1``; when
+    the lake lacks it, a StepError naming the ``what`` checkpoint and the rewind that makes it again."""
+    rel = checkpoint_rel(step - 1, CHECKPOINT_FILES[learner])
+    data = lake.read_bytes(rel)
+    if data is None:
+        raise StepError(
+            f"{what} checkpoint of step {step - 1} is missing ({lake.where(rel)}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
+        )
+    return data
+
+
 def simulated_learner(lake: Lake, spec: RunSpec):
 
     lat = lake.read("task_latents", pool=spec.pool)
@@ -81,13 +93,7 @@ def simulated_learner(lake: Lake, spec: RunSpec):
 def run_simulated(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=print) -> dict:
     learner = simulated_learner(lake, spec)
     if step > 0:
-        prev = lake.read_bytes(checkpoint_rel(step - 1, CHECKPOINT_FILES["simulated"]))
-        if prev is None:
-            where = lake.where(checkpoint_rel(step - 1, CHECKPOINT_FILES["simulated"]))
-            raise StepError(
-                f"policy checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
-            )
-        learner.load_bytes(prev)
+        learner.load_bytes(previous_checkpoint(lake, "simulated", step, "policy"))
     rng = step_rng(spec, step, salt=1)
     t0 = time.perf_counter()
     task_ids = manifest.column("task_id").to_pylist()

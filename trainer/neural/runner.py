@@ -25,7 +25,7 @@ from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
 from trainer.neural.testbed import TestbedConfig, warmstart_pool
 from trainer.realenv import every_environment
-from trainer.step import CHECKPOINT_FILES, checkpoint_rel
+from trainer.step import CHECKPOINT_FILES, checkpoint_rel, previous_checkpoint
 
 EVAL_EVERY = 10
 EVAL_SAMPLES = 8
@@ -54,13 +54,7 @@ def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
     """The learner ``step`` starts from: the checkpoint of the step before, or at step 0 the warm start."""
     learner = new_learner(lake, spec)
     if step > 0:
-        prev = lake.read_bytes(_checkpoint(step - 1))
-        if prev is None:
-            where = lake.where(_checkpoint(step - 1))
-            raise StepError(
-                f"neural checkpoint of step {step - 1} is missing ({where}); `envsched rewind --to {step}` makes it again from a kept one and redoes the run from step {step} (or names the steps it can go back to)"
-            )
-        learner.load_bytes(prev)
+        learner.load_bytes(previous_checkpoint(lake, "neural", step, "neural"))
         return learner
     warm = warmstart_pool(spec.seed, TestbedConfig())
     overlap = set(learner.envs) & {e["env_id"] for e in warm.environments}

@@ -503,6 +503,12 @@ def section_step_views(lengths: tuple[int, ...] = (20, 200, 1000), repeats: int 
 REQUEST_S = 0.02  # a round trip to a real object store, for the projection (not measured here)
 
 
+def _whole_partition(self, rel, columns=None):
+    """An object-store partition read as before 2026-12-06's thirty-second session: a whole GET
+    every time (the benches' "before" modes put it in place of ``_ObjectStore.read_partition``)."""
+    return self.read_parquet(rel, columns=columns)
+
+
 def _s3_server(bucket: str):
     """A context: moto's S3 server on a free port of this machine with ``bucket`` made, its
     endpoint and credentials in this process's environment (as a deployment sets them) until the
@@ -569,7 +575,7 @@ def section_lake_bytes(steps: int = 8) -> None:
 
     import envsched_pipeline.lake as lake_module
     from envsched_pipeline.core.pools import ensure_pool
-    from envsched_pipeline.orchestration.driver import run_loop
+    from envsched_pipeline.orchestration.driver import environment, run_loop
     from envsched_pipeline.run import RunSpec, start_run
 
     got: collections.Counter = collections.Counter()  # body bytes by table
@@ -583,20 +589,19 @@ def section_lake_bytes(steps: int = 8) -> None:
             got[kwargs["Key"].split("/")[1].split("=")[0]] += int(out.get("ContentLength") or 0)
         return out
 
-    def whole(self, rel, columns=None):  # every partition read a whole GET
-        return self.read_parquet(rel, columns=columns)
-
     results: dict[str, dict] = {}
     real = lake_module._ObjectStore.read_partition
     with _s3_server("bench-bytes"):
         s3fs.S3FileSystem._call_s3 = counting
         try:
             for mode in ("whole", "conditional"):
-                if mode == "whole":
-                    lake_module._ObjectStore.read_partition = whole
+                lake_module._ObjectStore.read_partition = _whole_partition if mode == "whole" else real
                 per_step: list[dict] = []
-                with tempfile.TemporaryDirectory() as d, dg.instance_for_test() as instance:
-                    os.environ["ENVSCHED_LOCAL_DIR"] = d
+                with (
+                    tempfile.TemporaryDirectory() as d,
+                    environment({"ENVSCHED_LOCAL_DIR": d}),
+                    dg.instance_for_test() as instance,
+                ):
                     lake = lake_module.Lake(f"s3://bench-bytes/{mode}")
                     print(f"lake bytes bench: {mode}: importing the default pool", flush=True)
                     ensure_pool(lake, "synthetic")
@@ -618,9 +623,7 @@ def section_lake_bytes(steps: int = 8) -> None:
                     got.clear()
                     asked[0] = 0
                     run_loop(lake, steps, instance=instance, on_step=on_step)
-                    os.environ.pop("ENVSCHED_LOCAL_DIR", None)
                 results[mode] = per_step
-                lake_module._ObjectStore.read_partition = real
         finally:
             lake_module._ObjectStore.read_partition = real
             s3fs.S3FileSystem._call_s3 = real_call
@@ -728,9 +731,6 @@ def section_lake_requests(steps: int = 30) -> None:
         except (FileNotFoundError, IsADirectoryError):
             return None
 
-    def before_partition(self, rel, columns=None):  # every partition read a whole GET
-        return self.read_parquet(rel, columns=columns)
-
     saved = {
         k: os.environ.get(k)
         for k in [
@@ -782,7 +782,7 @@ def section_lake_requests(steps: int = 30) -> None:
             if patched:
                 lake_module._ObjectStore.glob = before_glob
                 lake_module._ObjectStore.get = before_get
-                lake_module._ObjectStore.read_partition = before_partition
+                lake_module._ObjectStore.read_partition = _whole_partition
                 loop_module._done = before_done
                 lake_module.Lake.snapshot = before_snapshot
                 os.environ["ENVSCHED_LAKE_CACHE_MB"] = "0"

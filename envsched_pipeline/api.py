@@ -48,6 +48,7 @@ class ExternalRun:
         prior_lake: str | None = None,
         prior_discount: float | None = None,
         against: list[str] | None = None,
+        select_lag: int | None = None,
         **config_overrides,
     ):
         """Start a run on ``lake``, or resume the one it holds. A setting left as None is the run's
@@ -56,6 +57,9 @@ class ExternalRun:
         ``"envsched"``: the paper's constants), seed 0, B = 64, G = 8, no prior lake, prior discount
         0.5, compared with no other run. ``against``: lakes of other runs of this pool and batch shape
         (a baseline's) that the run's report compares with (`envsched report`, `run_report`).
+        ``select_lag`` (default 0): how many steps :meth:`manifest` may run ahead of
+        :meth:`observe`; with 1, ``manifest(t + 1)`` is chosen from the rollouts up to ``t - 1`` (step
+        t's picks counted as spent), for a trainer that asks for the next batch while one trains.
         ``scheduler`` may be any scheduler or named variant: its overrides under
         ``config_overrides``. Every setting is checked before anything is
         written; one that changes a run under way is refused, naming it."""
@@ -74,6 +78,7 @@ class ExternalRun:
                 prior_lake=prior_lake,
                 prior_discount=prior_discount,
                 against=against,
+                select_lag=select_lag,
                 trainer="external",
             )
         except ValueError as exc:
@@ -92,7 +97,9 @@ class ExternalRun:
         return (done[-1] + 1) if done else 0
 
     def manifest(self, step: int | None = None) -> list[dict]:
-        """Manifest of ``step`` (default: next_step). An existing manifest is returned unchanged."""
+        """Manifest of ``step`` (default: next_step). An existing manifest is returned unchanged.
+        Step t needs the rollouts of step ``t - 1 - select_lag`` observed, and the manifests before
+        it chosen."""
         step = self.next_step if step is None else _step(step)
         if not self.lake.has("manifests", step=step):
             select_manifest(self.lake, step)

@@ -164,10 +164,11 @@ def kept_for_good(step: int) -> bool:
     return step == 0 or (step + 1) % KEEP_EVERY == 0
 
 
-def superseded(step: int) -> int | None:
-    """The step whose per-step artifact writing ``step``'s makes unneeded: the one two steps back
-    unless kept for good (the newest two stay: a retried step needs its predecessor's)."""
-    old = step - 2
+def superseded(step: int, newest: int = 2) -> int | None:
+    """The step whose per-step artifact writing ``step``'s makes unneeded: the one ``newest`` steps
+    back unless kept for good (the newest two stay: a retried step needs its predecessor's; a run
+    that selects ahead of its rollouts keeps more scheduler states)."""
+    old = step - newest
     return old if old >= 0 and not kept_for_good(old) else None
 
 
@@ -852,10 +853,10 @@ class Lake:
         """The folder of one step's artifacts of a kind (``state/step=12``)."""
         return f"{kind}/step={int(step)}"
 
-    def drop_superseded(self, kind: str, step: int) -> None:
+    def drop_superseded(self, kind: str, step: int, newest: int = 2) -> None:
         """After writing ``step``'s artifacts of ``kind``, drop the folder of the step they make
-        unneeded (:func:`superseded`: step 0's, every ``KEEP_EVERY``-th and the newest two stay)."""
-        if (old := superseded(step)) is not None:
+        unneeded (:func:`superseded`: step 0's, every ``KEEP_EVERY``-th and the ``newest`` stay)."""
+        if (old := superseded(step, newest)) is not None:
             self.delete(self.artifact_folder(kind, old))
 
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:

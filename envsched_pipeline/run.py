@@ -24,6 +24,9 @@ POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external"
 # newest two stay) and whose steps record a checkpoint digest, so a dropped one can be made again
 REMADE_CHECKPOINTS = ("simulated", "neural")
 TRAINERS = ("subprocess", "external")
+# the most steps a selection may run ahead of the rollouts (RunSpec.select_lag): the lake keeps the
+# scheduler states that many steps further back, and a staler selection is seldom what a trainer needs
+MAX_SELECT_LAG = 4
 
 
 def check_types(obj, where: str) -> None:
@@ -283,6 +286,11 @@ class RunSpec:
     against: list[str] = field(default_factory=list)
     scheduler_config: dict = field(default_factory=dict)
     policy_config: dict = field(default_factory=dict)
+    # how many steps a selection may run ahead of the rollouts: manifest t is chosen from the
+    # statistics after step t-1-select_lag, the picks of the manifests in between counted as spent
+    # (core.select.selection_state). 0: after step t-1, the loop's own order; 1: a trainer that asks
+    # for the next batch while the current one trains (one-step off-policy, a prefetching loader)
+    select_lag: int = 0
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "run") -> RunSpec:
@@ -314,6 +322,8 @@ class RunSpec:
             )
         if self.max_steps < 1:
             raise ConfigError(f"max steps must be >= 1, got {self.max_steps}")
+        if not 0 <= self.select_lag <= MAX_SELECT_LAG:
+            raise ConfigError(f"select_lag must be in [0, {MAX_SELECT_LAG}], got {self.select_lag}")
         names = [n.strip() for n in self.report_to.split(",") if n.strip() and n.strip() != "none"]
         bad = [n for n in names if n not in ("tensorboard", "wandb", "mlflow")]
         if bad:
@@ -409,7 +419,7 @@ def require_run(lake: Lake) -> RunSpec:
     return spec
 
 
-FIXED = ("pool", "policy", "scheduler", "seed", "batch_size", "group_size", "trainer")
+FIXED = ("pool", "policy", "scheduler", "seed", "batch_size", "group_size", "trainer", "select_lag")
 
 
 def start_run(

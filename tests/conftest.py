@@ -85,6 +85,7 @@ LAYERS = {
         "test_trainer",
         "test_yield",
         "test_explain",
+        "test_select_lag",
         "test_state_keep",
         "test_remake",
         "test_sandbox_reach",

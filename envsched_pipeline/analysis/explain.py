@@ -18,7 +18,7 @@ import json
 import numpy as np
 
 from envsched_pipeline.core.build import build_scheduler, scheduler_config
-from envsched_pipeline.core.fold import load_state, state_available
+from envsched_pipeline.core.fold import selection_base, selection_state, state_available
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import require_run, step_rng
@@ -42,12 +42,13 @@ def explain_step(lake: Lake, step: int, task: str | None = None) -> dict:
         span = f"steps {have[0]}..{have[-1]}" if have else "no manifest yet"
         raise StepError(f"step {step} has no manifest in {lake.root} ({span})")
     rows = lake.read("manifests", step=step).to_pylist()
-    if step > 0 and not state_available(lake, step - 1):
+    base = selection_base(spec, step)
+    if base >= 0 and not state_available(lake, base):
         raise StepError(
-            f"the scheduler state after step {step - 1} is missing in {lake.root}, so step {step}'s "
-            f"selection cannot be recomputed; materialize statistics[{step - 1}] first"
+            f"the scheduler state after step {base} is missing in {lake.root}, so step {step}'s "
+            f"selection cannot be recomputed; materialize statistics[{base}] first"
         )
-    state = load_state(lake, spec, step - 1)
+    state = selection_state(lake, spec, step)
     ids = list(state.task_ids)
     if task is not None and task not in ids:
         raise StepError(

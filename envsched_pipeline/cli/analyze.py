@@ -319,7 +319,8 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
     lines = [
         f"run {spec['run_id'] or '(no id)'} in {st['lake']}",
         f"  pool {spec['pool']}, policy {spec['policy']}, {label}, seed {spec['seed']}, "
-        f"B = {spec['batch_size']}, G = {spec['group_size']}, trainer {spec['trainer']}",
+        f"B = {spec['batch_size']}, G = {spec['group_size']}, trainer {spec['trainer']}"
+        + (f", selects {spec['select_lag']} step(s) ahead of its rollouts" if spec.get("select_lag") else ""),
         f"  steps done: {done} of {spec['max_steps']} (last selected {_step(st['last_selected'])}, rollouts "
         f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {in_words(lake, st['next'])}",
     ]

@@ -44,6 +44,14 @@ def add_parser(sub) -> None:
     sel.add_argument("--seed", type=INDEX, default=None, help="run seed (first call: 0)")
     sel.add_argument("--batch-size", type=COUNT, default=None, help="B (first call: 64)")
     sel.add_argument("--group-size", type=GROUP, default=None, help="G, >= 2 (first call: 8)")
+    sel.add_argument(
+        "--select-lag",
+        type=INDEX,
+        default=None,
+        help="how many steps a selection may run ahead of your rollouts (first call: 0): with 1, "
+        "step T+1 is selected from the rollouts up to T-1, so your trainer can ask for it while step "
+        "T trains (a prefetching data loader, one-step off-policy); step T's picks count as spent",
+    )
     sel.set_defaults(func=cmd_select)
     ing = ssub.add_parser(
         "ingest", help="validate and write rollouts of step T (.jsonl or .parquet)", formatter_class=F
@@ -100,6 +108,7 @@ def _run_for(lake, args) -> RunSpec:
             seed=args.seed,
             batch_size=args.batch_size,
             group_size=args.group_size,
+            select_lag=args.select_lag,
             trainer="external",
         )
     except ValueError as exc:

@@ -158,6 +158,13 @@ def add_parser(sub) -> None:
         help="weight of the prior run's statistics; new run: 0.5",
     )
     t.add_argument(
+        "--select-lag",
+        type=INDEX,
+        default=None,
+        help="select step T from the rollouts up to T-1-N (new run: 0), as a trainer that asks for the "
+        "next batch while one trains does: what a stale selection costs, measured on your learner",
+    )
+    t.add_argument(
         "--cost-aware", action="store_true", help="score informativeness per predicted rollout second"
     )
     t.add_argument(
@@ -284,6 +291,7 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
             group_size=args.group_size,
             prior_lake=args.prior_lake,
             prior_discount=args.prior_discount,
+            select_lag=args.select_lag,
             report_to=args.report_to,
             against=None if args.against is None else [a for a in args.against if a != "none"],
             policy_config={**kept, **policy_config(args)},
@@ -396,7 +404,8 @@ def run(args) -> int:
     shown = scheduler_label(spec.scheduler, spec.scheduler_config)
     print(
         f"run {spec.run_id}: pool={spec.pool} policy={spec.policy} scheduler={shown} "
-        f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}",
+        f"B={spec.batch_size} G={spec.group_size} steps={args.steps} lake={lake.root}"
+        + (f" select_lag={spec.select_lag}" if spec.select_lag else ""),
         flush=True,
     )
     if spec.policy == "simulated":

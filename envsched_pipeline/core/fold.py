@@ -34,6 +34,7 @@ from envsched_pipeline.rollouts import TASK_OUTCOMES
 from envsched_pipeline.run import RunSpec, config_changes, spec_at
 from envsched_pipeline.scheduler import Observations, Scheduler, SchedulerState
 from envsched_pipeline.scheduler.state import align_state
+from envsched_pipeline.scheduler.update import count_pending
 
 DIGEST = "state_digest"  # the statistics column that records the digest of the state a step made
 
@@ -131,6 +132,32 @@ def load_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
         # the pool was re-imported with edits: re-key the history by content hash
         state, report = align_state(state, ids, envs, hashes)
         state.extra["last_alignment"] = report
+    return state
+
+
+def selection_base(spec: RunSpec, step: int) -> int:
+    """The last step whose rollouts manifest ``step`` is chosen from: ``step - 1``, or
+    ``select_lag`` steps earlier for a run that selects ahead of its rollouts (-1: none)."""
+    return max(step - 1 - spec.select_lag, -1)
+
+
+def selection_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
+    """What manifest ``step`` is chosen from: the state after step ``selection_base`` with the
+    picks of the manifests after it (``select_lag`` of them at most, rollouts not folded yet)
+    counted as spent, so a selection ahead of the rollouts does not pick them again at once. For a
+    run without ``select_lag`` it is the state after ``step - 1``, as it is stored."""
+    base = selection_base(spec, step)
+    state = load_state(lake, spec, base)
+    for p in range(base + 1, step):
+        if not lake.has("manifests", step=p):
+            raise StepError(
+                f"cannot select step {step}: the manifest of step {p} is missing (select it first)"
+            )
+        picked = lake.read("manifests", step=p, columns=["task_id"]).column("task_id").to_pylist()
+        index = {t: i for i, t in enumerate(state.task_ids.tolist())}  # a task edited out: skipped
+        count_pending(
+            state, p, np.array([index[t] for t in picked if t in index], dtype=np.int64), spec.group_size
+        )
     return state
 
 

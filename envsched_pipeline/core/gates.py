@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from envsched_pipeline.core.build import scheduler_config
-from envsched_pipeline.core.fold import load_state
+from envsched_pipeline.core.fold import selection_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.rollouts import ERROR_CLASSES
@@ -321,7 +321,7 @@ def rewind(
             f"{record['step']} or earlier, or fix it and `envsched resume`"
         )
     if step > 0:  # the state the redo selects from: a fold that fails is refused before anything moves
-        load_state(lake, spec, step - 1)
+        selection_state(lake, spec, step)
     if step > 0 and spec.trainer != "external" and spec.policy != "openai":
         have, why = checkpointed_steps(lake), ""
         if step - 1 not in have and remake is not None and spec.policy in REMADE_CHECKPOINTS:

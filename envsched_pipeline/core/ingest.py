@@ -192,9 +192,14 @@ def group_problems(
     return problems, groups
 
 
-def consumed(lake: Lake, step: int) -> bool:
-    """Step ``step``'s rollouts were already used: its statistics exist, or the next manifest."""
-    return lake.has("statistics", step=step) or has_state(lake, step) or lake.has("manifests", step=step + 1)
+def consumed(lake: Lake, spec: RunSpec, step: int) -> bool:
+    """Step ``step``'s rollouts were already used: its statistics exist, or the first manifest
+    chosen from them (the next one; ``select_lag`` further for a run that selects ahead)."""
+    return (
+        lake.has("statistics", step=step)
+        or has_state(lake, step)
+        or lake.has("manifests", step=step + 1 + spec.select_lag)
+    )
 
 
 def roll_back(lake: Lake, step: int) -> dict:
@@ -227,7 +232,7 @@ def ingest_rollouts(
             f"cannot ingest step {step}: it has no manifest (run `envsched step select --step {step}`)"
         )
     with step_lock(lake, f"ingest-step={step}") as lock, lake.fenced(lock.check):
-        if consumed(lake, step) and not replace:
+        if consumed(lake, spec, step) and not replace:
             raise StepError(
                 f"step {step} was already used (its statistics or the next manifest exist); re-ingesting "
                 "would leave them derived from the old rollouts. Pass --replace to roll the later steps "
@@ -303,7 +308,7 @@ def _ingest(lake: Lake, spec: RunSpec, step: int, rows_or_path, replace: bool, p
         raise StepError(
             f"{source}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         )
-    rolled = roll_back(lake, step) if replace and consumed(lake, step) else None
+    rolled = roll_back(lake, step) if replace and consumed(lake, spec, step) else None
     partial = groups.filter(pl.col("n") != spec.group_size)["task_id"].to_list()
     lake.write_json(
         f"ingest/step={step}.json",

@@ -21,19 +21,28 @@ def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
 
 def consistency_problems(lake: Lake) -> list[str]:
     """Partitions missing below the run's frontier: a step that has later steps but lacks its own
-    manifest, rollouts, metrics or statistics (e.g. a deleted partition)."""
+    manifest, rollouts, metrics or statistics (e.g. a deleted partition). A step's rollouts and
+    statistics are due once a manifest was chosen from them, so the last ``select_lag`` manifests
+    of a run that selects ahead may wait for theirs."""
     spec = load_run(lake)
     if spec is None:
         return []
     sel, roll, stats = _done(lake, spec.trainer == "external")
     every = set(lake.steps("manifests")) | set(lake.steps("rollouts")) | set(lake.steps("statistics"))
     frontier = max(every) if every else -1
+    # a step's rollouts and statistics are due once a later step has them or a manifest was chosen
+    # from them: the next one, or select_lag further for a run that selects ahead of its rollouts
+    due = {
+        "manifest": frontier,
+        "rollouts": max(set(lake.steps("rollouts")) | set(lake.steps("statistics")), default=-1),
+        "statistics": max(stats, default=-1),
+    }
     problems = []
     for t in range(frontier):
         missing = [
             name
             for name, have in (("manifest", sel), ("rollouts", roll), ("statistics", stats))
-            if t not in have
+            if t not in have and (t < due[name] or t + 1 + spec.select_lag in sel)
         ]
         if missing:
             problems.append(f"step {t}: {', '.join(missing)} missing although step {frontier} exists")

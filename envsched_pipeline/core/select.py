@@ -1,4 +1,5 @@
-"""Manifest t: the scheduler's selection from the state after step t-1.
+"""Manifest t: the scheduler's selection from the state after step t-1 (or, for a run that
+selects ahead of its rollouts, ``RunSpec.select_lag`` steps before that: :func:`selection_state`).
 
 Deterministic for (run seed, step, state): re-running replaces the partition with identical rows.
 The manifest (``manifests[t]``) holds one row per pick: task, environment, half, score,
@@ -12,7 +13,7 @@ import json
 import time
 
 from envsched_pipeline.core.build import build_scheduler, scheduler_config
-from envsched_pipeline.core.fold import load_state
+from envsched_pipeline.core.fold import selection_base, selection_state
 from envsched_pipeline.core.gates import require_not_halted
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.core.yields import oversampling_factor, predicted_yield
@@ -30,11 +31,15 @@ def select_manifest(lake: Lake, step: int) -> dict:
     require_not_halted(lake)
     if step < 0:
         raise StepError(f"step must be >= 0, got {step}")
-    if step > 0 and not lake.has("rollouts", step=step - 1):
-        raise StepError(f"cannot select step {step}: rollouts of step {step - 1} are missing")
-    if step > 0 and not lake.has("statistics", step=step - 1):
-        statistics_step(lake, step - 1)  # an external trainer ingested t-1: fold it in now
-    state = load_state(lake, spec, step - 1)
+    base = selection_base(spec, step)
+    if base >= 0 and not lake.has("rollouts", step=base):
+        ahead = (
+            f" (the run selects {spec.select_lag} step(s) ahead of its rollouts)" if spec.select_lag else ""
+        )
+        raise StepError(f"cannot select step {step}: rollouts of step {base} are missing{ahead}")
+    if base >= 0 and not lake.has("statistics", step=base):
+        statistics_step(lake, base)  # an external trainer ingested it: fold it in now
+    state = selection_state(lake, spec, step)
     sched = build_scheduler(lake, spec, state)
     t0 = time.perf_counter()
     selection = sched.select(state, spec.batch_size, step_rng(spec, step), step)
@@ -47,6 +52,7 @@ def select_manifest(lake: Lake, step: int) -> dict:
         "step": step,
         "scheduler": spec.scheduler,
         "history_steps": int(state.step + 1),
+        "selected_ahead": int(step - 1 - state.step) if step > 0 else 0,  # steps without rollouts yet
         "tasks_observed": int(state.observed.sum()),
         "pool_tasks": int(state.n_tasks),
         "retired": int((state.arrays["retired"] > 0).sum()),

@@ -34,11 +34,12 @@ def state_steps(lake: Lake) -> set[int]:
     return set(lake.artifact_steps("state", STATE_FILE))
 
 
-def save_state(lake: Lake, state: SchedulerState, step: int) -> Path:
-    """Write the state after ``step`` and drop the one after ``step - 2`` unless it is kept for good
-    (the newest two stay: a retried step needs its predecessor's)."""
+def save_state(lake: Lake, state: SchedulerState, step: int, select_lag: int = 0) -> Path:
+    """Write the state after ``step`` and drop the one after ``step - 2 - select_lag`` unless it is
+    kept for good (the newest two stay: a retried step needs its predecessor's; a run selecting
+    ``select_lag`` steps ahead selects from the state that many steps further back)."""
     path = lake.write_bytes(state_rel(step), state.to_bytes())
-    lake.drop_superseded("state", step)
+    lake.drop_superseded("state", step, newest=2 + select_lag)
     return path
 
 

@@ -36,7 +36,7 @@ def statistics_step(lake: Lake, step: int) -> dict:
     t0 = time.perf_counter()
     apply(sched, state, obs, u)
     seconds = time.perf_counter() - t0
-    save_state(lake, state, step)
+    save_state(lake, state, step, spec.select_lag)
     a = state.arrays
     i = obs.task_idx
     w = np.maximum(a["W"][i], 1e-12)

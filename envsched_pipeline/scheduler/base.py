@@ -61,9 +61,12 @@ class Scheduler(ABC):
     ) -> SchedulerState:
         return update_state(state, obs, self.config, predicted_u)
 
-    def predict(self, state: SchedulerState, model: bool = True) -> dict[str, np.ndarray] | None:
+    def predict(
+        self, state: SchedulerState, model: bool = True, step: int | None = None
+    ) -> dict[str, np.ndarray] | None:
         """Per-task estimates, or None for a scheduler without any; ``model=False`` skips a fitted
-        model on top of them (EnvSched's spread_model) where only the shrunk estimates are needed."""
+        model on top of them (EnvSched's spread_model) where only the shrunk estimates are needed;
+        ``step``: the step they are for (default: the one after the state's last observed)."""
         return None
 
     @abstractmethod

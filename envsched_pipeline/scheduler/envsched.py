@@ -45,9 +45,12 @@ class EnvSched(Scheduler):
         self.last_trace: dict | None = None  # the last select()'s internals, for explanations
 
     # ------------------------------------------------------------------ §2 + §4
-    def predict(self, state: SchedulerState, model: bool = True) -> dict[str, np.ndarray]:
+    def predict(
+        self, state: SchedulerState, model: bool = True, step: int | None = None
+    ) -> dict[str, np.ndarray]:
         """Per-task estimates (hat_m, hat_s2, hat_d and their parts). With the config's spread_model
-        and ``model``, hat_d is the fitted model's chance of spread (the shrunk estimate: base_d)."""
+        and ``model``, hat_d is the fitted model's chance of spread at ``step`` (default: the one
+        after the state's last; the shrunk estimate: base_d)."""
         c, a = self.config, state.arrays
         W = a["W"]
         obs = W > 0
@@ -106,13 +109,15 @@ class EnvSched(Scheduler):
             hat = (X + c.lambda_s * prior) / (W + c.lambda_s)
             out[f"own_{x}"], out[f"prior_{x}"], out[f"hat_{x}"] = own, prior, hat
         if model and c.spread_model != "none":
-            p = self._fit_spread_model(state, out)
+            p = self._fit_spread_model(state, out, state.step + 1 if step is None else step)
             if p is not None:
                 out["base_d"], out["hat_d"] = out["hat_d"], p
         return out
 
-    def _fit_spread_model(self, state: SchedulerState, pred: dict[str, np.ndarray]) -> np.ndarray | None:
-        """The chance of spread at the coming step from a logistic regression on the run's past picks
+    def _fit_spread_model(
+        self, state: SchedulerState, pred: dict[str, np.ndarray], step: int
+    ) -> np.ndarray | None:
+        """The chance of spread at ``step`` from a logistic regression on the run's past picks
         (``state.model_rows``); None until there are spread_model_min_rows rows with both outcomes."""
         rows = state.model_rows
         if rows.shape[0] < self.config.spread_model_min_rows:
@@ -120,7 +125,7 @@ class EnvSched(Scheduler):
         X, y = rows[:, :-1], rows[:, -1] > 0.5
         if y.all() or not y.any():
             return None
-        feats = spread_features(state, pred, state.step + 1, self.config.spread_features)
+        feats = spread_features(state, pred, step, self.config.spread_features)
         if X.shape[1] != feats.shape[1]:  # rows from another feature set
             return None
         if self.config.spread_model == "boosted":
@@ -256,7 +261,7 @@ class EnvSched(Scheduler):
             picks = self._cold_start(state, b, rng, cons)
             self.last_trace = {"cold": True, "constraints": cons}
             return Selection(picks, cons.relaxations, quarantined)
-        pred = self.predict(state)
+        pred = self.predict(state, step=step)
         cons.chance = pred["hat_d"]  # this step's picks count towards the useful-breadth quota by it
         inf = self.informativeness(state, pred, rng)
         back = self._returning(state, pred, rng)
@@ -353,14 +358,18 @@ class EnvSched(Scheduler):
         np.maximum.at(penalty, cols, vals)
 
     def _cold_start(self, state, b, rng, cons: BatchConstraints) -> list[Pick]:
-        """Step 0: round-robin over environments (seeded order), max-min diversity inside each."""
+        """Step 0: round-robin over environments (seeded order), max-min diversity inside each among
+        the tasks least spent (all of them at step 0; not those of a step selected before it whose
+        rollouts are not back, ``RunSpec.select_lag``)."""
         sym = self.graph.symmetric() if self.graph is not None else None
         order = rng.permutation(state.n_envs)
         max_sim = np.zeros(state.n_tasks)
+        exposure = state.arrays["exposure"]
 
         sim_at_pick: dict[int, float] = {}
 
         def most_diverse(cand):  # max-min similarity to what the batch already holds
+            cand = cand[exposure[cand] == exposure[cand].min()]
             least = cand[max_sim[cand] == max_sim[cand].min()]
             i = int(rng.choice(least))
             sim_at_pick[i] = float(max_sim[i])

@@ -3,6 +3,7 @@
     decay               every decayed sum x gamma^(steps elapsed)                    (own history)
     add_observations    the step's group mean / variance / dispersion, EMAs, cost
     count_exposure      rollouts spent (failed ones too), last seen, environment counters
+    count_pending       a selection ahead of the rollouts: the picks in between as exposure
     remember_recent     the last three group means / dispersions (retirement)
     track_hacks         decayed identifier-hack rate among rewarded rollouts
     retire              progress filter: retire tasks whose last groups were all solved / failed
@@ -80,6 +81,20 @@ def count_exposure(state: SchedulerState, obs: Observations) -> None:
     a["last_seen"][obs.task_idx] = obs.step
     np.add.at(a["env_rollouts"], state.env[obs.task_idx], spent)
     a["env_last_seen"][state.env[obs.task_idx]] = obs.step
+
+
+def count_pending(state: SchedulerState, step: int, task_idx: np.ndarray, group_size: int) -> None:
+    """The picks of step ``step``, whose rollouts are not in ``state`` yet, counted as exposure (G
+    rollouts each, seen at ``step``) and as that step's picks: what a selection made ahead of the
+    rollouts (``RunSpec.select_lag``) knows of the manifests in between. Nothing is learned of
+    their outcomes; ``state.step`` stays the last step observed."""
+    a = state.arrays
+    idx = np.asarray(task_idx, dtype=np.int64)
+    a["exposure"][idx] += group_size
+    a["last_seen"][idx] = step
+    np.add.at(a["env_rollouts"], state.env[idx], group_size)
+    a["env_last_seen"][state.env[idx]] = step
+    state.recent_picks = (state.recent_picks + [idx.copy()])[-3:]
 
 
 def remember_recent(state: SchedulerState, obs: Observations, has: np.ndarray) -> None:

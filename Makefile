@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "[1/4] creating $(VENV) and installing the CPU build of torch (first time: ~2 minutes) ..."
 	@$(BIN)/pip install -q "torch==2.13.0" 2>$(VENV)/install.log || { cat $(VENV)/install.log; exit 1; }
-	@echo "[2/4] installing envsched (editable) with the torch, dev, trackers and deploy extras ..."
-	@$(BIN)/pip install -q -e ".[torch,dev,trackers,deploy]" 2>>$(VENV)/install.log || { cat $(VENV)/install.log; exit 1; }
+	@echo "[2/4] installing envsched (editable) with the torch, dev, trackers, deploy and trl extras ..."
+	@$(BIN)/pip install -q -e ".[torch,dev,trackers,deploy,trl]" 2>>$(VENV)/install.log || { cat $(VENV)/install.log; exit 1; }
 	@echo "[3/4] installing the pool packages' runtime dependencies ..."
 	@$(BIN)/pip install -q mpmath "reasoning-gym==0.1.25" pydantic loguru toml PyYAML addict deepdiff \
 	    python-dotenv docstring-parser pandas 2>>$(VENV)/install.log || { cat $(VENV)/install.log; exit 1; }

@@ -100,6 +100,7 @@ LAYERS = {
         "test_cluster",
         "test_rollout_backend",
         "test_ranks",
+        "test_trl",
         "test_s3_lake",
         "test_report",
         "test_compare",

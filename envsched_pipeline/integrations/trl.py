@@ -1,0 +1,199 @@
+"""envsched as the data source of TRL's GRPO trainer (``pip install trl``; the ``trl`` extra).
+
+TRL's ``GRPOTrainer`` draws prompts through a sampler and scores each generation batch with reward
+functions. :func:`grpo_trainer` builds one whose sampler hands it envsched's batches (each manifest
+task G times, a generation batch per envsched step) and whose reward function scores the completions
+and hands the rewards back to the run, so the next batches are chosen from them:
+
+    run = ExternalRun(pool="synthetic", lake="warehouse/trl", batch_size=64, group_size=8, select_lag=1)
+    args = GRPOConfig(output_dir="out", num_generations=8, per_device_train_batch_size=64 * 8,
+                      steps_per_generation=1, max_steps=200, ...)
+    trainer = grpo_trainer(run, model, tokenizer, args)   # rewards: the pool's own verifiers
+    trainer.train()
+
+Each prompt is what an agent is first shown (the environment's tool schemas in Qwen3's chat format
+and the task's instruction); :class:`VerifierScore` runs the tool calls of a completion in the
+task's environment (sandboxed) and returns its checklist verifier's reward. Another scorer is any
+``score(task_ids, completions) -> rewards``.
+
+TRL's data loader asks for the next generation batch before the current one is scored (accelerate
+fetches a batch ahead), so a run driven by TRL selects one step ahead of its rollouts: started with
+``select_lag=1`` (``select_lag`` >= 1 is checked when a generation batch is drawn once per
+optimizer step; with ``steps_per_generation`` > 1 the batch is scored before the next is asked
+for). One process: with several, each would score only its slice of a step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from envs.registry import episode_spec
+from envs.sandbox import SandboxPool
+from envsched_pipeline.api import ExternalRun
+from envsched_pipeline.errors import ConfigError, StepError
+from envsched_pipeline.lake import Lake
+from trainer import chat
+
+
+def task_prompts(lake: Lake, pool: str, tools_in_prompt: bool = True) -> list[dict]:
+    """Every task of ``pool`` as TRL's dataset rows: ``task_id``, ``env_id`` and ``prompt``, the
+    Qwen3 chat text an agent is first shown (system turn with the environment's tool schemas, the
+    instruction as the user turn, the assistant header). ``tools_in_prompt=False`` leaves the
+    schemas out (a policy trained on the pool's tools already; prompts a tenth as long)."""
+    tools = {
+        e["env_id"]: json.loads(e["tools"] or "[]")
+        for e in lake.read("environments", pool=pool, columns=["env_id", "tools"]).to_pylist()
+    }
+    rows = lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()
+    return [
+        {
+            "task_id": r["task_id"],
+            "env_id": r["env_id"],
+            "prompt": chat.render_system(tools.get(r["env_id"], []) if tools_in_prompt else [])
+            + chat.render_user(r["instruction"])
+            + chat.assistant_header(),
+        }
+        for r in rows
+    ]
+
+
+class VerifierScore:
+    """``score(task_ids, completions) -> rewards`` by the pool's own verifiers: each completion's
+    ``<tool_call>`` blocks run in its task's environment (a sandbox worker; malformed calls are
+    dropped, as the agent loop reports them), its text is the final answer, and the reward is the
+    checklist verifier's. An episode the sandbox ends (time limit, crash) scores 0."""
+
+    def __init__(self, lake: Lake, pool: str, workers: int = 2):
+        self.envs = {e["env_id"]: e for e in lake.read("environments", pool=pool).to_pylist()}
+        self.tasks = {t["task_id"]: t for t in lake.read("tasks", pool=pool).to_pylist()}
+        self.sandbox = SandboxPool(workers=workers)
+        self.last: list[dict] = []  # the last call's episode results, in order
+
+    def __call__(self, task_ids: Sequence[str], completions: Sequence[str]) -> list[float]:
+        jobs = []
+        for task_id, text in zip(task_ids, completions, strict=True):
+            task = self.tasks[task_id]
+            parsed = chat.parse_assistant(text)
+            calls = [{"name": c["name"], "arguments": c["arguments"]} for c in parsed.tool_calls]
+            jobs.append((episode_spec(self.envs[task["env_id"]], task), calls, parsed.content.strip()))
+        self.last = self.sandbox.map_episodes(jobs)
+        return [float(r.get("reward") or 0.0) for r in self.last]
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+class EnvSchedReward:
+    """A TRL reward function: scores a generation batch, which must be the run's next step (each
+    manifest task G times, in manifest order), hands the rewards to the run (``observe``) and
+    returns them."""
+
+    __name__ = "envsched"  # TRL names a reward function's metrics by it
+
+    def __init__(self, run: ExternalRun, score: Callable[[list[str], list[str]], list[float]]):
+        self.run, self.score = run, score
+
+    def __call__(self, prompts, completions, task_id=None, **_) -> list[float]:
+        if task_id is None:
+            raise ValueError("the dataset has no task_id column: build it with task_prompts()")
+        step = self.run.next_step
+        g = self.run.spec.group_size
+        expected = [p["task_id"] for p in self.run.manifest(step) for _ in range(g)]
+        if list(task_id) != expected:
+            raise StepError(
+                f"TRL scored {len(task_id)} completions that are not step {step}'s batch ({len(expected)}: "
+                "each manifest task G times, in order): one generation batch must be one envsched step "
+                "(per_device_train_batch_size x steps_per_generation = B x G, one process)"
+            )
+        texts = [c if isinstance(c, str) else (c[-1].get("content") or "") for c in completions]
+        rewards = [float(r) for r in self.score(list(task_id), texts)]
+        self.run.observe(
+            step,
+            [
+                {"task_id": t, "rollout": j % g, "reward": r}
+                for j, (t, r) in enumerate(zip(task_id, rewards, strict=True))
+            ],
+        )
+        return rewards
+
+
+class EnvSchedSampler:
+    """The indices of ``task_ids`` (the dataset's rows) of each step's manifest, each G times, the
+    whole batch ``repeat`` times (TRL draws a generation batch once per ``steps_per_generation x
+    num_iterations`` optimizer steps), from the run's next step to its ``max_steps``. A torch
+    ``Sampler`` by protocol (``__iter__``, ``__len__``)."""
+
+    def __init__(self, run: ExternalRun, task_ids: Sequence[str], repeat: int = 1):
+        self.run, self.repeat = run, repeat
+        self.index = {t: i for i, t in enumerate(task_ids)}
+
+    def __iter__(self):
+        g = self.run.spec.group_size
+        for step in range(self.run.next_step, self.run.spec.max_steps):
+            try:
+                picks = self.run.manifest(step)
+            except StepError as exc:
+                raise StepError(
+                    f"{exc}. TRL's data loader asked for step {step}'s batch before the step before "
+                    "it was scored: start the run with select_lag=1 (ExternalRun(select_lag=1))"
+                ) from exc
+            batch = [self.index[p["task_id"]] for p in picks for _ in range(g)]
+            for _ in range(self.repeat):
+                yield from batch
+
+    def __len__(self) -> int:
+        steps = max(self.run.spec.max_steps - self.run.next_step, 0)
+        return steps * self.run.spec.batch_size * self.run.spec.group_size * self.repeat
+
+
+def grpo_trainer(
+    run: ExternalRun, model, tokenizer, args, score=None, tools_in_prompt: bool = True, **kwargs
+):
+    """A ``trl.GRPOTrainer`` over ``run``: its prompts are the run's pool (:func:`task_prompts`), its
+    sampler the run's batches (:class:`EnvSchedSampler`), its reward ``score`` handed back to the run
+    (:class:`EnvSchedReward`; default :class:`VerifierScore`). ``args`` (a ``GRPOConfig``) must make
+    one generation batch one envsched step, which is checked: ``num_generations`` = G,
+    ``per_device_train_batch_size x steps_per_generation`` = B x G, one process.
+    ``tools_in_prompt``: as :func:`task_prompts`. ``kwargs`` go to ``GRPOTrainer``.
+
+    On a machine without Triton (a CPU) TRL scores every prompt position over the vocabulary
+    (151,936 for Qwen3), so there a step costs about prompt length x batch x vocabulary."""
+    from datasets import Dataset  # the trl extra's, loaded only when a trainer is built
+    from trl import GRPOTrainer  # the trl extra's, loaded only when a trainer is built
+
+    spec = run.spec
+    b, g = spec.batch_size, spec.group_size
+    per_generation = args.per_device_train_batch_size * args.steps_per_generation
+    if args.num_generations != g:
+        raise ConfigError(
+            f"GRPOConfig.num_generations is {args.num_generations}; the run's group size G is {g}"
+        )
+    if per_generation != b * g:
+        raise ConfigError(
+            f"GRPOConfig.per_device_train_batch_size x steps_per_generation is {per_generation}; one "
+            f"generation batch must be one envsched step, B x G = {b * g}"
+        )
+    if args.world_size != 1:
+        raise ConfigError(f"{args.world_size} processes: envsched's TRL trainer runs in one process")
+    repeat = args.num_iterations * args.steps_per_generation
+    if repeat == 1 and spec.select_lag < 1:
+        raise ConfigError(
+            "TRL's data loader asks for the next generation batch before the current one is scored: "
+            "start the run with select_lag=1 (ExternalRun(select_lag=1))"
+        )
+    rows = task_prompts(run.lake, spec.pool, tools_in_prompt)
+    scorer = score if score is not None else VerifierScore(run.lake, spec.pool)
+
+    class EnvSchedGRPOTrainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset=None):
+            return EnvSchedSampler(run, [r["task_id"] for r in rows], repeat=repeat)
+
+    return EnvSchedGRPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        reward_funcs=[EnvSchedReward(run, scorer)],
+        processing_class=tokenizer,
+        **kwargs,
+    )

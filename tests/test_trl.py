@@ -1,0 +1,133 @@
+"""envsched as TRL's GRPO data source: a real ``trl.GRPOTrainer`` (a random-init tiny Qwen3 on CPU)
+trained on envsched's batches, its rewards handed back to the run, and the pool's own verifiers as
+the reward."""
+
+import json
+
+import pytest
+import trl
+
+from envs.registry import load_synthetic
+from envsched_pipeline.api import ExternalRun
+from envsched_pipeline.core.loop import consistency_problems
+from envsched_pipeline.core.pools import import_pool
+from envsched_pipeline.errors import ConfigError, StepError
+from envsched_pipeline.integrations.trl import EnvSchedSampler, VerifierScore, grpo_trainer, task_prompts
+from envsched_pipeline.lake import Lake
+from trainer import chat
+
+
+@pytest.fixture(scope="module")
+def pool_lake(tmp_path_factory):
+    lake = Lake(tmp_path_factory.mktemp("trl") / "pool")
+    import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=3))
+    return lake
+
+
+def _run(tmp_path, pool_lake, lag=1):
+    lake = Lake(tmp_path / "lake")
+    for f in pool_lake.root.rglob("*"):  # the pool, imported once for the module
+        if f.is_file():
+            dst = lake.root / f.relative_to(pool_lake.root)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(f.read_bytes())
+    return ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=lag, seed=0)
+
+
+def _args(tmp_path, **kw):
+    return trl.GRPOConfig(
+        **{
+            "output_dir": str(tmp_path / "out"),
+            "num_generations": 2,
+            "per_device_train_batch_size": 8,
+            "steps_per_generation": 1,
+            "gradient_accumulation_steps": 1,
+            "max_completion_length": 8,
+            "max_steps": 3,
+            "learning_rate": 1e-4,
+            "use_cpu": True,
+            "report_to": "none",
+            "save_strategy": "no",
+            "logging_steps": 1,
+            "disable_tqdm": True,
+            "seed": 0,
+            **kw,
+        }
+    )
+
+
+def test_grpo_trainer_trains_on_envsched_batches_and_hands_the_rewards_back(tmp_path, pool_lake):
+    from trainer.model import qwen3_tokenizer, tiny_qwen3  # torch and transformers: only these tests
+
+    run = _run(tmp_path, pool_lake)
+    scored = []
+
+    def score(task_ids, texts):  # a scorer of the completions TRL generated: their length's parity
+        scored.append(list(task_ids))
+        return [float(len(t) % 2) for t in texts]
+
+    # without the tool schemas a prompt is ~80 tokens, not ~1,200: TRL's CPU path scores every
+    # prompt position over the 151k vocabulary, so this keeps the three steps to seconds
+    trainer = grpo_trainer(
+        run, tiny_qwen3(seed=0), qwen3_tokenizer(), _args(tmp_path), score=score, tools_in_prompt=False
+    )
+    trainer.train()
+    lake = run.lake
+    assert lake.steps("rollouts") == [0, 1, 2]
+    # TRL's loader asked for step 3's batch before step 2 was scored: chosen from the rollouts up to 1
+    assert lake.steps("manifests") == [0, 1, 2, 3]
+    assert lake.read("audits", step=3).to_pylist()[0]["selected_ahead"] == 1
+    for t in range(3):  # TRL generated for step t's manifest, each task G times, in order
+        picks = [r["task_id"] for r in lake.read("manifests", step=t).sort_by("slot").to_pylist()]
+        assert scored[t] == [p for p in picks for _ in range(2)]
+        got = lake.read("rollouts", step=t).sort_by([("task_id", "ascending"), ("rollout", "ascending")])
+        assert len(got) == 8 and set(got.column("rollout").to_pylist()) == {0, 1}
+    assert consistency_problems(lake) == []
+    logged = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    means = [sum(r["reward"] for r in lake.read("rollouts", step=t).to_pylist()) / 8 for t in range(3)]
+    assert logged == pytest.approx(means)  # TRL trained on the rewards the run recorded
+
+
+def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(tmp_path, pool_lake):
+    from trainer.model import qwen3_tokenizer, tiny_qwen3  # torch and transformers: only these tests
+
+    run = _run(tmp_path, pool_lake)
+    model, tok = tiny_qwen3(seed=0), qwen3_tokenizer()
+    with pytest.raises(ConfigError, match="num_generations is 4; the run's group size G is 2"):
+        grpo_trainer(run, model, tok, _args(tmp_path, num_generations=4), score=lambda a, b: [0.0] * len(a))
+    with pytest.raises(ConfigError, match="is 4; one generation batch must be one envsched step, B x G = 8"):
+        grpo_trainer(
+            run, model, tok, _args(tmp_path, per_device_train_batch_size=4), score=lambda a, b: [0.0] * len(a)
+        )
+    unlagged = _run(tmp_path / "b", pool_lake, lag=0)
+    with pytest.raises(ConfigError, match="start the run with select_lag=1"):
+        grpo_trainer(unlagged, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a))
+
+
+def test_the_sampler_repeats_a_step_for_each_use_of_its_generation_batch(tmp_path, pool_lake):
+    run = _run(tmp_path, pool_lake, lag=0)
+    ids = [r["task_id"] for r in task_prompts(run.lake, "synthetic")]
+    it = iter(EnvSchedSampler(run, ids, repeat=2))
+    first = [next(it) for _ in range(16)]
+    picks = [ids.index(p["task_id"]) for p in run.manifest(0)]
+    assert first == [i for i in picks for _ in range(2)] * 2
+    with pytest.raises(StepError, match="start the run with select_lag=1"):
+        next(it)  # step 1 asked for before step 0 was scored
+
+
+def test_verifier_score_runs_a_completions_tool_calls_through_the_pools_verifier(pool_lake):
+    tasks = pool_lake.read("tasks", pool="synthetic").to_pylist()[:4]
+    gold = [chat.render_assistant("Done.", json.loads(t["gold"])) for t in tasks]
+    scorer = VerifierScore(pool_lake, "synthetic", workers=1)
+    try:
+        ids = [t["task_id"] for t in tasks]
+        right = scorer(ids, gold)
+        wrong = scorer(ids, ['<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>'] * 4)
+        broken = scorer(ids, ["<tool_call>{not json</tool_call>"] * 4)
+    finally:
+        scorer.close()
+    assert right == [1.0] * 4
+    assert all(w < 1.0 for w in wrong) and all(b < 1.0 for b in broken)
+    prompt = next(p for p in task_prompts(pool_lake, "synthetic") if p["task_id"] == tasks[0]["task_id"])
+    assert tasks[0]["instruction"] in prompt["prompt"] and prompt["prompt"].endswith(chat.assistant_header())
+    assert '"name": "' + json.loads(tasks[0]["gold"])[0]["name"] + '"' in prompt["prompt"]  # its tool schema

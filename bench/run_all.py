@@ -32,7 +32,7 @@ from sections.common import (  # noqa: E402
 from sections.draws import section_draws  # noqa: E402
 from sections.experiments import learner_experiment, section_forced_stop  # noqa: E402
 from sections.infcap import section_infcap  # noqa: E402
-from sections.lag import section_select_lag  # noqa: E402
+from sections.lag import section_pipeline_lag, section_select_lag  # noqa: E402
 from sections.levers import section_levers  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument(
         "--sections",
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
-        "select_lag,step_views,lake_requests,lake_bytes,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
+        "select_lag,pipeline_lag,step_views,lake_requests,lake_bytes,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
         "neural_noforced_seeds",
     )
@@ -227,6 +227,8 @@ def main() -> int:
         section_lake_bytes()
     if "select_lag" in sections:
         section_select_lag()
+    if "pipeline_lag" in sections:  # runs the seeds without a record (about 25 minutes a pair)
+        section_pipeline_lag()
     if "event_log" in sections:
         section_event_log()
     if "state_keep" in sections:

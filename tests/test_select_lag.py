@@ -11,7 +11,7 @@ from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.build import new_run
-from envsched_pipeline.core.gates import rewind
+from envsched_pipeline.core.gates import check_manifest, rewind
 from envsched_pipeline.core.loop import consistency_problems, next_action
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.state_store import state_steps
@@ -126,6 +126,8 @@ def test_a_lagged_internal_run_is_explained_rewound_and_redone_alike(small_pool)
     # the scheduler states a selection two steps ahead reads stay kept: the newest four
     assert {5, 6, 7, 8} <= state_steps(lake) and 4 not in state_steps(lake)
     assert all(explain_step(lake, t)["reproduced"] for t in (0, 1, 2, 5, 8))
+    # the batch constraints saw the two manifests before each, pending or not: the gate passes
+    assert all(check_manifest(lake, t)["passed"] for t in range(9))
     rewind(lake, 5, remake=lambda k: remake(lake, k, log=lambda *_: None))  # the policy after 4 made again
     assert consistency_problems(lake) == []
     run_steps(lake, range(5, 9))

@@ -99,6 +99,8 @@ def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(t
         grpo_trainer(
             run, model, tok, _args(tmp_path, per_device_train_batch_size=4), score=lambda a, b: [0.0] * len(a)
         )
+    with pytest.raises(ConfigError, match="eval_dataset: the envsched reward hands every batch"):
+        grpo_trainer(run, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a), eval_dataset=[{}])
     unlagged = _run(tmp_path / "b", pool_lake, lag=0)
     with pytest.raises(ConfigError, match="start the run with select_lag=1"):
         grpo_trainer(unlagged, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a))

@@ -174,6 +174,11 @@ def grpo_trainer(
             f"GRPOConfig.per_device_train_batch_size x steps_per_generation is {per_generation}; one "
             f"generation batch must be one envsched step, B x G = {b * g}"
         )
+    if kwargs.get("eval_dataset") is not None:
+        raise ConfigError(
+            "eval_dataset: the envsched reward hands every batch it scores to the run as a training "
+            "step; evaluate with your own callback (and ExternalRun.log_eval) instead"
+        )
     if args.world_size != 1:
         raise ConfigError(f"{args.world_size} processes: envsched's TRL trainer runs in one process")
     repeat = args.num_iterations * args.steps_per_generation

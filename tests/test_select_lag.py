@@ -7,6 +7,7 @@ import zlib
 import pytest
 
 from envs.registry import load_synthetic
+from envsched_pipeline.analysis.compare import against_runs
 from envsched_pipeline.analysis.explain import explain_step
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
@@ -160,3 +161,14 @@ def test_step_select_takes_the_lag_and_status_says_it(tmp_path, capsys):
     assert main(["--lake", str(lake), "status"]) == 0
     assert "selects 1 step(s) ahead of its rollouts" in capsys.readouterr().out
     assert load_run(Lake(lake)).select_lag == 1
+
+
+def test_a_report_against_a_run_of_another_lag_says_so(small_pool, tmp_path):
+    other = Lake(tmp_path / "other")
+    import_pool(other, load_synthetic("synthetic", **SMALL))
+    mine, theirs = _api(small_pool, 0), _api(other, 1)
+    (got,) = against_runs(small_pool, mine.spec, [other])
+    assert got["notes"] == ["selects 1 step(s) ahead of its rollouts (this run: 0)"]
+    assert against_runs(other, theirs.spec, [small_pool])[0]["notes"] == [
+        "selects 0 step(s) ahead of its rollouts (this run: 1)"
+    ]

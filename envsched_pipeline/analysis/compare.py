@@ -90,6 +90,8 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
         changed = changed_settings(spec.policy_config, o.policy_config, "this run", mine_first=False)
         if changed:
             notes.append("policy settings " + ", ".join(changed))
+        if o.select_lag != spec.select_lag:  # the same scheduler chooses from staler statistics
+            notes.append(f"selects {o.select_lag} step(s) ahead of its rollouts (this run: {spec.select_lag})")
         out.append({"lake": other, "spec": o, "name": short_label(o), "notes": notes})
     _unique_names(out, spec)
     return out

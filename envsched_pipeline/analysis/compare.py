@@ -91,7 +91,9 @@ def against_runs(lake: Lake, spec: RunSpec, others: Sequence[Lake], flag: str = 
         if changed:
             notes.append("policy settings " + ", ".join(changed))
         if o.select_lag != spec.select_lag:  # the same scheduler chooses from staler statistics
-            notes.append(f"selects {o.select_lag} step(s) ahead of its rollouts (this run: {spec.select_lag})")
+            notes.append(
+                f"selects {o.select_lag} step(s) ahead of its rollouts (this run: {spec.select_lag})"
+            )
         out.append({"lake": other, "spec": o, "name": short_label(o), "notes": notes})
     _unique_names(out, spec)
     return out

@@ -148,14 +148,14 @@ def selection_state(lake: Lake, spec: RunSpec, step: int) -> SchedulerState:
     run without ``select_lag`` it is the state after ``step - 1``, as it is stored."""
     base = selection_base(spec, step)
     state = load_state(lake, spec, base)
+    index = {t: i for i, t in enumerate(state.task_ids.tolist())} if step - 1 > base else {}
     for p in range(base + 1, step):
         if not lake.has("manifests", step=p):
             raise StepError(
                 f"cannot select step {step}: the manifest of step {p} is missing (select it first)"
             )
         picked = lake.read("manifests", step=p, columns=["task_id"]).column("task_id").to_pylist()
-        index = {t: i for i, t in enumerate(state.task_ids.tolist())}  # a task edited out: skipped
-        count_pending(
+        count_pending(  # a task edited out of the pool since it was picked is skipped
             state, p, np.array([index[t] for t in picked if t in index], dtype=np.int64), spec.group_size
         )
     return state

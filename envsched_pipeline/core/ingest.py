@@ -234,7 +234,7 @@ def ingest_rollouts(
     with step_lock(lake, f"ingest-step={step}") as lock, lake.fenced(lock.check):
         if consumed(lake, spec, step) and not replace:
             raise StepError(
-                f"step {step} was already used (its statistics or the next manifest exist); re-ingesting "
+                f"step {step} was already used (its statistics, or a manifest chosen from it, exist); re-ingesting "
                 "would leave them derived from the old rollouts. Pass --replace to roll the later steps "
                 "back (they are archived) and ingest again"
             )

@@ -12,7 +12,13 @@ from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.core.loop import consistency_problems
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.errors import ConfigError, StepError
-from envsched_pipeline.integrations.trl import EnvSchedSampler, VerifierScore, grpo_trainer, task_prompts
+from envsched_pipeline.integrations.trl import (
+    EnvSchedReward,
+    EnvSchedSampler,
+    VerifierScore,
+    grpo_trainer,
+    task_prompts,
+)
 from envsched_pipeline.lake import Lake
 from trainer import chat
 
@@ -133,3 +139,19 @@ def test_verifier_score_runs_a_completions_tool_calls_through_the_pools_verifier
     prompt = next(p for p in task_prompts(pool_lake, "synthetic") if p["task_id"] == tasks[0]["task_id"])
     assert tasks[0]["instruction"] in prompt["prompt"] and prompt["prompt"].endswith(chat.assistant_header())
     assert '"name": "' + json.loads(tasks[0]["gold"])[0]["name"] + '"' in prompt["prompt"]  # its tool schema
+
+
+def test_an_episode_the_sandbox_ended_counts_as_spent_not_as_the_tasks_outcome(tmp_path, pool_lake):
+    run = _run(tmp_path, pool_lake, lag=0)
+    picks = [p["task_id"] for p in run.manifest(0) for _ in range(2)]
+
+    class Scorer:  # as VerifierScore: rewards, and the episodes behind them in ``last``
+        def __call__(self, task_ids, texts):
+            self.last = [{"reward": 0.0, "error_class": "timeout"}] + [{"reward": 1.0}] * (len(task_ids) - 1)
+            return [e["reward"] for e in self.last]
+
+    assert EnvSchedReward(run, Scorer())(picks, ["x"] * len(picks), task_id=picks)[:2] == [0.0, 1.0]
+    got = run.lake.read("rollouts", step=0).to_pylist()
+    assert sorted(r["error_class"] for r in got).count("timeout") == 1
+    first = next(r for r in got if r["error_class"] == "timeout")
+    assert (first["task_id"], first["rollout"]) == (picks[0], 0)

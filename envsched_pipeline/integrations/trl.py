@@ -33,6 +33,7 @@ from envs.sandbox import SandboxPool
 from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.rollouts import ERROR_CLASSES
 from trainer import chat
 
 
@@ -108,13 +109,18 @@ class EnvSchedReward:
             )
         texts = [c if isinstance(c, str) else (c[-1].get("content") or "") for c in completions]
         rewards = [float(r) for r in self.score(list(task_id), texts)]
-        self.run.observe(
-            step,
-            [
-                {"task_id": t, "rollout": j % g, "reward": r}
-                for j, (t, r) in enumerate(zip(task_id, rewards, strict=True))
-            ],
-        )
+        rows = [
+            {"task_id": t, "rollout": j % g, "reward": r}
+            for j, (t, r) in enumerate(zip(task_id, rewards, strict=True))
+        ]
+        # a scorer that ran episodes (VerifierScore) says which the sandbox ended: those count as
+        # rollouts spent, not as the task's outcomes
+        episodes = getattr(self.score, "last", None) or []
+        if len(episodes) == len(rows):
+            for row, ep in zip(rows, episodes, strict=True):
+                if ep.get("error_class") in ERROR_CLASSES:
+                    row["error_class"] = ep["error_class"]
+        self.run.observe(step, rows)
         return rewards
 
 

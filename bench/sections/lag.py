@@ -150,33 +150,22 @@ def _lake_metrics(lake) -> dict:
 def run_lagged(seeds: tuple[int, ...], lag: int = 1, steps: int = 200, eval_every: int = 50) -> None:
     """The recommended form with ``select_lag`` = ``lag`` through `envsched train --policy neural
     --resident` at each of ``seeds`` without a record, two at once, each recorded."""
-    import subprocess
-    import sys
-
     from envsched_pipeline.lake import Lake  # the step service: this section only
+    from sections.pipeline import start_train  # the same `envsched train` as pipeline_neural's runs
 
     todo = [s for s in seeds if not _lag_record_path(s, lag, steps).exists()]
     for pair in (todo[i : i + 2] for i in range(0, len(todo), 2)):
         with tempfile.TemporaryDirectory() as d:
-            procs = {}
-            for seed in pair:
-                folder = Path(d, f"s{seed}")
-                (folder / "dagster_home").mkdir(parents=True)
-                env = dict(os.environ, DAGSTER_HOME=str(folder / "dagster_home"), PYTHONUNBUFFERED="1")
-                cmd = [
-                    sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(folder / "lake"), "train",
-                    "--pool", "synthetic", "--policy", "neural", "--resident", "--seed", str(seed),
-                    "--steps", str(steps), "--eval-every", str(eval_every), "--select-lag", str(lag),
-                ]  # fmt: skip
-                log = open(folder / "train.log", "w")  # noqa: SIM115 - closed once the process ends
-                procs[seed] = (
-                    subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
-                    log,
-                    time.time(),
+            procs = {
+                seed: start_train(
+                    Path(d, f"s{seed}"), seed, steps, eval_every, ["--select-lag", str(lag)],
+                    f"pipeline_lag: started seed {seed}",
                 )
-                print(f"pipeline_lag: started seed {seed} ({' '.join(cmd[3:])})", flush=True)
+                for seed in pair
+            }  # fmt: skip
             for seed, (proc, log, t0) in procs.items():
                 code = proc.wait()
+                wall = time.time() - t0
                 log.close()
                 if code != 0:
                     raise RuntimeError(
@@ -189,7 +178,7 @@ def run_lagged(seeds: tuple[int, ...], lag: int = 1, steps: int = 200, eval_ever
                     "eval_every": eval_every,
                     "machine": machine(),
                     "recorded": time.strftime("%Y-%m-%d"),
-                    "wall_seconds": time.time() - t0,
+                    "wall_seconds": wall,
                     **_lake_metrics(Lake(Path(d, f"s{seed}", "lake"))),
                 }
                 path = _lag_record_path(seed, lag, steps)

@@ -30,28 +30,39 @@ def record_path(seed: int, steps: int) -> Path:
     return RECORDS / f"neural-s{seed}-{steps}.json"
 
 
+def start_train(folder: Path, seed: int, steps: int, eval_every: int, extra: list[str], label: str):
+    """`envsched train --policy neural --resident` of the default pool started in ``folder`` (its
+    lake, its own Dagster instance, its log; ``extra`` flags after the rest), announced as
+    ``label``: (the process, its open log, its start time)."""
+    (folder / "dagster_home").mkdir(parents=True)
+    env = dict(os.environ, DAGSTER_HOME=str(folder / "dagster_home"), PYTHONUNBUFFERED="1")
+    cmd = [
+        sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(folder / "lake"), "train",
+        "--pool", "synthetic", "--policy", "neural", "--resident", "--seed", str(seed),
+        "--steps", str(steps), "--eval-every", str(eval_every), *extra,
+    ]  # fmt: skip
+    log = open(folder / "train.log", "w")  # noqa: SIM115 - closed once the process ends
+    started = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, time.time())
+    print(f"{label} ({' '.join(cmd[3:])})", flush=True)
+    return started
+
+
 def run_pair(seed: int, steps: int, eval_every: int) -> dict:
     """Both runs at once through `envsched train`, then the report of the form against random."""
     from envsched_pipeline.lake import Lake  # the step service: this section only
 
     with tempfile.TemporaryDirectory() as d:
-        procs = {}
-        for name, extra in RUNS:
-            folder = Path(d, name.replace(" ", "-"))
-            (folder / "dagster_home").mkdir(parents=True)
-            env = dict(os.environ, DAGSTER_HOME=str(folder / "dagster_home"), PYTHONUNBUFFERED="1")
-            cmd = [
-                sys.executable, "-m", "envsched_pipeline.cli", "--lake", str(folder / "lake"), "train",
-                "--pool", "synthetic", "--policy", "neural", "--resident", "--seed", str(seed),
-                "--steps", str(steps), "--eval-every", str(eval_every), *extra,
-            ]  # fmt: skip
-            log = open(folder / "train.log", "w")  # noqa: SIM115 - closed once the process ends
-            procs[name] = (
-                subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
-                log,
-                time.time(),
+        procs = {
+            name: start_train(
+                Path(d, name.replace(" ", "-")),
+                seed,
+                steps,
+                eval_every,
+                extra,
+                f"pipeline_neural: started {name}",
             )
-            print(f"pipeline_neural: started {name} ({' '.join(cmd[3:])})", flush=True)
+            for name, extra in RUNS
+        }
         walls, codes = {}, {}
         while len(walls) < len(procs):  # each run's own end, whichever finishes first
             for name, (proc, log, t0) in procs.items():

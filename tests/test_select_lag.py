@@ -138,19 +138,7 @@ def test_a_lagged_internal_run_is_explained_rewound_and_redone_alike(small_pool)
 def test_step_select_takes_the_lag_and_status_says_it(tmp_path, capsys):
     lake = tmp_path / "lake"
     code = main(
-        [
-            "--lake",
-            str(lake),
-            "pool",
-            "create",
-            "synthetic",
-            "--name",
-            "mini",
-            "--envs",
-            "4",
-            "--tasks-per-env",
-            "6",
-        ]
+        ["--lake", str(lake), *"pool create synthetic --name mini --envs 4 --tasks-per-env 6".split()]
     )
     assert code == 0
     args = ["--lake", str(lake), "step", "select", "--pool", "mini", "--batch-size", "4", "--group-size", "2"]

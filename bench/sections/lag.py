@@ -17,17 +17,15 @@ from sections.common import HERE, machine, pm, write_section
 LAGS = (0, 1, 2)
 
 
-def _run(pool, scheduler: str | None, lag: int, seed: int, steps: int) -> dict:
+def _run(pool, scheduler: str | None, lag: int, seed: int, steps: int, label: str) -> dict:
     """One simulated run of ``steps`` steps in-process (select, train, fold, as the Dagster jobs
     do): its per-step batch variance and zero-variance share, and its seconds."""
     # the step service loads only for this section
     from envsched_pipeline.core.build import new_run
     from envsched_pipeline.core.pools import import_pool
-    from envsched_pipeline.core.select import select_manifest
-    from envsched_pipeline.core.statistics import statistics_step
     from envsched_pipeline.lake import Lake
     from envsched_pipeline.run import start_run
-    from trainer.step import run_step
+    from sections.system import _steps_in_process  # the in-process step loop of the system benches
 
     with tempfile.TemporaryDirectory() as d:
         lake = Lake(os.path.join(d, "lake"))
@@ -35,10 +33,7 @@ def _run(pool, scheduler: str | None, lag: int, seed: int, steps: int) -> dict:
         settings = {"scheduler": scheduler} if scheduler else {}
         start_run(lake, new_run(policy="simulated", seed=seed, max_steps=steps, select_lag=lag, **settings))
         t0 = time.perf_counter()
-        for t in range(steps):
-            select_manifest(lake, t)
-            run_step(lake, t, log=lambda *_: None)
-            statistics_step(lake, t)
+        _steps_in_process(lake, steps, f"select_lag bench: seed {seed} {label}", every=25)
         seconds = time.perf_counter() - t0
         rows = lake.sql("select step, batch_variance, zero_variance_fraction from step_summary order by step")
         return {
@@ -58,7 +53,7 @@ def section_select_lag(steps: int = 100, seeds: int = 4) -> None:
     forms = [("random", "random", 0)] + [(f"the form, select_lag {k}", None, k) for k in LAGS]
     for seed in range(seeds):
         for label, scheduler, lag in forms:
-            r = _run(pool, scheduler, lag, seed, steps)
+            r = _run(pool, scheduler, lag, seed, steps, label)
             rows.setdefault(label, []).append(r)
             print(
                 f"select_lag bench: seed {seed} {label}: batch variance {r['batch_variance'].mean():.4f}, "

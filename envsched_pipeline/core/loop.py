@@ -28,13 +28,14 @@ def consistency_problems(lake: Lake) -> list[str]:
     if spec is None:
         return []
     sel, roll, stats = _done(lake, spec.trainer == "external")
-    every = set(lake.steps("manifests")) | set(lake.steps("rollouts")) | set(lake.steps("statistics"))
+    written = set(lake.steps("rollouts"))  # ``roll`` less an internal step's unfinished ones
+    every = sel | written | stats
     frontier = max(every) if every else -1
     # a step's rollouts and statistics are due once a later step has them or a manifest was chosen
     # from them: the next one, or select_lag further for a run that selects ahead of its rollouts
     due = {
         "manifest": frontier,
-        "rollouts": max(set(lake.steps("rollouts")) | set(lake.steps("statistics")), default=-1),
+        "rollouts": max(written | stats, default=-1),
         "statistics": max(stats, default=-1),
     }
     problems = []

@@ -52,7 +52,7 @@ def select_manifest(lake: Lake, step: int) -> dict:
         "step": step,
         "scheduler": spec.scheduler,
         "history_steps": int(state.step + 1),
-        "selected_ahead": int(step - 1 - state.step) if step > 0 else 0,  # steps without rollouts yet
+        "selected_ahead": step - 1 - base,  # steps without rollouts yet: min(step, select_lag)
         "tasks_observed": int(state.observed.sum()),
         "pool_tasks": int(state.n_tasks),
         "retired": int((state.arrays["retired"] > 0).sum()),

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from envsched_pipeline.analysis.compare import (
     HEADLINES,
@@ -44,6 +43,16 @@ STEP_QUERY = f"select step, {', '.join(k for k, _, _ in HEADLINES)} from step_su
 EVERY_SEED_CHANCE = 0.9
 ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
 MAX_SEEDS = 1000  # beyond this, no practical number of seeds resolves the mean
+
+
+def _stats():
+    """``scipy.stats``, loaded on first use: it takes half a second, which every `envsched` command
+    would otherwise pay at start."""
+    from scipy import stats  # see the docstring: only the spread over seeds needs it
+
+    return stats
+
+
 POWER = 0.8  # planning for an effect: the chance of resolving it that a number of seeds should give
 
 
@@ -86,7 +95,7 @@ def over_seeds(d: np.ndarray, se: np.ndarray | None = None) -> dict:
         raise ValueError(f"need at least 2 seeds to judge a spread over seeds (got {n})")
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     sem = sd / math.sqrt(n)
-    t = float(stats.t.ppf(0.975, n - 1))
+    t = float(_stats().t.ppf(0.975, n - 1))
     ci = [mean - t * sem, mean + t * sem]
     out = {
         "n": n,
@@ -122,7 +131,7 @@ def seeds_to_resolve(mean: float, sd: float) -> int | None:
         return None
     n = max(2, math.ceil((1.96 * sd / abs(mean)) ** 2))  # the normal approximation, a lower bound
     while n <= MAX_SEEDS:
-        if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < abs(mean):
+        if _stats().t.ppf(0.975, n - 1) * sd / math.sqrt(n) < abs(mean):
             return n
         n += 1
     return None
@@ -134,8 +143,8 @@ def t_power(effect: float, sd: float, n: int) -> float:
     if sd == 0:
         return float(effect != 0)
     df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
-    crit = float(stats.t.ppf(0.975, df))
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    crit = float(_stats().t.ppf(0.975, df))
+    return float(_stats().nct.sf(crit, df, nc) + _stats().nct.cdf(-crit, df, nc))
 
 
 def seeds_for_power(effect: float, sd: float, power: float = POWER) -> int | None:
@@ -146,7 +155,7 @@ def seeds_for_power(effect: float, sd: float, power: float = POWER) -> int | Non
         return None
     if sd == 0:
         return 2
-    z = stats.norm.ppf(0.975) + stats.norm.ppf(power)
+    z = _stats().norm.ppf(0.975) + _stats().norm.ppf(power)
     n = max(2, math.ceil((z * sd / abs(effect)) ** 2))  # the normal approximation, a lower bound
     while n <= MAX_SEEDS:
         if t_power(effect, sd, n) >= power:

@@ -20,9 +20,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import openai
-from openai import OpenAI
-
 from envsched_pipeline.graph.topology import offline_topology
 from envsched_pipeline.lake import atomic_write_bytes
 
@@ -109,6 +106,7 @@ class LLMTopologyExtractor:
         backoff: float = 0.5,
         tools_by_env: dict[str, list[str]] | None = None,
     ):
+        from openai import OpenAI  # the client library loads slowly; only a run that asks an LLM needs it
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0, timeout=timeout)
         self.model = model
@@ -164,6 +162,7 @@ class LLMTopologyExtractor:
         ]
 
     def extract_one(self, task: dict) -> dict:
+        import openai  # loaded by the client already (``__init__``); its error classes
 
         path = self._cache_path(task)
         if path is not None and path.exists():

@@ -10,7 +10,6 @@ import re
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import TfidfVectorizer
 
 SUBSCRIPT = re.compile(r"\[\s*\"([^\"]+)\"\s*\]")  # state keys read by check code
 
@@ -141,5 +140,7 @@ def topology_text(topo: dict) -> str:
 def topology_matrix(topo_docs: list[str]) -> sp.csr_matrix | None:
     if not any(d.strip() for d in topo_docs):
         return None
+    from sklearn.feature_extraction.text import TfidfVectorizer  # slow to load; graph builds only
+
     vec = TfidfVectorizer(token_pattern=r"[^\s]+", sublinear_tf=True, lowercase=False, dtype=np.float32)
     return vec.fit_transform(topo_docs).tocsr()

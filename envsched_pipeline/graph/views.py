@@ -10,7 +10,6 @@ from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.feature_extraction.text import TfidfVectorizer
 
 from envsched_pipeline.graph.topology import SUBSCRIPT, instruction_operations, op_category
 
@@ -61,6 +60,8 @@ def task_views(task: dict, tool_names: list[str]) -> dict[str, str]:
 
 def view_matrices(tasks: list[dict], tool_names_by_env: dict[str, list[str]]) -> dict[str, sp.csr_matrix]:
     """TF-IDF matrix (rows = tasks, L2-normalized) for each of the six views that has text."""
+    from sklearn.feature_extraction.text import TfidfVectorizer  # slow to load; graph builds only
+
     views = [task_views(t, tool_names_by_env.get(t["env_id"], [])) for t in tasks]
     mats = {}
     for v in VIEWS:

@@ -318,9 +318,12 @@ def test_checkpoint_roundtrip(tok, tmp_path):
 
 # ---------------------------------------------------------------------------- end to end through Pipes
 def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
+    from envsched_pipeline.cli import main  # the CLI in this process for the pool (the steps: a fresh one)
     from envsched_pipeline.lake import Lake
 
     lake = tmp_path / "lake"
+    args = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
+    assert main(["--lake", str(lake), *args]) == 0  # a small pool: its import is not what is tested
     cmd = [
         sys.executable,
         "-m",
@@ -329,7 +332,7 @@ def test_hf_tiny_step_through_dagster_pipes_and_resume(tmp_path, dagster_home):
         str(lake),
         "train",
         "--pool",
-        "synthetic",
+        "mini",
         "--policy",
         "hf-tiny",
         "--batch-size",

@@ -8,7 +8,8 @@ position over the 151k vocabulary: with the tool schemas in the prompts (~1,200 
 the defaults takes minutes on 2 cores, ``--no-tools-in-prompt`` about a tenth of that. The rewards are the synthetic pool's own checklist
 verifiers, run on each completion's tool calls in a sandbox; envsched picks each step's tasks from
 them. Watch the run like any other: `envsched --lake /tmp/envsched-trl status`, `... sql "select *
-from step_summary"`.
+from step_summary"`; its held-out scores (``--heldout``) are the step table's ``ho_seen`` /
+``ho_unseen`` columns.
 """
 
 import argparse
@@ -29,6 +30,13 @@ def main() -> None:
         action="store_true",
         help="leave the tool schemas out of the prompts (shorter)",
     )
+    ap.add_argument(
+        "--heldout",
+        type=int,
+        default=2,
+        help="evaluate on this many tasks of each held-out split every --eval-every steps (0: off)",
+    )
+    ap.add_argument("--eval-every", type=int, default=2)
     args = ap.parse_args()
 
     from trl import GRPOConfig  # TRL and torch load after the arguments are read
@@ -52,6 +60,10 @@ def main() -> None:
         report_to="none",
         save_strategy="no",
         logging_steps=1,
+        # held-out: TRL evaluates the pool's evaluation split, recorded in the run's evals
+        eval_strategy="steps" if args.heldout else "no",
+        eval_steps=args.eval_every,
+        per_device_eval_batch_size=2 * args.group_size,
     )
     trainer = grpo_trainer(
         run,
@@ -59,6 +71,7 @@ def main() -> None:
         qwen3_tokenizer(),
         config,
         tools_in_prompt=not args.no_tools_in_prompt,
+        heldout=args.heldout,
     )
     trainer.train()
     print(f"done: steps 0..{run.next_step - 1} in {args.lake} (`envsched --lake {args.lake} status`)")

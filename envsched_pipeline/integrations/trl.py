@@ -21,6 +21,14 @@ fetches a batch ahead), so a run driven by TRL selects one step ahead of its rol
 ``select_lag=1`` (``select_lag`` >= 1 is checked when a generation batch is drawn once per
 optimizer step; with ``steps_per_generation`` > 1 the batch is scored before the next is asked
 for). One process: with several, each would score only its slice of a step.
+
+Held-out evaluation: ``grpo_trainer(..., heldout=N)`` gives TRL the pool's evaluation split as its
+``eval_dataset`` (N tasks of each split, drawn once from the run's seed: the tasks the internal
+trainer evaluates), scores those completions with the verifiers of their own environments (the
+unseen split's are environments the run never trains on), never hands them to the run as a step,
+and records each evaluation in the run's ``evals`` (``heldout_seen`` / ``heldout_unseen`` with
+standard errors, after the last step scored), so `envsched status`, the step table and
+`envsched report --against` show them as they show the internal trainer's.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.rollouts import ERROR_CLASSES
 from trainer import chat
+from trainer.heldout import heldout_tasks, summarize
+from trainer.realenv import every_environment
+
+PARTS = (("", "score"), ("_se", "se"))  # a recorded held-out score's metrics: its mean, its error
 
 
 def task_prompts(lake: Lake, pool: str, tools_in_prompt: bool = True) -> list[dict]:
@@ -42,20 +54,35 @@ def task_prompts(lake: Lake, pool: str, tools_in_prompt: bool = True) -> list[di
     Qwen3 chat text an agent is first shown (system turn with the environment's tool schemas, the
     instruction as the user turn, the assistant header). ``tools_in_prompt=False`` leaves the
     schemas out (a policy trained on the pool's tools already; prompts a tenth as long)."""
-    tools = {
-        e["env_id"]: json.loads(e["tools"] or "[]")
-        for e in lake.read("environments", pool=pool, columns=["env_id", "tools"]).to_pylist()
-    }
     rows = lake.read("tasks", pool=pool, columns=["task_id", "env_id", "instruction"]).to_pylist()
+    return _prompt_rows(rows, lake.read("environments", pool=pool).to_pylist(), tools_in_prompt)
+
+
+def heldout_prompts(
+    lake: Lake, pool: str, seed: int, per_split: int | None = None, tools_in_prompt: bool = True
+) -> list[dict]:
+    """The pool's evaluation tasks as TRL's dataset rows (as :func:`task_prompts`, with ``split``:
+    "seen" for unseen tasks of the training environments, "unseen" for tasks of environments the
+    pool does not contain): ``per_split`` of each split drawn once from ``seed`` (all when None),
+    the tasks the internal trainer evaluates a run of that seed on. Empty for a pool without an
+    evaluation split."""
+    chosen = heldout_tasks(lake.read("eval_tasks", pool=pool).to_pylist(), seed, per_split)
+    rows = [{**r, "split": split} for split, picked in chosen.items() for r in picked]
+    return _prompt_rows(rows, list(every_environment(lake, pool).values()), tools_in_prompt)
+
+
+def _prompt_rows(tasks: list[dict], environments: list[dict], tools_in_prompt: bool) -> list[dict]:
+    tools = {e["env_id"]: json.loads(e["tools"] or "[]") for e in environments}
     return [
         {
             "task_id": r["task_id"],
             "env_id": r["env_id"],
+            **({"split": r["split"]} if "split" in r else {}),
             "prompt": chat.render_system(tools.get(r["env_id"], []) if tools_in_prompt else [])
             + chat.render_user(r["instruction"])
             + chat.assistant_header(),
         }
-        for r in rows
+        for r in tasks
     ]
 
 
@@ -63,11 +90,17 @@ class VerifierScore:
     """``score(task_ids, completions) -> rewards`` by the pool's own verifiers: each completion's
     ``<tool_call>`` blocks run in its task's environment (a sandbox worker; malformed calls are
     dropped, as the agent loop reports them), its text is the final answer, and the reward is the
-    checklist verifier's. An episode the sandbox ends (time limit, crash) scores 0."""
+    checklist verifier's. An episode the sandbox ends (time limit, crash) scores 0. ``heldout``:
+    the pool's evaluation tasks (``eval_tasks``) in their own environments, not its training
+    tasks."""
 
-    def __init__(self, lake: Lake, pool: str, workers: int = 2):
-        self.envs = {e["env_id"]: e for e in lake.read("environments", pool=pool).to_pylist()}
-        self.tasks = {t["task_id"]: t for t in lake.read("tasks", pool=pool).to_pylist()}
+    def __init__(self, lake: Lake, pool: str, workers: int = 2, heldout: bool = False):
+        if heldout:
+            self.envs = every_environment(lake, pool)
+            self.tasks = {t["task_id"]: t for t in lake.read("eval_tasks", pool=pool).to_pylist()}
+        else:
+            self.envs = {e["env_id"]: e for e in lake.read("environments", pool=pool).to_pylist()}
+            self.tasks = {t["task_id"]: t for t in lake.read("tasks", pool=pool).to_pylist()}
         self.sandbox = SandboxPool(workers=workers)
         self.last: list[dict] = []  # the last call's episode results, in order
 
@@ -85,19 +118,66 @@ class VerifierScore:
         self.sandbox.close()
 
 
+class HeldoutScores:
+    """TRL's evaluations of a run's held-out prompts: ``score`` scores an evaluation batch (its
+    ``split`` per completion) and keeps the rewards; ``record`` turns an evaluation's rewards into
+    ``heldout_seen`` / ``heldout_unseen`` (the mean over tasks of each task's mean, with the standard
+    error of its samples' noise, as the internal trainer reports them) in the run's ``evals``, after
+    the last step the run scored, and starts the next evaluation afresh."""
+
+    def __init__(self, run: ExternalRun, score: Callable[[list[str], list[str]], list[float]]):
+        self.run, self.scorer = run, score
+        self.rewards: dict[tuple[str, str], list[float]] = {}
+
+    def score(self, task_ids: list[str], splits: list[str], texts: list[str]) -> list[float]:
+        rewards = [float(r) for r in self.scorer(task_ids, texts)]
+        for task, split, r in zip(task_ids, splits, rewards, strict=True):
+            self.rewards.setdefault((split, task), []).append(r)
+        return rewards
+
+    def record(self) -> dict | None:
+        """The evaluation's scores by benchmark, recorded (None when nothing was scored)."""
+        got, self.rewards = self.rewards, {}
+        if not got:
+            return None
+        step = self.run.next_step - 1
+        if step < 0:
+            raise StepError("an evaluation before the run's first step has nothing to be recorded after")
+        scores = {}
+        for split in sorted({s for s, _ in got}):
+            per_task = [r for (s, _), r in sorted(got.items()) if s == split]
+            n = min(len(r) for r in per_task)  # TRL gives each prompt its G completions in one batch
+            res = summarize([r[:n] for r in per_task])
+            scores[f"heldout_{split}"] = {"score": res["mean"], "se": res["se"]}
+        self.run.log_eval(step, scores)
+        return scores
+
+
 class EnvSchedReward:
     """A TRL reward function: scores a generation batch, which must be the run's next step (each
     manifest task G times, in manifest order), hands the rewards to the run (``observe``) and
-    returns them."""
+    returns them. A batch of held-out rows (a ``split`` column: TRL's evaluation of
+    :func:`heldout_prompts`) is scored by ``heldout`` (a :class:`HeldoutScores`) instead, and never
+    reaches the run as a step."""
 
     __name__ = "envsched"  # TRL names a reward function's metrics by it
 
-    def __init__(self, run: ExternalRun, score: Callable[[list[str], list[str]], list[float]]):
-        self.run, self.score = run, score
+    def __init__(
+        self,
+        run: ExternalRun,
+        score: Callable[[list[str], list[str]], list[float]],
+        heldout: HeldoutScores | None = None,
+    ):
+        self.run, self.score, self.heldout = run, score, heldout
 
-    def __call__(self, prompts, completions, task_id=None, **_) -> list[float]:
+    def __call__(self, prompts, completions, task_id=None, split=None, **_) -> list[float]:
         if task_id is None:
             raise ValueError("the dataset has no task_id column: build it with task_prompts()")
+        texts = [c if isinstance(c, str) else (c[-1].get("content") or "") for c in completions]
+        if split is not None:
+            if self.heldout is None:
+                raise StepError("held-out rows (a split column) reached a trainer built without heldout=")
+            return self.heldout.score(list(task_id), list(split), texts)
         step = self.run.next_step
         g = self.run.spec.group_size
         expected = [p["task_id"] for p in self.run.manifest(step) for _ in range(g)]
@@ -107,7 +187,6 @@ class EnvSchedReward:
                 "each manifest task G times, in order): one generation batch must be one envsched step "
                 "(per_device_train_batch_size x steps_per_generation = B x G, one process)"
             )
-        texts = [c if isinstance(c, str) else (c[-1].get("content") or "") for c in completions]
         rewards = [float(r) for r in self.score(list(task_id), texts)]
         rows = [
             {"task_id": t, "rollout": j % g, "reward": r}
@@ -154,14 +233,25 @@ class EnvSchedSampler:
 
 
 def grpo_trainer(
-    run: ExternalRun, model, tokenizer, args, score=None, tools_in_prompt: bool = True, **kwargs
+    run: ExternalRun,
+    model,
+    tokenizer,
+    args,
+    score=None,
+    tools_in_prompt: bool = True,
+    heldout: int = 0,
+    **kwargs,
 ):
     """A ``trl.GRPOTrainer`` over ``run``: its prompts are the run's pool (:func:`task_prompts`), its
     sampler the run's batches (:class:`EnvSchedSampler`), its reward ``score`` handed back to the run
     (:class:`EnvSchedReward`; default :class:`VerifierScore`). ``args`` (a ``GRPOConfig``) must make
     one generation batch one envsched step, which is checked: ``num_generations`` = G,
     ``per_device_train_batch_size x steps_per_generation`` = B x G, one process.
-    ``tools_in_prompt``: as :func:`task_prompts`. ``kwargs`` go to ``GRPOTrainer``.
+    ``tools_in_prompt``: as :func:`task_prompts`. ``heldout`` > 0: TRL evaluates (when ``args``
+    says: ``eval_strategy``, ``eval_steps``) on that many of each held-out split's tasks
+    (:func:`heldout_prompts`), ``num_generations_eval`` (else G) samples each, scored by the
+    verifiers (``VerifierScore(heldout=True)``; a custom ``score`` scores them too) and recorded in
+    the run's ``evals`` (:class:`HeldoutScores`). ``kwargs`` go to ``GRPOTrainer``.
 
     On a machine without Triton (a CPU) TRL scores every prompt position over the vocabulary
     (151,936 for Qwen3), so there a step costs about prompt length x batch x vocabulary."""
@@ -183,7 +273,18 @@ def grpo_trainer(
     if kwargs.get("eval_dataset") is not None:
         raise ConfigError(
             "eval_dataset: the envsched reward hands every batch it scores to the run as a training "
-            "step; evaluate with your own callback (and ExternalRun.log_eval) instead"
+            "step; evaluate on the pool's held-out split with heldout=N, or with your own callback "
+            "(and ExternalRun.log_eval)"
+        )
+    evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
+    if heldout and not evaluates:
+        raise ConfigError(
+            f"heldout={heldout}: GRPOConfig.eval_strategy is 'no'; set eval_strategy='steps' and eval_steps"
+        )
+    if heldout and args.eval_on_start:
+        raise ConfigError(
+            "GRPOConfig.eval_on_start: an evaluation before the run's first step has no step to be "
+            "recorded after; the run's first evaluation comes after its first step"
         )
     if args.world_size != 1:
         raise ConfigError(f"{args.world_size} processes: envsched's TRL trainer runs in one process")
@@ -195,16 +296,35 @@ def grpo_trainer(
         )
     rows = task_prompts(run.lake, spec.pool, tools_in_prompt)
     scorer = score if score is not None else VerifierScore(run.lake, spec.pool)
+    held = heldout_prompts(run.lake, spec.pool, spec.seed, heldout, tools_in_prompt) if heldout else []
+    if heldout and not held:
+        raise ConfigError(f"heldout={heldout}: pool {spec.pool} has no held-out split (eval_tasks)")
+    scores = None
+    if held:
+        held_scorer = score if score is not None else VerifierScore(run.lake, spec.pool, heldout=True)
+        scores = HeldoutScores(run, held_scorer)
+        kwargs["eval_dataset"] = Dataset.from_list(held)
 
     class EnvSchedGRPOTrainer(GRPOTrainer):
         def _get_train_sampler(self, dataset=None):
             return EnvSchedSampler(run, [r["task_id"] for r in rows], repeat=repeat)
 
+        def evaluate(self, *a, **kw):
+            """TRL's evaluation, then its held-out scores recorded in the run, logged (TRL's
+            trackers: ``eval_heldout_seen``, ...) and returned with the other metrics."""
+            metrics = super().evaluate(*a, **kw)
+            recorded = scores.record() if scores is not None else None
+            if recorded:
+                extra = {f"eval_{k}{part}": v[key] for k, v in recorded.items() for part, key in PARTS}
+                self.log(extra)
+                metrics.update(extra)
+            return metrics
+
     return EnvSchedGRPOTrainer(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),
-        reward_funcs=[EnvSchedReward(run, scorer)],
+        reward_funcs=[EnvSchedReward(run, scorer, scores)],
         processing_class=tokenizer,
         **kwargs,
     )

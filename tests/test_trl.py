@@ -3,6 +3,10 @@ trained on envsched's batches, its rewards handed back to the run, and the pool'
 the reward."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import trl
@@ -21,6 +25,7 @@ from envsched_pipeline.integrations.trl import (
     task_prompts,
 )
 from envsched_pipeline.lake import Lake
+from tests.procs import free_port
 from trainer import chat
 from trainer.heldout import heldout_tasks
 
@@ -156,6 +161,92 @@ def test_trl_evaluates_on_the_held_out_split_and_records_it_in_the_run(tmp_path,
         )
 
 
+TWO_PROCESSES = textwrap.dedent(
+    """
+    import json, sys
+    import trl
+    from accelerate import PartialState
+    from envsched_pipeline.api import ExternalRun
+    from envsched_pipeline.integrations.trl import grpo_trainer
+    from trainer.model import qwen3_tokenizer, tiny_qwen3
+
+    lake, out = sys.argv[1], sys.argv[2]
+    state = PartialState()
+    with state.main_process_first():  # process 0 starts the run, the other resumes it
+        run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=1, seed=0)
+    seen = []
+
+    def score(task_ids, texts):
+        rewards = [float(len(t) % 2) for t in texts]
+        seen.append(list(zip(task_ids, rewards)))
+        return rewards
+
+    args = trl.GRPOConfig(
+        output_dir=out, num_generations=2, per_device_train_batch_size=4, steps_per_generation=1,
+        max_completion_length=8, max_steps=2, learning_rate=1e-4, use_cpu=True, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, eval_strategy="steps",
+        eval_steps=1, per_device_eval_batch_size=2,
+    )
+    trainer = grpo_trainer(
+        run, tiny_qwen3(seed=0), qwen3_tokenizer(), args, score=score, tools_in_prompt=False, heldout=1
+    )
+    trainer.train()
+    with open(f"{out}/scored-{state.process_index}.json", "w") as f:
+        json.dump(seen, f)
+    """
+)
+
+
+def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tmp_path, pool_lake):
+    """``torchrun`` with two processes (gloo on CPU): each generates its half of each step and of
+    each evaluation; the run gets every step whole, from process 0, and one record per evaluation."""
+    run = _run(tmp_path, pool_lake)  # the pool in the run's lake; the processes resume this run
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESSES)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+    ]
+    p = subprocess.run(
+        [*cmd, str(script), str(run.lake.root), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    lake = run.lake
+    assert lake.steps("rollouts") == [0, 1] and consistency_problems(lake) == []
+    scored = [json.loads((tmp_path / f"scored-{k}.json").read_text()) for k in (0, 1)]
+    train = [[c for c in calls if len(c) == 4] for calls in scored]  # a training slice: B x G / 2
+    held = [[c for c in calls if len(c) == 2] for calls in scored]  # an evaluation slice: 2 x G / 2
+    assert [len(t) for t in train] == [2, 2] and [len(h) for h in held] == [2, 2]
+    for t in range(2):
+        picks = [r["task_id"] for r in lake.read("manifests", step=t).sort_by("slot").to_pylist()]
+        whole = [x for x in picks for _ in range(2)]
+        # process k generated the k-th half of step t's batch, and the run holds both halves' rewards
+        assert [tid for tid, _ in train[0][t]] == whole[:4] and [tid for tid, _ in train[1][t]] == whole[4:]
+        got = lake.read("rollouts", step=t).to_pylist()
+        assert sorted((r["task_id"], r["reward"]) for r in got) == sorted(
+            (tid, r) for k in (0, 1) for tid, r in train[k][t]
+        )
+        assert sorted((r["task_id"], r["rollout"]) for r in got) == sorted(
+            (x, j % 2) for j, x in enumerate(whole)
+        )
+    evals = lake.sql("select * from evals order by step, benchmark").to_pylist()
+    assert [(e["step"], e["benchmark"]) for e in evals] == [
+        (s, f"heldout_{k}") for s in (0, 1) for k in ("seen", "unseen")
+    ]
+    split_of = {r["task_id"]: r["split"] for r in heldout_prompts(lake, "synthetic", seed=0, per_split=1)}
+    for e in evals:  # both processes' halves of the evaluation after step t
+        got = [r for k in (0, 1) for tid, r in held[k][e["step"]] if split_of[tid] == e["benchmark"][8:]]
+        assert len(got) == 2 and e["score"] == pytest.approx(sum(got) / 2)
+
+
 def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(tmp_path, pool_lake):
     from trainer.model import qwen3_tokenizer, tiny_qwen3  # torch and transformers: only these tests
 
@@ -163,7 +254,9 @@ def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(t
     model, tok = tiny_qwen3(seed=0), qwen3_tokenizer()
     with pytest.raises(ConfigError, match="num_generations is 4; the run's group size G is 2"):
         grpo_trainer(run, model, tok, _args(tmp_path, num_generations=4), score=lambda a, b: [0.0] * len(a))
-    with pytest.raises(ConfigError, match="is 4; one generation batch must be one envsched step, B x G = 8"):
+    with pytest.raises(
+        ConfigError, match="process\\(es\\) is 4; one generation batch must be one envsched step, B x G = 8"
+    ):
         grpo_trainer(
             run, model, tok, _args(tmp_path, per_device_train_batch_size=4), score=lambda a, b: [0.0] * len(a)
         )

@@ -20,7 +20,13 @@ TRL's data loader asks for the next generation batch before the current one is s
 fetches a batch ahead), so a run driven by TRL selects one step ahead of its rollouts: started with
 ``select_lag=1`` (``select_lag`` >= 1 is checked when a generation batch is drawn once per
 optimizer step; with ``steps_per_generation`` > 1 the batch is scored before the next is asked
-for). One process: with several, each would score only its slice of a step.
+for).
+
+Several processes (``accelerate launch`` / ``torchrun``, one per GPU): each generates its share of a
+step (accelerate hands process k the k-th slice of each generation batch), the rewards of every
+slice are gathered, and process 0 hands the whole step to the run and chooses the manifests (the
+others read them). Build the run on process 0 first (``with PartialState().main_process_first():
+run = ExternalRun(...)``), so the others resume the run it started.
 
 Held-out evaluation: ``grpo_trainer(..., heldout=N)`` gives TRL the pool's evaluation split as its
 ``eval_dataset`` (N tasks of each split, drawn once from the run's seed: the tasks the internal
@@ -34,6 +40,7 @@ standard errors, after the last step scored), so `envsched status`, the step tab
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 
 from envs.registry import episode_spec
@@ -47,6 +54,32 @@ from trainer.heldout import heldout_tasks, summarize
 from trainer.realenv import every_environment
 
 PARTS = (("", "score"), ("_se", "se"))  # a recorded held-out score's metrics: its mean, its error
+MANIFEST_WAIT_S = 600.0  # how long a process other than 0 waits for process 0 to choose a manifest
+
+
+def _gathered(items: list, world: int) -> list:
+    """``items`` of every process, in process order (this process's alone when there is one)."""
+    if world == 1:
+        return list(items)
+    from accelerate.utils import gather_object  # TRL's own dependency, loaded with the trainer
+
+    return gather_object(list(items))
+
+
+def _on_process_0(work: Callable[[], object], rank: int, world: int):
+    """``work()`` on process 0, its result on every process; an error there is raised on every
+    process (never one process failing while the others wait for it in the next collective)."""
+    result, error = None, None
+    if rank == 0:
+        try:
+            result = work()
+        except Exception as exc:  # noqa: BLE001 - handed to every process, raised below
+            error = exc
+    if world > 1:
+        result, error = _gathered([(result, error)], world)[0]
+    if error is not None:
+        raise error
+    return result
 
 
 def task_prompts(lake: Lake, pool: str, tools_in_prompt: bool = True) -> list[dict]:
@@ -123,10 +156,17 @@ class HeldoutScores:
     ``split`` per completion) and keeps the rewards; ``record`` turns an evaluation's rewards into
     ``heldout_seen`` / ``heldout_unseen`` (the mean over tasks of each task's mean, with the standard
     error of its samples' noise, as the internal trainer reports them) in the run's ``evals``, after
-    the last step the run scored, and starts the next evaluation afresh."""
+    the last step the run scored, and starts the next evaluation afresh. With several processes
+    each scores its share of the evaluation, and process 0 records them all."""
 
-    def __init__(self, run: ExternalRun, score: Callable[[list[str], list[str]], list[float]]):
-        self.run, self.scorer = run, score
+    def __init__(
+        self,
+        run: ExternalRun,
+        score: Callable[[list[str], list[str]], list[float]],
+        rank: int = 0,
+        world: int = 1,
+    ):
+        self.run, self.scorer, self.rank, self.world = run, score, rank, world
         self.rewards: dict[tuple[str, str], list[float]] = {}
 
     def score(self, task_ids: list[str], splits: list[str], texts: list[str]) -> list[float]:
@@ -137,19 +177,27 @@ class HeldoutScores:
 
     def record(self) -> dict | None:
         """The evaluation's scores by benchmark, recorded (None when nothing was scored)."""
-        got, self.rewards = self.rewards, {}
+        got: dict[tuple[str, str], list[float]] = {}
+        for part in _gathered([self.rewards], self.world):
+            for key, rewards in part.items():
+                got.setdefault(key, []).extend(rewards)
+        self.rewards = {}
         if not got:
             return None
-        step = self.run.next_step - 1
-        if step < 0:
-            raise StepError("an evaluation before the run's first step has nothing to be recorded after")
         scores = {}
         for split in sorted({s for s, _ in got}):
             per_task = [r for (s, _), r in sorted(got.items()) if s == split]
             n = min(len(r) for r in per_task)  # TRL gives each prompt its G completions in one batch
             res = summarize([r[:n] for r in per_task])
             scores[f"heldout_{split}"] = {"score": res["mean"], "se": res["se"]}
-        self.run.log_eval(step, scores)
+
+        def log() -> None:
+            step = self.run.next_step - 1
+            if step < 0:
+                raise StepError("an evaluation before the run's first step has nothing to be recorded after")
+            self.run.log_eval(step, scores)
+
+        _on_process_0(log, self.rank, self.world)
         return scores
 
 
@@ -167,8 +215,11 @@ class EnvSchedReward:
         run: ExternalRun,
         score: Callable[[list[str], list[str]], list[float]],
         heldout: HeldoutScores | None = None,
+        rank: int = 0,
+        world: int = 1,
     ):
         self.run, self.score, self.heldout = run, score, heldout
+        self.rank, self.world = rank, world
 
     def __call__(self, prompts, completions, task_id=None, split=None, **_) -> list[float]:
         if task_id is None:
@@ -180,16 +231,18 @@ class EnvSchedReward:
             return self.heldout.score(list(task_id), list(split), texts)
         step = self.run.next_step
         g = self.run.spec.group_size
-        expected = [p["task_id"] for p in self.run.manifest(step) for _ in range(g)]
+        whole = [p["task_id"] for p in self.run.manifest(step) for _ in range(g)]
+        n = len(whole) // self.world  # accelerate hands process k the k-th slice of the batch
+        expected = whole[self.rank * n : (self.rank + 1) * n]
         if list(task_id) != expected:
             raise StepError(
                 f"TRL scored {len(task_id)} completions that are not step {step}'s batch ({len(expected)}: "
                 "each manifest task G times, in order): one generation batch must be one envsched step "
-                "(per_device_train_batch_size x steps_per_generation = B x G, one process)"
+                "(per_device_train_batch_size x steps_per_generation x processes = B x G)"
             )
         rewards = [float(r) for r in self.score(list(task_id), texts)]
         rows = [
-            {"task_id": t, "rollout": j % g, "reward": r}
+            {"task_id": t, "rollout": (self.rank * n + j) % g, "reward": r}
             for j, (t, r) in enumerate(zip(task_id, rewards, strict=True))
         ]
         # a scorer that ran episodes (VerifierScore) says which the sandbox ended: those count as
@@ -199,7 +252,8 @@ class EnvSchedReward:
             for row, ep in zip(rows, episodes, strict=True):
                 if ep.get("error_class") in ERROR_CLASSES:
                     row["error_class"] = ep["error_class"]
-        self.run.observe(step, rows)
+        every = _gathered(rows, self.world)  # every process's slice, in order: the whole step
+        _on_process_0(lambda: self.run.observe(step, every), self.rank, self.world)
         return rewards
 
 
@@ -207,15 +261,27 @@ class EnvSchedSampler:
     """The indices of ``task_ids`` (the dataset's rows) of each step's manifest, each G times, the
     whole batch ``repeat`` times (TRL draws a generation batch once per ``steps_per_generation x
     num_iterations`` optimizer steps), from the run's next step to its ``max_steps``. A torch
-    ``Sampler`` by protocol (``__iter__``, ``__len__``)."""
+    ``Sampler`` by protocol (``__iter__``, ``__len__``). Process 0 chooses each manifest; another
+    process (``rank`` > 0) waits for it (at most ``MANIFEST_WAIT_S``) and reads it."""
 
-    def __init__(self, run: ExternalRun, task_ids: Sequence[str], repeat: int = 1):
-        self.run, self.repeat = run, repeat
+    def __init__(self, run: ExternalRun, task_ids: Sequence[str], repeat: int = 1, rank: int = 0):
+        self.run, self.repeat, self.rank = run, repeat, rank
         self.index = {t: i for i, t in enumerate(task_ids)}
+
+    def _wait_for(self, step: int) -> None:
+        deadline = time.monotonic() + MANIFEST_WAIT_S
+        while not self.run.lake.has("manifests", step=step):
+            if time.monotonic() > deadline:
+                raise StepError(
+                    f"process {self.rank}: process 0 chose no manifest for step {step} in {MANIFEST_WAIT_S:.0f} s"
+                )
+            time.sleep(0.2)
 
     def __iter__(self):
         g = self.run.spec.group_size
         for step in range(self.run.next_step, self.run.spec.max_steps):
+            if self.rank > 0:
+                self._wait_for(step)
             try:
                 picks = self.run.manifest(step)
             except StepError as exc:
@@ -246,7 +312,7 @@ def grpo_trainer(
     sampler the run's batches (:class:`EnvSchedSampler`), its reward ``score`` handed back to the run
     (:class:`EnvSchedReward`; default :class:`VerifierScore`). ``args`` (a ``GRPOConfig``) must make
     one generation batch one envsched step, which is checked: ``num_generations`` = G,
-    ``per_device_train_batch_size x steps_per_generation`` = B x G, one process.
+    ``per_device_train_batch_size x steps_per_generation x processes`` = B x G.
     ``tools_in_prompt``: as :func:`task_prompts`. ``heldout`` > 0: TRL evaluates (when ``args``
     says: ``eval_strategy``, ``eval_steps``) on that many of each held-out split's tasks
     (:func:`heldout_prompts`), ``num_generations_eval`` (else G) samples each, scored by the
@@ -260,15 +326,16 @@ def grpo_trainer(
 
     spec = run.spec
     b, g = spec.batch_size, spec.group_size
-    per_generation = args.per_device_train_batch_size * args.steps_per_generation
+    world, rank = args.world_size, args.process_index
+    per_generation = args.per_device_train_batch_size * args.steps_per_generation * world
     if args.num_generations != g:
         raise ConfigError(
             f"GRPOConfig.num_generations is {args.num_generations}; the run's group size G is {g}"
         )
     if per_generation != b * g:
         raise ConfigError(
-            f"GRPOConfig.per_device_train_batch_size x steps_per_generation is {per_generation}; one "
-            f"generation batch must be one envsched step, B x G = {b * g}"
+            f"GRPOConfig.per_device_train_batch_size x steps_per_generation x {world} process(es) is "
+            f"{per_generation}; one generation batch must be one envsched step, B x G = {b * g}"
         )
     if kwargs.get("eval_dataset") is not None:
         raise ConfigError(
@@ -286,8 +353,6 @@ def grpo_trainer(
             "GRPOConfig.eval_on_start: an evaluation before the run's first step has no step to be "
             "recorded after; the run's first evaluation comes after its first step"
         )
-    if args.world_size != 1:
-        raise ConfigError(f"{args.world_size} processes: envsched's TRL trainer runs in one process")
     repeat = args.num_iterations * args.steps_per_generation
     if repeat == 1 and spec.select_lag < 1:
         raise ConfigError(
@@ -302,12 +367,12 @@ def grpo_trainer(
     scores = None
     if held:
         held_scorer = score if score is not None else VerifierScore(run.lake, spec.pool, heldout=True)
-        scores = HeldoutScores(run, held_scorer)
+        scores = HeldoutScores(run, held_scorer, rank, world)
         kwargs["eval_dataset"] = Dataset.from_list(held)
 
     class EnvSchedGRPOTrainer(GRPOTrainer):
         def _get_train_sampler(self, dataset=None):
-            return EnvSchedSampler(run, [r["task_id"] for r in rows], repeat=repeat)
+            return EnvSchedSampler(run, [r["task_id"] for r in rows], repeat=repeat, rank=rank)
 
         def evaluate(self, *a, **kw):
             """TRL's evaluation, then its held-out scores recorded in the run, logged (TRL's
@@ -324,7 +389,7 @@ def grpo_trainer(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(rows),
-        reward_funcs=[EnvSchedReward(run, scorer, scores)],
+        reward_funcs=[EnvSchedReward(run, scorer, scores, rank, world)],
         processing_class=tokenizer,
         **kwargs,
     )

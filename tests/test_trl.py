@@ -101,66 +101,6 @@ def test_grpo_trainer_trains_on_envsched_batches_and_hands_the_rewards_back(tmp_
     assert logged == pytest.approx(means)  # TRL trained on the rewards the run recorded
 
 
-def test_trl_evaluates_on_the_held_out_split_and_records_it_in_the_run(tmp_path, pool_lake):
-    """``heldout=1``: TRL's evaluation runs on one task of each held-out split, G samples each,
-    scored apart from the run's steps and recorded after the step before it, as the internal
-    trainer records its own."""
-    from trainer.model import qwen3_tokenizer, tiny_qwen3  # torch and transformers: only these tests
-
-    run = _run(tmp_path, pool_lake)
-    held = heldout_prompts(run.lake, "synthetic", seed=0, per_split=1)
-    # the tasks the internal trainer evaluates a run of this seed on, from both splits
-    chosen = heldout_tasks(run.lake.read("eval_tasks", pool="synthetic").to_pylist(), 0, 1)
-    assert [(r["split"], r["task_id"]) for r in held] == [(k, v[0]["task_id"]) for k, v in chosen.items()]
-    assert {r["split"] for r in held} == {"seen", "unseen"}
-    split_of = {r["task_id"]: r["split"] for r in held}
-    calls = []
-
-    def score(task_ids, texts):
-        rewards = [float(len(t) % 2) for t in texts]
-        calls.append(list(zip(task_ids, rewards, strict=True)))
-        return rewards
-
-    args = _args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4)
-    trainer = grpo_trainer(
-        run, tiny_qwen3(seed=0), qwen3_tokenizer(), args, score=score, tools_in_prompt=False, heldout=1
-    )
-    trainer.train()
-    lake = run.lake
-    assert lake.steps("rollouts") == [0, 1]
-    evals = lake.sql("select * from evals order by step, benchmark").to_pylist()
-    assert [(e["step"], e["benchmark"]) for e in evals] == [
-        (s, f"heldout_{k}") for s in (0, 1) for k in ("seen", "unseen")
-    ]
-    # the held-out batches: each evaluation task G times, never a training step's rows
-    held_calls = [c for c in calls if {t for t, _ in c} <= set(split_of)]
-    train_calls = [c for c in calls if c not in held_calls]
-    assert len(train_calls) == 2 and all(len(c) == 8 for c in train_calls)
-    assert [len(c) for c in held_calls] == [4, 4]  # one batch per evaluation: two tasks x G
-    for e in evals:  # the evaluation after step t is the (t+1)-th
-        got = [r for t, r in held_calls[e["step"]] if split_of[t] == e["benchmark"].removeprefix("heldout_")]
-        assert len(got) == 2 and e["score"] == pytest.approx(sum(got) / 2)
-        assert e["se"] == pytest.approx(abs(got[0] - got[1]) / 2)  # one task, two samples
-    assert {t for c in train_calls for t, _ in c}.isdisjoint(split_of)
-    logged = [h for h in trainer.state.log_history if "eval_heldout_seen" in h]
-    assert [h["eval_heldout_seen"] for h in logged] == [
-        e["score"] for e in evals if e["benchmark"] == "heldout_seen"
-    ]
-    # an evaluation with nowhere to be recorded, or none asked for, is refused up front
-    model, tok = tiny_qwen3(seed=0), qwen3_tokenizer()
-    with pytest.raises(ConfigError, match="eval_strategy is 'no'; set eval_strategy='steps'"):
-        grpo_trainer(run, model, tok, _args(tmp_path), score=score, heldout=1)
-    with pytest.raises(ConfigError, match="eval_on_start: an evaluation before the run's first step"):
-        grpo_trainer(
-            run,
-            model,
-            tok,
-            _args(tmp_path, eval_strategy="steps", eval_steps=1, eval_on_start=True),
-            score=score,
-            heldout=1,
-        )
-
-
 TWO_PROCESSES = textwrap.dedent(
     """
     import json, sys
@@ -176,8 +116,8 @@ TWO_PROCESSES = textwrap.dedent(
         run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=1, seed=0)
     seen = []
 
-    def score(task_ids, texts):
-        rewards = [float(len(t) % 2) for t in texts]
+    def score(task_ids, texts):  # a task's two samples (side by side in a slice) always differ
+        rewards = [float(j % 2) for j in range(len(texts))]
         seen.append(list(zip(task_ids, rewards)))
         return rewards
 
@@ -192,7 +132,7 @@ TWO_PROCESSES = textwrap.dedent(
     )
     trainer.train()
     with open(f"{out}/scored-{state.process_index}.json", "w") as f:
-        json.dump(seen, f)
+        json.dump({"scored": seen, "logged": trainer.state.log_history}, f)
     """
 )
 
@@ -221,7 +161,8 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
     assert p.returncode == 0, p.stderr[-4000:]
     lake = run.lake
     assert lake.steps("rollouts") == [0, 1] and consistency_problems(lake) == []
-    scored = [json.loads((tmp_path / f"scored-{k}.json").read_text()) for k in (0, 1)]
+    out = [json.loads((tmp_path / f"scored-{k}.json").read_text()) for k in (0, 1)]
+    scored = [o["scored"] for o in out]
     train = [[c for c in calls if len(c) == 4] for calls in scored]  # a training slice: B x G / 2
     held = [[c for c in calls if len(c) == 2] for calls in scored]  # an evaluation slice: 2 x G / 2
     assert [len(t) for t in train] == [2, 2] and [len(h) for h in held] == [2, 2]
@@ -242,9 +183,13 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
         (s, f"heldout_{k}") for s in (0, 1) for k in ("seen", "unseen")
     ]
     split_of = {r["task_id"]: r["split"] for r in heldout_prompts(lake, "synthetic", seed=0, per_split=1)}
-    for e in evals:  # both processes' halves of the evaluation after step t
+    for e in evals:  # both processes' halves of the evaluation after step t, never a step's rows
         got = [r for k in (0, 1) for tid, r in held[k][e["step"]] if split_of[tid] == e["benchmark"][8:]]
         assert len(got) == 2 and e["score"] == pytest.approx(sum(got) / 2)
+        assert e["se"] == pytest.approx(abs(got[0] - got[1]) / 2)  # one task, two samples
+    assert {r["task_id"] for r in lake.sql("select task_id from rollouts").to_pylist()}.isdisjoint(split_of)
+    logged = [h["eval_heldout_seen"] for h in out[0]["logged"] if "eval_heldout_seen" in h]
+    assert logged == [e["score"] for e in evals if e["benchmark"] == "heldout_seen"]  # in TRL's logs too
 
 
 def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(tmp_path, pool_lake):
@@ -267,6 +212,21 @@ def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(t
     unlagged = _run(tmp_path / "b", pool_lake, lag=0)
     with pytest.raises(ConfigError, match="start the run with select_lag=1"):
         grpo_trainer(unlagged, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a))
+    # a held-out evaluation with no evaluation to run, or one with no step to be recorded after
+    with pytest.raises(ConfigError, match="eval_strategy is 'no'; set eval_strategy='steps'"):
+        grpo_trainer(run, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a), heldout=1)
+    early = _args(tmp_path, eval_strategy="steps", eval_steps=1, eval_on_start=True)
+    with pytest.raises(ConfigError, match="eval_on_start: an evaluation before the run's first step"):
+        grpo_trainer(run, model, tok, early, score=lambda a, b: [0.0] * len(a), heldout=1)
+
+
+def test_the_held_out_prompts_are_the_tasks_the_internal_trainer_evaluates(pool_lake):
+    held = heldout_prompts(pool_lake, "synthetic", seed=0, per_split=1)
+    chosen = heldout_tasks(pool_lake.read("eval_tasks", pool="synthetic").to_pylist(), 0, 1)
+    assert [(r["split"], r["task_id"]) for r in held] == [(k, v[0]["task_id"]) for k, v in chosen.items()]
+    assert {r["split"] for r in held} == {"seen", "unseen"}
+    instructions = {t["task_id"]: t["instruction"] for v in chosen.values() for t in v}
+    assert all(instructions[r["task_id"]] in r["prompt"] for r in held)
 
 
 def test_the_sampler_repeats_a_step_for_each_use_of_its_generation_batch(tmp_path, pool_lake):

@@ -272,3 +272,30 @@ def test_an_episode_the_sandbox_ended_counts_as_spent_not_as_the_tasks_outcome(t
     assert sorted(r["error_class"] for r in got).count("timeout") == 1
     first = next(r for r in got if r["error_class"] == "timeout")
     assert (first["task_id"], first["rollout"]) == (picks[0], 0)
+
+
+def test_an_error_on_process_0_is_raised_on_every_process(monkeypatch):
+    """Process 0's failure (observing a step, recording an evaluation) reaches the other processes
+    through the same gather that hands them its result, so none waits for it in a later
+    collective. The gather is stood in for here (the two-process run above uses the real one)."""
+    from envsched_pipeline.integrations import trl as integration
+
+    sent = []
+
+    def gathered(items, world):  # every process gets process 0's item first
+        sent.append(items[0])
+        return [sent[0], *items]
+
+    monkeypatch.setattr(integration, "_gathered", gathered)
+
+    def fail():
+        raise StepError("rollouts of step 3: reward 'x' is not a number")
+
+    with pytest.raises(StepError, match="reward 'x' is not a number") as on_0:
+        integration._on_process_0(fail, rank=0, world=2)
+    assert not on_0.value.args[0].startswith("process 0 failed")
+    with pytest.raises(StepError, match="process 0 failed: StepError: rollouts of step 3: reward 'x'"):
+        integration._on_process_0(lambda: pytest.fail("only process 0 does the work"), rank=1, world=2)
+    sent.clear()
+    assert integration._on_process_0(lambda: {"rows": 8}, rank=0, world=2) == {"rows": 8}
+    assert integration._on_process_0(lambda: pytest.fail("not here"), rank=1, world=2) == {"rows": 8}

@@ -68,17 +68,24 @@ def _gathered(items: list, world: int) -> list:
 
 def _on_process_0(work: Callable[[], object], rank: int, world: int):
     """``work()`` on process 0, its result on every process; an error there is raised on every
-    process (never one process failing while the others wait for it in the next collective)."""
+    process (never one process failing while the others wait for it in the next collective): the
+    error itself on process 0, a StepError naming it on the others (an error need not pickle)."""
     result, error = None, None
     if rank == 0:
         try:
             result = work()
         except Exception as exc:  # noqa: BLE001 - handed to every process, raised below
             error = exc
-    if world > 1:
-        result, error = _gathered([(result, error)], world)[0]
+    if world == 1:
+        if error is not None:
+            raise error
+        return result
+    said = f"{type(error).__name__}: {error}" if error is not None else None
+    result, said = _gathered([(result if error is None else None, said)], world)[0]
     if error is not None:
         raise error
+    if said is not None:
+        raise StepError(f"process 0 failed: {said}")
     return result
 
 

@@ -253,6 +253,23 @@ def test_verifier_score_runs_a_completions_tool_calls_through_the_pools_verifier
         scorer.close()
     assert right == [1.0] * 4
     assert all(w < 1.0 for w in wrong) and all(b < 1.0 for b in broken)
+    # the held-out scorer: evaluation tasks of both splits, each in its own environment (the unseen
+    # split's are environments the pool does not train in)
+    held = [
+        r
+        for split in ("seen", "unseen")
+        for r in heldout_prompts(pool_lake, "synthetic", 0, 2)
+        if r["split"] == split
+    ]
+    rows = {t["task_id"]: t for t in pool_lake.read("eval_tasks", pool="synthetic").to_pylist()}
+    scorer = VerifierScore(pool_lake, "synthetic", workers=1, heldout=True)
+    try:
+        ids = [r["task_id"] for r in held]
+        gold_held = scorer(ids, [chat.render_assistant("Done.", json.loads(rows[t]["gold"])) for t in ids])
+        wrong_held = scorer(ids, ["no tool calls"] * len(ids))
+    finally:
+        scorer.close()
+    assert len(ids) == 4 and gold_held == [1.0] * 4 and all(w < 1.0 for w in wrong_held)
     prompt = next(p for p in task_prompts(pool_lake, "synthetic") if p["task_id"] == tasks[0]["task_id"])
     assert tasks[0]["instruction"] in prompt["prompt"] and prompt["prompt"].endswith(chat.assistant_header())
     assert '"name": "' + json.loads(tasks[0]["gold"])[0]["name"] + '"' in prompt["prompt"]  # its tool schema

@@ -111,7 +111,7 @@ TWO_PROCESSES = textwrap.dedent(
     from trainer.model import qwen3_tokenizer, tiny_qwen3
 
     lake, out = sys.argv[1], sys.argv[2]
-    state = PartialState()
+    state = PartialState(cpu=True)  # on CPU only: as GRPOConfig(use_cpu=True) sees the processes
     with state.main_process_first():  # process 0 starts the run, the other resumes it
         run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=1, seed=0)
     seen = []
@@ -131,6 +131,7 @@ TWO_PROCESSES = textwrap.dedent(
         run, tiny_qwen3(seed=0), qwen3_tokenizer(), args, score=score, tools_in_prompt=False, heldout=1
     )
     trainer.train()
+    assert (state.num_processes, args.world_size) == (2, 2)
     with open(f"{out}/scored-{state.process_index}.json", "w") as f:
         json.dump({"scored": seen, "logged": trainer.state.log_history}, f)
     """

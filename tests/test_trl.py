@@ -216,6 +216,9 @@ def test_the_trainer_refuses_settings_that_break_one_step_per_generation_batch(t
     # a held-out evaluation with no evaluation to run, or one with no step to be recorded after
     with pytest.raises(ConfigError, match="eval_strategy is 'no'; set eval_strategy='steps'"):
         grpo_trainer(run, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a), heldout=1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="heldout must be a whole number of tasks per split"):
+            grpo_trainer(run, model, tok, _args(tmp_path), score=lambda a, b: [0.0] * len(a), heldout=bad)
     early = _args(tmp_path, eval_strategy="steps", eval_steps=1, eval_on_start=True)
     with pytest.raises(ConfigError, match="eval_on_start: an evaluation before the run's first step"):
         grpo_trainer(run, model, tok, early, score=lambda a, b: [0.0] * len(a), heldout=1)

@@ -350,6 +350,8 @@ def grpo_trainer(
             "step; evaluate on the pool's held-out split with heldout=N, or with your own callback "
             "(and ExternalRun.log_eval)"
         )
+    if isinstance(heldout, bool) or not isinstance(heldout, int) or heldout < 0:
+        raise ConfigError(f"heldout must be a whole number of tasks per split, 0 or more; got {heldout!r}")
     evaluates = str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
     if heldout and not evaluates:
         raise ConfigError(

@@ -182,7 +182,9 @@ def run_lagged(seeds: tuple[int, ...], lag: int = 1, steps: int = 200, eval_ever
                 print(f"pipeline_lag: seed {seed} recorded ({rec['wall_seconds']:.0f} s)", flush=True)
 
 
-def section_pipeline_lag(seeds: tuple[int, ...] = (30, 31, 32, 33), lag: int = 1, steps: int = 200) -> None:
+def section_pipeline_lag(
+    seeds: tuple[int, ...] = (26, 27, 28, 29, 30, 31, 32, 33), lag: int = 1, steps: int = 200
+) -> None:
     """The recorded form runs with ``select_lag`` = ``lag`` beside the same seeds' runs of section
     pipeline_neural (the form without a lag, and random), paired by seed."""
     from sections.pipeline import record_path  # the lag-0 records of the same seeds

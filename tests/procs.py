@@ -1,5 +1,5 @@
 """Server processes the tests start (an S3 endpoint, Dagster's daemon and webserver, an
-OpenAI-API server, PostgreSQL): a free loopback port, waiting until a port answers, and a stop that
+OpenAI-API server, PostgreSQL, torchrun's processes): a free loopback port, waiting until a port answers, and a stop that
 still works on a loaded machine, where a process can take a while to be scheduled for its exit."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 
@@ -15,6 +16,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun(n: int, args: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run`` with ``n`` processes on a free rendezvous port, run to its
+    end (its output captured)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={n}",
+        f"--master_port={free_port()}",
+    ]
+    return subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, what: str = "server", timeout: float = 30):

@@ -16,19 +16,8 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import RunSpec, start_run
-from tests.procs import free_port
+from tests.procs import torchrun
 from trainer.world import group_slice
-
-
-def torchrun(n: int, args: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={n}",
-        f"--master_port={free_port()}",
-    ]
-    return subprocess.run(cmd + args, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5, 8])

@@ -4,8 +4,6 @@ the reward."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -25,7 +23,7 @@ from envsched_pipeline.integrations.trl import (
     task_prompts,
 )
 from envsched_pipeline.lake import Lake
-from tests.procs import free_port
+from tests.procs import torchrun
 from trainer import chat
 from trainer.heldout import heldout_tasks
 
@@ -145,20 +143,7 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
     script = tmp_path / "two.py"
     script.write_text(TWO_PROCESSES)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-    ]
-    p = subprocess.run(
-        [*cmd, str(script), str(run.lake.root), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    p = torchrun(2, [str(script), str(run.lake.root), str(tmp_path)], env)
     assert p.returncode == 0, p.stderr[-4000:]
     lake = run.lake
     assert lake.steps("rollouts") == [0, 1] and consistency_problems(lake) == []

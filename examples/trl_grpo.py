@@ -9,9 +9,9 @@ position over the 151k vocabulary: with the tool schemas in the prompts (~1,200 
 the defaults takes minutes on 2 cores, ``--no-tools-in-prompt`` about a tenth of that. The rewards
 are the synthetic pool's own checklist verifiers, run on each completion's tool calls in a sandbox;
 envsched picks each step's tasks from them. With several processes each generates its share of a
-step and process 0 hands the whole step to the run. Watch the run like any other: `envsched --lake /tmp/envsched-trl status`, `... sql "select *
-from step_summary"`; its held-out scores (``--heldout``) are the step table's ``ho_seen`` /
-``ho_unseen`` columns.
+step and process 0 hands the whole step to the run. Watch the run like any other: `envsched --lake
+/tmp/envsched-trl status`, `... sql "select * from step_summary"`; its held-out scores
+(``--heldout``) are the step table's ``ho_seen`` / ``ho_unseen`` columns.
 """
 
 import argparse

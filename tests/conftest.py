@@ -142,9 +142,13 @@ assert set(SLOW_FIRST) <= {m for modules in LAYERS.values() for m in modules}, (
 )
 
 
+def _module(item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
+        module = _module(item)
         if item.get_closest_marker("e2e"):
             continue
         for layer, modules in LAYERS.items():
@@ -152,4 +156,4 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, layer))
     rank = {name: k for k, name in enumerate(SLOW_FIRST)}
     # stable: a file's tests keep their order, and the files not named keep theirs, after these
-    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(SLOW_FIRST)))
+    items.sort(key=lambda item: rank.get(_module(item), len(SLOW_FIRST)))

@@ -43,6 +43,7 @@ STEP_QUERY = f"select step, {', '.join(k for k, _, _ in HEADLINES)} from step_su
 EVERY_SEED_CHANCE = 0.9
 ROUGH_BELOW = 5  # fewer seeds than this: what a clear answer would take is a rough figure
 MAX_SEEDS = 1000  # beyond this, no practical number of seeds resolves the mean
+POWER = 0.8  # planning for an effect: the chance of resolving it that a number of seeds should give
 
 
 def _stats():
@@ -51,9 +52,6 @@ def _stats():
     from scipy import stats  # see the docstring: only the spread over seeds needs it
 
     return stats
-
-
-POWER = 0.8  # planning for an effect: the chance of resolving it that a number of seeds should give
 
 
 def _side(lakes: Sequence[Lake], flag: str) -> list[dict]:

@@ -126,6 +126,34 @@ def test_lake_graph_roundtrip_and_assets(small_pool, tmp_path):
         assert md["task_graph"]["similarity_plot"].value.startswith("![similarity](data:image/png;base64,")
 
 
+def test_a_loaded_graph_is_built_once_until_its_edges_or_task_order_change(small_pool):
+    """Every step loads the graph twice (its selection, its statistics fold): a process builds it
+    once, hands the same read-only graph to later loads, and builds it again for other edges or
+    another task order."""
+    lake = small_pool
+    first = load_graph(lake, "synthetic")
+    again = load_graph(lake, "synthetic")
+    assert again is first
+    with pytest.raises(ValueError, match="read-only"):
+        first.cross_idx[0, 0] = 0
+    # another task order: a graph of its own, in that order
+    order = first.task_ids[::-1].copy()
+    state = type("State", (), {"task_ids": order})()
+    flipped = load_graph(lake, "synthetic", state)
+    assert flipped is not first and list(flipped.task_ids) == list(order)
+    assert order.flags.writeable  # the caller's task ids are not the graph's
+    # the edges rewritten (fewer cross edges): the graph built from them, not the one held
+    edges = lake.read("edges", pool="synthetic").to_pylist()
+    kept = [r for r in edges if not (r["kind"] == "cross" and r["rank"] > 0)]
+    lake.write("edges", kept, pool="synthetic")
+    fewer = load_graph(lake, "synthetic")
+    assert fewer is not first and fewer is not flipped
+    assert (
+        (fewer.cross_idx >= 0).sum() == sum(r["kind"] == "cross" for r in kept) < (first.cross_idx >= 0).sum()
+    )
+    assert (fewer.within_idx == first.within_idx).all()
+
+
 _GROUPS = """
 import hashlib, sys
 import numpy as np

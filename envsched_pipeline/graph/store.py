@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -210,8 +212,18 @@ def _refresh_topologies(lake: Lake, pool: str) -> None:
     lake.write("topologies", rows, pool=pool)
 
 
+# the graph each (lake, pool) last loaded in this process, with the edges and task order it was
+# built from (a step's selection and its statistics fold both load it, and so does every step);
+# the LOADED_GRAPHS most recently used
+_LOADED: OrderedDict[tuple[str, str], tuple[pa.Table, np.ndarray, TaskGraph]] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
+LOADED_GRAPHS = 4
+
+
 def load_graph(lake: Lake, pool: str, state=None) -> TaskGraph:
-    """The pool's graph, ordered like ``state.task_ids`` (or the sorted task ids)."""
+    """The pool's graph, ordered like ``state.task_ids`` (or the sorted task ids). Built once per
+    process for the same edges and task order (the edges partition is read, through the lake's
+    cache, every time, so a rebuilt graph is picked up); its arrays are read-only."""
     ensure_graph(lake, pool)
     e = lake.read("edges", pool=pool, columns=["src", "dst", "kind", "similarity", "rank"])
     if state is not None:
@@ -220,6 +232,24 @@ def load_graph(lake: Lake, pool: str, state=None) -> TaskGraph:
         ids = np.array(
             sorted(lake.read("tasks", pool=pool, columns=["task_id"]).column("task_id").to_pylist())
         )
+    key = (str(lake.root), pool)
+    with _LOADED_LOCK:
+        held = _LOADED.get(key)
+        if held is not None:
+            _LOADED.move_to_end(key)
+    if held is not None and held[0].equals(e) and np.array_equal(held[1], ids):
+        return held[2]
+    graph = _graph_of_edges(e, ids.copy())  # its own task ids: they are made read-only below
+    for a in (graph.task_ids, graph.within_idx, graph.within_sim, graph.cross_idx, graph.cross_sim):
+        a.flags.writeable = False  # shared by every later load of the same graph in this process
+    with _LOADED_LOCK:
+        _LOADED[key] = (e, graph.task_ids, graph)
+        while len(_LOADED) > LOADED_GRAPHS:
+            _LOADED.popitem(last=False)
+    return graph
+
+
+def _graph_of_edges(e: pa.Table, ids: np.ndarray) -> TaskGraph:
     cols = {c: e.column(c).to_numpy(zero_copy_only=False) for c in e.column_names}
     within = int(cols["rank"][cols["kind"] == "within"].max() + 1) if (cols["kind"] == "within").any() else 0
     cross = int(cols["rank"][cols["kind"] == "cross"].max() + 1) if (cols["kind"] == "cross").any() else 0

@@ -738,6 +738,50 @@ def test_grpo_only_settings_share_the_warm_start():
     assert warm_start_key(1, tb, NeuralConfig()) != default
 
 
+def test_a_runs_warm_start_is_made_once_per_seed_and_settings_then_loaded(tmp_path, monkeypatch):
+    """Step 0 of a neural run behaviour-clones the warm start, or loads the weights the same warm
+    start gave before (the bench's cache): the same weights either way, a damaged cache file made
+    again, and another seed or warm-start setting a warm start of its own."""
+    from dataclasses import replace
+
+    from trainer.neural.runner import load_learner, new_learner
+
+    monkeypatch.setenv("ENVSCHED_CACHE", str(tmp_path / "cache"))
+    lake = Lake(tmp_path / "lake")
+    import_pool(lake, load_synthetic("synthetic", n_envs=2, tasks_per_env=3, heldout_per_env=1, seed=5))
+    spec = RunSpec(pool="synthetic", policy="neural", seed=3, policy_config={"warm_start_steps": 3})
+
+    def weights(learner) -> list:
+        try:
+            return [v.clone() for v in learner.model.state_dict().values()]
+        finally:
+            learner.close()
+
+    def start(run: RunSpec) -> tuple[list, str]:
+        lines: list[str] = []
+        return weights(load_learner(lake, run, 0, log=lines.append)), "\n".join(lines)
+
+    made, said = start(spec)
+    assert "3 behaviour-cloning steps" in said and "kept in" in said
+    (cached,) = (tmp_path / "cache" / "neural-warmstart").glob("*.pt")
+    loaded, said = start(spec)
+    assert f"gave before ({cached}" in said and "behaviour-cloning" not in said
+    assert all(torch.equal(a, b) for a, b in zip(made, loaded, strict=True))
+    # a GRPO-only setting shares it; the untrained policy does not look like it
+    steady, said = start(replace(spec, policy_config={"warm_start_steps": 3, "dual_clip": 3.0}))
+    assert "gave before" in said and all(torch.equal(a, b) for a, b in zip(made, steady, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(made, weights(new_learner(lake, spec)), strict=True))
+    cached.write_bytes(b"not a checkpoint")
+    again, said = start(spec)
+    assert "cannot be read" in said and "3 behaviour-cloning steps" in said
+    assert all(torch.equal(a, b) for a, b in zip(made, again, strict=True))
+    # another seed, another number of warm-start steps: warm starts of their own
+    for other in (replace(spec, seed=4), replace(spec, policy_config={"warm_start_steps": 2})):
+        _, said = start(other)
+        assert "behaviour-cloning steps" in said
+    assert len(list((tmp_path / "cache" / "neural-warmstart").glob("*.pt"))) == 3
+
+
 def test_a_run_refuses_a_bad_loss_denominator():
     from envsched_pipeline.errors import ConfigError
     from trainer.update import GRPOConfig

@@ -817,6 +817,18 @@ class NeuralLearner:
             add(f"group{i}", sorted(group.items()))
         return h.hexdigest()
 
+    def weight_bytes(self) -> bytes:
+        """The policy's weights alone (what a warm start changes: it trains with an optimizer of
+        its own)."""
+        buf = io.BytesIO()
+        torch.save(self.model.state_dict(), buf)
+        return buf.getvalue()
+
+    def load_weights(self, data: bytes) -> None:
+        """Load weights written by :meth:`weight_bytes` (tensors only: nothing in the file runs)."""
+        self.model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
+        self.model.eval()  # as a warm start leaves it
+
     def load_bytes(self, data: bytes) -> None:
         """Restore a checkpoint: weights, the optimizer's moments and the version. The learning rate
         and weight decay are this learner's settings, not the checkpoint's (the optimizer's state

@@ -2,7 +2,8 @@
 
 Each step runs as its own process (like the simulated learner): it loads the policy and optimizer
 from the previous step's checkpoint (or, at step 0, behaviour-clones the warm start on the
-``warmstart`` family, which no pool contains), rolls out the manifest's tasks G times in the
+``warmstart`` family, which no pool contains, or loads the weights that warm start gave before:
+``testbed.warm_started``), rolls out the manifest's tasks G times in the
 sandboxed environments, applies one GRPO update, and measures held-out reward on the pool's
 evaluation split (seen and unseen environments) every ``eval_every`` steps and at the last step.
 """
@@ -23,7 +24,7 @@ from trainer.grpo import group_advantages
 from trainer.heldout import due, heldout_tasks
 from trainer.neural import UPDATE_DIAGNOSTICS
 from trainer.neural.learner import NeuralConfig, NeuralLearner
-from trainer.neural.testbed import TestbedConfig, warmstart_pool
+from trainer.neural.testbed import TestbedConfig, warm_started, warmstart_pool
 from trainer.realenv import every_environment
 from trainer.step import CHECKPOINT_FILES, checkpoint_rel, previous_checkpoint
 
@@ -61,11 +62,18 @@ def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
     if overlap:
         raise StepError(f"the warm-start environments overlap pool {spec.pool!r}: {sorted(overlap)[:3]}")
     learner.add_envs({e["env_id"]: e for e in warm.environments})
-    info = learner.warm_start(warm.tasks, log=log)
-    log(
-        f"warm start: {info['warm_start_steps']} behaviour-cloning steps on {info['warm_start_tasks']} tasks "
-        f"of {len(warm.environments)} environments the pool does not contain (loss {info['warm_start_loss']:.3f})"
-    )
+    info = warm_started(learner, spec.seed, TestbedConfig(), log=log, warm=warm)
+    if info["warm_start"] == "cached":
+        log(
+            f"warm start: the weights a warm start of seed {spec.seed} with these settings gave before "
+            f"({info['warm_start_path']}; delete it to make it again)"
+        )
+    else:
+        log(
+            f"warm start: {info['warm_start_steps']} behaviour-cloning steps on {info['warm_start_tasks']} tasks "
+            f"of {len(warm.environments)} environments the pool does not contain (loss "
+            f"{info['warm_start_loss']:.3f}), kept in {info['warm_start_path']} for the runs of the same seed"
+        )
     return learner
 
 

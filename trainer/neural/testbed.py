@@ -8,12 +8,14 @@
 * the **warm-start pool**: a third family of environments (``warmstart``), used only for the short
   behaviour-cloning start, never for RL or evaluation.
 
-The warm start depends only on the seed and the configs, so it is computed once per seed and
-cached (every scheduler of a seed starts from the same weights).
+The warm start depends only on the seed, the configs and the code, so it is computed once per
+seed and cached (every scheduler of a seed, in the bench and in `envsched train`, starts from the
+same weights).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,15 +57,66 @@ GRPO_ONLY = ("loss_denominator", "dual_clip", "train_forced_stop", "overrun_pena
 
 
 def warm_start_key(seed: int, testbed: TestbedConfig, neural: NeuralConfig) -> str:
-    """The warm-start cache key. The GRPO_ONLY settings act on GRPO updates only, so the warm start
-    (and its cache) ignore them: every such setting of a seed starts from the same weights (and the
-    keys of caches written before a new GRPO-only setting existed still hold)."""
+    """The warm-start cache key: the seed, the settings, the code that makes the weights and the
+    torch build and CPU kernels it ran on. The GRPO_ONLY settings act on GRPO updates only, so the
+    warm start (and its cache) ignore them: every such setting of a seed starts from the same
+    weights."""
     settings = {k: v for k, v in asdict(neural).items() if k not in GRPO_ONLY}
     return hashlib.sha256(
         json.dumps(
-            {"seed": seed, "testbed": asdict(testbed), "neural": settings, "v": 1}, sort_keys=True
+            {
+                "seed": seed,
+                "testbed": asdict(testbed),
+                "neural": settings,
+                "code": _code_digest(),
+                "torch": _torch_build(),
+                "v": 2,
+            },
+            sort_keys=True,
         ).encode()
     ).hexdigest()[:16]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """Of the sources the warm-start weights come from: the neural learner and the environments
+    (the warm-start pool's generator and the sandbox its gold actions run in)."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for folder in ("trainer/neural", "envs"):
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _torch_build() -> str:
+    import torch  # the learner's own dependency, loaded with it
+
+    return f"{torch.__version__}/{torch.backends.cpu.get_cpu_capability()}"
+
+
+def warm_started(
+    learner: NeuralLearner, seed: int, config: TestbedConfig = TestbedConfig(), log=None, warm=None
+) -> dict:
+    """Behaviour-clone ``learner`` on the warm-start pool of ``seed`` (whose environments it must
+    know; ``warm``: that pool, if the caller has it), or load the weights the same warm start gave
+    before (``$ENVSCHED_CACHE/neural-warmstart``, keyed by :func:`warm_start_key`). Returns what
+    was done, ``warm_start`` "cached" or "computed". A cache file that cannot be read is made again."""
+    path = _cache_dir() / f"{warm_start_key(seed, config, learner.config)}.pt"
+    if path.exists():
+        try:
+            learner.load_weights(path.read_bytes())
+            return {"warm_start": "cached", "warm_start_path": str(path)}
+        except Exception as exc:  # noqa: BLE001 - a damaged or foreign cache file: computed again
+            if log:
+                log(
+                    f"warm start: the cached weights in {path} cannot be read ({type(exc).__name__}); made again"
+                )
+    info = learner.warm_start((warm or warmstart_pool(seed, config)).tasks, log=log)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(learner.weight_bytes())
+    os.replace(tmp, path)
+    return {**info, "warm_start": "computed", "warm_start_path": str(path)}
 
 
 class NeuralTestbed:
@@ -91,16 +144,7 @@ class NeuralTestbed:
         self._warm_start(neural, log)
 
     def _warm_start(self, neural: NeuralConfig, log) -> None:
-        key = warm_start_key(self.seed, self.config, neural)
-        path = _cache_dir() / f"{key}.pt"
-        if path.exists():
-            self.learner.load_bytes(path.read_bytes())
-            self.warm_info = {"warm_start": "cached", "warm_start_tasks": len(self.warm.tasks)}
-            return
-        self.warm_info = self.learner.warm_start(self.warm.tasks, log=log)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(self.learner.state_bytes())
-        os.replace(tmp, path)
+        self.warm_info = warm_started(self.learner, self.seed, self.config, log=log, warm=self.warm)
 
     # ------------------------------------------------------------------ the bench interface
     def rollout(self, tasks: list[dict], group_size: int, rng: np.random.Generator) -> dict:

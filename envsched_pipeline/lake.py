@@ -217,7 +217,7 @@ class _Store:
             if isinstance(data, Exception):
                 raise data
             try:
-                table = pq.read_table(pa.BufferReader(data))
+                table = read_parquet_file(pa.BufferReader(data))
             except Exception as exc:  # pyarrow raises several types for corrupt files
                 out[rel] = exc
                 continue
@@ -339,7 +339,7 @@ class _LocalStore(_Store):
         _PARQUET_CACHE.forget(self.full(rel))
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(self.root / rel, columns=columns)
+        return read_parquet_file(self.root / rel, columns=columns)
 
     def read_partition(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         """One partition's ``columns``, through this process's cache when the file is the version
@@ -351,7 +351,7 @@ class _LocalStore(_Store):
             return _selected(hit, columns)
         if st.st_size > _PARQUET_CACHE.limit():
             return self.read_parquet(rel, columns=columns)
-        table = pq.read_table(self.root / rel)
+        table = read_parquet_file(self.root / rel)
         _PARQUET_CACHE.put(self.full(rel), version, table)
         return _selected(table, columns)
 
@@ -639,7 +639,7 @@ class _ObjectStore(_Store):
         self.fs.pipe_file(self._key(rel), buf.getvalue().to_pybytes())
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(pa.BufferReader(self._object(rel)), columns=columns)
+        return read_parquet_file(pa.BufferReader(self._object(rel)), columns=columns)
 
     def read_partition(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         """One partition's ``columns`` from one GET, conditional on the ETag of the version this
@@ -651,7 +651,7 @@ class _ObjectStore(_Store):
         got = sync(self.fs.loop, self._get_object, rel, held[0] if held else None)
         if got is None:
             return _selected(held[1], columns)
-        table = pq.read_table(pa.BufferReader(got[0]))
+        table = read_parquet_file(pa.BufferReader(got[0]))
         _PARQUET_CACHE.put(self.full(rel), got[1], table)
         return _selected(table, columns)
 
@@ -702,7 +702,7 @@ class _Snapshot:
             data = self.get(rel)
             if data is None:
                 raise FileNotFoundError(self._store.full(rel))
-            return pq.read_table(pa.BufferReader(data), columns=columns)
+            return read_parquet_file(pa.BufferReader(data), columns=columns)
         key = ("parquet", rel, tuple(columns) if columns is not None else None)
         return self._once(key, lambda: self._store.read_parquet(rel, columns=columns))
 
@@ -935,7 +935,8 @@ class Lake:
     def _empty(self, table: str) -> pa.Table:
         kinds = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
         cols = ALL_TABLES[table]
-        return pa.table({c: pa.array([], type=kinds[k]) for c, k in cols.items()})
+        # from typed empty arrays: pa.array / pa.table on Python values would import pandas
+        return pa.Table.from_arrays([pa.nulls(0, kinds[k]) for k in cols.values()], names=list(cols))
 
     def _validate(self, table: str, data: pa.Table) -> None:
         for col, kind in ALL_TABLES[table].items():
@@ -1178,6 +1179,14 @@ class Lake:
             return pa.table({})
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
         return fetch()
+
+
+def read_parquet_file(source, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file (a path or a buffer) as a table: through ``ParquetFile``, not
+    ``pq.read_table``, whose dataset layer costs a process its first read ~0.4 s (it imports
+    pyarrow.dataset and, through it, pandas) and reads a single file the same way."""
+    with pq.ParquetFile(source) as f:
+        return f.read(columns=columns)
 
 
 def _selected(table: pa.Table | Exception, columns: list[str] | None) -> pa.Table:

@@ -137,11 +137,13 @@ def test_a_partition_read_again_comes_from_the_cache_until_its_file_changes(tmp_
     this process cannot have forgotten it) is read again, and a missing one reads as empty."""
     import pyarrow.parquet as pq  # the other process's write, byte for byte
 
+    import envsched_pipeline.lake as lake_module  # its Parquet reader, counted
+
     lake = Lake(tmp_path)
     lake.write("rollouts", rollout_rows(0), step=0)
     parsed = []
-    real = pq.read_table
-    monkeypatch.setattr(pq, "read_table", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    real = lake_module.read_parquet_file
+    monkeypatch.setattr(lake_module, "read_parquet_file", lambda *a, **k: parsed.append(1) or real(*a, **k))
     for columns in (None, ["reward"], ["task_id", "reward"], None):
         assert lake.read("rollouts", columns=columns, step=0).num_rows == 3
     assert Lake(tmp_path).read("rollouts", step=0, columns=["reward"]).num_rows == 3  # another Lake object
@@ -159,6 +161,29 @@ def test_a_partition_read_again_comes_from_the_cache_until_its_file_changes(tmp_
     for _ in range(2):
         assert lake.read("rollouts", step=0, columns=["reward"]).column_names == ["reward"]
     assert len(parsed) == 4, parsed
+
+
+def test_reading_the_lake_loads_neither_pyarrows_dataset_layer_nor_pandas(tmp_path):
+    """A process that only reads the lake (every `envsched` command, a neural step's trainer
+    process) reads Parquet files without pyarrow's dataset layer, which imports pandas: ~0.4 s of
+    its start."""
+    import subprocess  # a fresh process: what it imports is the question
+    import sys  # the same interpreter
+
+    lake = Lake(tmp_path)
+    lake.write("rollouts", rollout_rows(0), step=0)
+    lake.write("rollouts", rollout_rows(1), step=1)
+    code = (
+        "import sys; from envsched_pipeline.lake import Lake; lake = Lake(sys.argv[1]); "
+        "n = [lake.read('rollouts', step=0).num_rows, lake.read('rollouts', columns=['reward']).num_rows, "
+        "lake.read('rollouts', step=7).num_rows, lake.sql('select count(*) n from rollouts').column('n')[0].as_py()]; "
+        "print(n, [m for m in ('pandas', 'pyarrow.dataset') if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[3, 6, 0, 6] []"
 
 
 def test_a_snapshot_reads_each_thing_once_and_forgets_on_its_own_writes(tmp_path, monkeypatch):

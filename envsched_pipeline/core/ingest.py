@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from envsched_pipeline.core.state_store import has_state
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, read_parquet_file
 from envsched_pipeline.lease import step_lock
 from envsched_pipeline.rollouts import ERROR_CLASSES, SPREAD_EPS
 from envsched_pipeline.run import RunSpec, require_run
@@ -67,7 +67,7 @@ def load_rollout_file(path, max_rows: int | None = None) -> list[dict]:
     rows: list[dict] = []
     if path.suffix == ".parquet":
         try:
-            rows = pq.read_table(path).to_pylist()
+            rows = read_parquet_file(path).to_pylist()
         except Exception as exc:
             raise StepError(f"{path}: cannot read Parquet ({exc})") from exc
         for j, r in enumerate(rows):

@@ -111,7 +111,7 @@ TWO_PROCESSES = textwrap.dedent(
     lake, out = sys.argv[1], sys.argv[2]
     state = PartialState(cpu=True)  # on CPU only: as GRPOConfig(use_cpu=True) sees the processes
     with state.main_process_first():  # process 0 starts the run, the other resumes it
-        run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=1, seed=0)
+        run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=0, seed=0)
     seen = []
 
     def score(task_ids, texts):  # a task's two samples (side by side in a slice) always differ
@@ -119,11 +119,13 @@ TWO_PROCESSES = textwrap.dedent(
         seen.append(list(zip(task_ids, rewards)))
         return rewards
 
+    # each process's generation is 2 optimizer steps of 2 samples, each used twice: 4 optimizer
+    # steps per envsched step, and no select_lag needed (the next batch is asked for after scoring)
     args = trl.GRPOConfig(
-        output_dir=out, num_generations=2, per_device_train_batch_size=4, steps_per_generation=1,
-        max_completion_length=8, max_steps=2, learning_rate=1e-4, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, eval_strategy="steps",
-        eval_steps=1, per_device_eval_batch_size=2,
+        output_dir=out, num_generations=2, per_device_train_batch_size=2, steps_per_generation=2,
+        num_iterations=2, max_completion_length=8, max_steps=8, learning_rate=1e-4, use_cpu=True,
+        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+        eval_strategy="steps", eval_steps=4, per_device_eval_batch_size=2,
     )
     trainer = grpo_trainer(
         run, tiny_qwen3(seed=0), qwen3_tokenizer(), args, score=score, tools_in_prompt=False, heldout=1
@@ -131,15 +133,17 @@ TWO_PROCESSES = textwrap.dedent(
     trainer.train()
     assert (state.num_processes, args.world_size) == (2, 2)
     with open(f"{out}/scored-{state.process_index}.json", "w") as f:
-        json.dump({"scored": seen, "logged": trainer.state.log_history}, f)
+        json.dump({"scored": seen, "logged": trainer.state.log_history, "steps": trainer.state.global_step}, f)
     """
 )
 
 
 def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tmp_path, pool_lake):
     """``torchrun`` with two processes (gloo on CPU): each generates its half of each step and of
-    each evaluation; the run gets every step whole, from process 0, and one record per evaluation."""
-    run = _run(tmp_path, pool_lake)  # the pool in the run's lake; the processes resume this run
+    each evaluation, once per step although each generation serves four optimizer steps (two per
+    generation, each twice); the run gets every step whole, from process 0, and one record per
+    evaluation."""
+    run = _run(tmp_path, pool_lake, lag=0)  # the pool in the run's lake; the processes resume this run
     script = tmp_path / "two.py"
     script.write_text(TWO_PROCESSES)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
@@ -151,6 +155,7 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
     scored = [o["scored"] for o in out]
     train = [[c for c in calls if len(c) == 4] for calls in scored]  # a training slice: B x G / 2
     held = [[c for c in calls if len(c) == 2] for calls in scored]  # an evaluation slice: 2 x G / 2
+    assert [o["steps"] for o in out] == [8, 8]  # TRL's optimizer steps: four per envsched step
     assert [len(t) for t in train] == [2, 2] and [len(h) for h in held] == [2, 2]
     for t in range(2):
         picks = [r["task_id"] for r in lake.read("manifests", step=t).sort_by("slot").to_pylist()]

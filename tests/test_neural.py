@@ -780,6 +780,12 @@ def test_a_runs_warm_start_is_made_once_per_seed_and_settings_then_loaded(tmp_pa
         _, said = start(other)
         assert "behaviour-cloning steps" in said
     assert len(list((tmp_path / "cache" / "neural-warmstart").glob("*.pt"))) == 3
+    # a cache that cannot be made (a file where its folder would be): made and not kept
+    (tmp_path / "blocked").write_text("")
+    monkeypatch.setenv("ENVSCHED_CACHE", str(tmp_path / "blocked"))
+    unkept, said = start(spec)
+    assert "no cache to keep it in" in said and "3 behaviour-cloning steps" in said and "kept in" not in said
+    assert all(torch.equal(a, b) for a, b in zip(made, unkept, strict=True))
 
 
 def test_a_run_refuses_a_bad_loss_denominator():

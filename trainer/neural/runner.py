@@ -72,7 +72,12 @@ def load_learner(lake: Lake, spec: RunSpec, step: int, log) -> NeuralLearner:
         log(
             f"warm start: {info['warm_start_steps']} behaviour-cloning steps on {info['warm_start_tasks']} tasks "
             f"of {len(warm.environments)} environments the pool does not contain (loss "
-            f"{info['warm_start_loss']:.3f}), kept in {info['warm_start_path']} for the runs of the same seed"
+            f"{info['warm_start_loss']:.3f})"
+            + (
+                f", kept in {info['warm_start_path']} for the runs of the same seed"
+                if info["warm_start_path"]
+                else ""
+            )
         )
     return learner
 

@@ -101,22 +101,32 @@ def warm_started(
     """Behaviour-clone ``learner`` on the warm-start pool of ``seed`` (whose environments it must
     know; ``warm``: that pool, if the caller has it), or load the weights the same warm start gave
     before (``$ENVSCHED_CACHE/neural-warmstart``, keyed by :func:`warm_start_key`). Returns what
-    was done, ``warm_start`` "cached" or "computed". A cache file that cannot be read is made again."""
-    path = _cache_dir() / f"{warm_start_key(seed, config, learner.config)}.pt"
-    if path.exists():
+    was done, ``warm_start`` "cached" or "computed", and where the weights are kept (None where the
+    cache cannot be written: the warm start is made and not kept). A cache file that cannot be read
+    is made again."""
+    say = log or (lambda _line: None)
+    try:
+        path = _cache_dir() / f"{warm_start_key(seed, config, learner.config)}.pt"
+    except (OSError, RuntimeError) as exc:  # no home, or a cache folder that cannot be made
+        say(f"warm start: no cache to keep it in ({type(exc).__name__}: {exc})")
+        path = None
+    if path is not None and path.exists():
         try:
             learner.load_weights(path.read_bytes())
             return {"warm_start": "cached", "warm_start_path": str(path)}
         except Exception as exc:  # noqa: BLE001 - a damaged or foreign cache file: computed again
-            if log:
-                log(
-                    f"warm start: the cached weights in {path} cannot be read ({type(exc).__name__}); made again"
-                )
+            say(f"warm start: the cached weights in {path} cannot be read ({type(exc).__name__}); made again")
     info = learner.warm_start((warm or warmstart_pool(seed, config)).tasks, log=log)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(learner.weight_bytes())
-    os.replace(tmp, path)
-    return {**info, "warm_start": "computed", "warm_start_path": str(path)}
+    if path is not None:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            tmp.write_bytes(learner.weight_bytes())
+            os.replace(tmp, path)
+        except OSError as exc:  # a full or read-only disk: this run goes on, the next makes it again
+            tmp.unlink(missing_ok=True)
+            say(f"warm start: not kept in {path} ({type(exc).__name__}: {exc})")
+            path = None
+    return {**info, "warm_start": "computed", "warm_start_path": str(path) if path else None}
 
 
 class NeuralTestbed:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from envs.registry import load_synthetic
 from trainer.neural.learner import NeuralConfig, NeuralLearner
@@ -90,8 +91,6 @@ def _code_digest() -> str:
 
 
 def _torch_build() -> str:
-    import torch  # the learner's own dependency, loaded with it
-
     return f"{torch.__version__}/{torch.backends.cpu.get_cpu_capability()}"
 
 
@@ -151,10 +150,7 @@ class NeuralTestbed:
         self.heldout_seen = [t for t in heldout if t.get("split", "seen") == "seen"]
         self.heldout_unseen = [t for t in heldout if t.get("split") == "unseen"]
         self.learner = NeuralLearner(envs, neural, seed=seed)
-        self._warm_start(neural, log)
-
-    def _warm_start(self, neural: NeuralConfig, log) -> None:
-        self.warm_info = warm_started(self.learner, self.seed, self.config, log=log, warm=self.warm)
+        self.warm_info = warm_started(self.learner, seed, config, log=log, warm=self.warm)
 
     # ------------------------------------------------------------------ the bench interface
     def rollout(self, tasks: list[dict], group_size: int, rng: np.random.Generator) -> dict:

@@ -19,8 +19,8 @@ task's environment (sandboxed) and returns its checklist verifier's reward. Anot
 TRL's data loader asks for the next generation batch before the current one is scored (accelerate
 fetches a batch ahead), so a run driven by TRL selects one step ahead of its rollouts: started with
 ``select_lag=1`` (``select_lag`` >= 1 is checked when a generation batch is drawn once per
-optimizer step; with ``steps_per_generation`` > 1 the batch is scored before the next is asked
-for).
+optimizer step; with ``steps_per_generation`` or ``num_iterations`` > 1 the batch is scored
+before the next is asked for, and no lag is needed).
 
 Several processes (``accelerate launch`` / ``torchrun``, one per GPU): each generates its share of a
 step (accelerate hands process k the k-th slice of each generation batch), the rewards of every

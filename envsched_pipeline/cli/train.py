@@ -29,6 +29,7 @@ from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool, environment_kinds
 from envsched_pipeline.errors import ConfigError, EnvschedError
 from envsched_pipeline.lake import LATEST_REPORT, Lake
+from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import (
     LOSS_DENOMINATORS,
     POLICIES,
@@ -381,12 +382,6 @@ def interrupted_line(stop, summary: list[dict], steps: int) -> str:
 
 
 def run(args) -> int:
-    from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
-        Interrupted,
-        materialize_pool,
-        run_loop,
-    )
-
     lake = lake_of(args)
     spec = requested_run(args, load_run(lake))
     spec.validate(SCHEDULERS)  # a bad setting is named before what it needs is looked for
@@ -395,6 +390,19 @@ def run(args) -> int:
     if imported:  # a pool already here: the policy must fit it before anything is written
         require_fitting_pool(lake, spec)
     dagster_home()  # before the run is written: a $DAGSTER_HOME that cannot be made stops it here
+    # one driver per run, taken before the run is written: a second `envsched train` (other
+    # settings included) is refused before it changes anything of a run another one drives
+    with Lease(lake) as lease:
+        return _train(args, lake, spec, imported, lease)
+
+
+def _train(args, lake: Lake, spec: RunSpec, imported: bool, lease: Lease) -> int:
+    from envsched_pipeline.orchestration.driver import (  # Dagster: only `train` needs it
+        Interrupted,
+        materialize_pool,
+        run_loop,
+    )
+
     spec = open_run(lake, spec, allow_config_change=args.allow_config_change)  # validates before writing
     if not imported:
         print(f"importing pool {spec.pool} into {lake.root} ...", flush=True)
@@ -457,6 +465,7 @@ def run(args) -> int:
             args.steps,
             on_step=on_step,
             on_failure=lambda line: print(line, file=sys.stderr, flush=True),
+            lease=lease,
         )
     except Interrupted as stop:
         print(interrupted_line(stop, step_summary(lake), args.steps), file=sys.stderr, flush=True)

@@ -105,11 +105,13 @@ def run_loop(
     on_step: Callable[[int, float], None] | None = None,
     quiet: bool = True,
     on_failure: Callable[[str], None] | None = None,
+    lease: Lease | None = None,
 ) -> None:
     """Run select / train / statistics jobs until the lake holds ``target_steps`` steps.
     ``on_step(step, seconds)`` is called after each completed training step, ``on_failure(line)``
     after each failed job with one line naming the step, the attempt and its cause. Ctrl-C or
-    SIGTERM stops it with :class:`Interrupted` (the job's run canceled, not failed)."""
+    SIGTERM stops it with :class:`Interrupted` (the job's run canceled, not failed). ``lease``: the
+    run's lease, already taken by the caller (who releases it); else the loop takes it for itself."""
     instance = instance or get_instance()
     spec = require_run(lake)
     # another live `envsched train` is refused by the lease below, which names it
@@ -126,7 +128,8 @@ def run_loop(
     jobs = {name: defs.resolve_job_def(name) for name in ("select_job", "train_job")}
     step_t0: dict[int, float] = {}
     reporting = {DRIVER_REPORTS_FAILURES: "1"} if on_failure is not None else {}
-    with Lease(lake) as lease, stop_signals_seen() as stopped, environment(reporting):
+    held = contextlib.nullcontext(lease) if lease is not None else Lease(lake)
+    with held as lease, stop_signals_seen() as stopped, environment(reporting):
         req = result = None  # the job asked for last, and its result once it ended
         try:
             while True:

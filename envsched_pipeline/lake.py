@@ -279,8 +279,8 @@ class _LocalStore(_Store):
         except FileExistsError:
             return False
         except OSError as exc:  # a filesystem without hard links (some network and FUSE mounts)
-            if exc.errno not in _NO_HARD_LINKS:
-                raise
+            if exc.errno not in _NO_HARD_LINKS or not path.parent.is_dir():
+                raise  # not the link: e.g. a folder the machine refuses to make
             return self._create_in_place(path, data)
         return True
 

@@ -24,7 +24,7 @@ from envsched_pipeline.cli.common import (
     lake_of,
     not_a_url,
 )
-from envsched_pipeline.core.build import asked_run, new_run, open_run, scheduler_config
+from envsched_pipeline.core.build import asked_run, check_open, new_run, open_run, scheduler_config
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool, environment_kinds
 from envsched_pipeline.errors import ConfigError, EnvschedError
@@ -390,6 +390,7 @@ def run(args) -> int:
     if imported:  # a pool already here: the policy must fit it before anything is written
         require_fitting_pool(lake, spec)
     dagster_home()  # before the run is written: a $DAGSTER_HOME that cannot be made stops it here
+    check_open(lake, spec)  # a refused setting or pool writes nothing, not even the lease
     # one driver per run, taken before the run is written: a second `envsched train` (other
     # settings included) is refused before it changes anything of a run another one drives
     with Lease(lake) as lease:

@@ -99,6 +99,12 @@ def open_run(lake: Lake, spec: RunSpec, allow_config_change: bool = False) -> Ru
     """Start (or resume) the lake's run after validating every setting, the scheduler config and
     the pool included (a registered pool is imported by the caller): a refused command writes
     nothing."""
+    check_open(lake, spec)
+    return start_run(lake, spec, SCHEDULERS, allow_config_change=allow_config_change)
+
+
+def check_open(lake: Lake, spec: RunSpec) -> None:
+    """What :func:`open_run` checks before it writes: every setting, and a pool it can find."""
     check_run(lake, spec)
     if spec.pool not in POOLS and not lake.has("tasks", pool=spec.pool):
         raise PoolError(
@@ -106,4 +112,3 @@ def open_run(lake: Lake, spec: RunSpec, allow_config_change: bool = False) -> Ru
             f"({', '.join(sorted(POOLS))}): `envsched pool create` or `envsched pool import` adds it, "
             "`envsched pool list` shows what there is"
         )
-    return start_run(lake, spec, SCHEDULERS, allow_config_change=allow_config_change)

@@ -390,7 +390,9 @@ def run(args) -> int:
     if imported:  # a pool already here: the policy must fit it before anything is written
         require_fitting_pool(lake, spec)
     dagster_home()  # before the run is written: a $DAGSTER_HOME that cannot be made stops it here
-    check_open(lake, spec)  # a refused setting or pool writes nothing, not even the lease
+    # a refused setting or pool writes nothing, not even the lease; open_run checks again under the
+    # lease, where no other command can change the lake between its check and its write
+    check_open(lake, spec)
     # one driver per run, taken before the run is written: a second `envsched train` (other
     # settings included) is refused before it changes anything of a run another one drives
     with Lease(lake) as lease:

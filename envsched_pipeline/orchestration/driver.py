@@ -114,7 +114,8 @@ def run_loop(
     run's lease, already taken by the caller (who releases it); else the loop takes it for itself."""
     instance = instance or get_instance()
     spec = require_run(lake)
-    # another live `envsched train` is refused by the lease below, which names it
+    # another live `envsched train` is refused by the lease (the caller's, or the one taken below),
+    # which names it; a run the loop sensor drives has no lease, so its in-flight jobs are looked for
     flying = [
         r
         for r in in_flight(lake, instance, spec.run_id)

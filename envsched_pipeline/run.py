@@ -7,6 +7,7 @@ anything is written, and unknown keys are refused with a message naming the key.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 import uuid
@@ -111,13 +112,28 @@ def with_neural_defaults(spec: RunSpec, former: bool = False) -> RunSpec:
     return replace(spec, policy_config={**spec.policy_config, **missing}) if missing else spec
 
 
+def with_lr_horizon(spec: RunSpec) -> RunSpec:
+    """``spec`` with the length of a decaying learning-rate schedule stated: its ``max_steps`` when
+    ``lr_decay_steps`` is not given, so a later ``--steps`` that makes the run longer leaves the
+    rate of every step it trained (and of a step done again) as it was."""
+    pc = spec.policy_config
+    if pc.get("lr_schedule") in ("linear", "cosine") and pc.get("lr_decay_steps") is None:
+        return replace(spec, policy_config={**pc, "lr_decay_steps": spec.max_steps})
+    return spec
+
+
 # held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
 # may change them without --allow-config-change (the change is still recorded)
 EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
+# the learning rate over a run (PolicyConfig.lr_at; neural and LM policies)
+LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+LR_MIN_RATIO = 0.1  # the floor a decaying schedule ends at, as a share of lr, when not given
 # what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
 LM_SETTINGS = (
     "workers",
     "lr",
+    *LR_SETTINGS,
     "loss_denominator",
     "dual_clip",
     "max_new_tokens",
@@ -149,6 +165,13 @@ class PolicyConfig:
     max_actions: int | None = None
     # LM policies (trainer/update.py, trainer/engines.py)
     lr: float | None = None  # learning rate (neural and LM policies)
+    # the learning rate of step t (lr_at): a linear warmup over the first lr_warmup_steps steps, then
+    # constant, or a linear or cosine decay that reaches lr_min_ratio x lr at step lr_decay_steps
+    # (a run that names a decay without its length states its max_steps at the start) and stays there
+    lr_warmup_steps: int | None = None
+    lr_schedule: str | None = None
+    lr_decay_steps: int | None = None
+    lr_min_ratio: float | None = None
     # informative | batch: what the GRPO loss averages over (neural and LM policies; docs/algorithm.md §8b)
     loss_denominator: str | None = None
     # dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM policies)
@@ -189,6 +212,7 @@ class PolicyConfig:
         "neural": (
             "workers",
             "lr",
+            *LR_SETTINGS,
             "loss_denominator",
             "dual_clip",
             "train_forced_stop",
@@ -229,6 +253,8 @@ class PolicyConfig:
         if problem := overrun_penalty_problem(self.overrun_penalty):
             raise ConfigError(f"policy_config.overrun_penalty {problem}")
         check_settings(self, "policy_config.", POLICY_BOUNDS, POLICY_CHOICES, error=ConfigError)
+        if problem := self.lr_problem():
+            raise ConfigError(problem)
         if policy in ("hf", "vllm") and not self.model_path:
             raise ConfigError(
                 f"policy {policy} needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
@@ -238,12 +264,55 @@ class PolicyConfig:
                 "policy openai needs base_url (an OpenAI-compatible server, e.g. http://host:8000/v1)"
             )
 
+    def decays(self) -> bool:
+        """Whether the learning rate decays after its warmup (a linear or cosine schedule)."""
+        return (self.lr_schedule or "constant") != "constant"
+
+    def lr_problem(self) -> str | None:
+        """What is wrong with the learning-rate schedule's settings taken together, if anything."""
+        if not self.decays():
+            given = [k for k in ("lr_decay_steps", "lr_min_ratio") if getattr(self, k) is not None]
+            if given:
+                return (
+                    f"policy_config.{given[0]} is used only by a decaying schedule (lr_schedule linear or "
+                    f"cosine); lr_schedule is {self.lr_schedule or 'constant'}"
+                )
+            return None
+        warmup = self.lr_warmup_steps or 0
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= warmup:
+            return (
+                f"policy_config.lr_decay_steps: {self.lr_decay_steps} must be more than lr_warmup_steps "
+                f"({warmup}): the decay runs from the end of the warmup to that step (a run that does not "
+                "give it decays until its max_steps)"
+            )
+        return None
+
+    def lr_at(self, step: int, base: float) -> float:
+        """The learning rate of step ``step`` (0-based) for a trainer whose own is ``base`` (``lr``
+        when set): ``base x (step + 1) / lr_warmup_steps`` during the warmup, then ``base`` (constant)
+        or a linear or cosine decay from ``base`` to ``lr_min_ratio x base`` at ``lr_decay_steps``,
+        and that floor from there on. A pure function of the step: a resumed, redone or rewound
+        step trains at the rate it had the first time."""
+        lr = base if self.lr is None else self.lr
+        warmup = self.lr_warmup_steps or 0
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        if not self.decays():
+            return lr
+        if self.lr_decay_steps is None:
+            raise ValueError("a decaying learning-rate schedule needs lr_decay_steps (start_run states it)")
+        floor = LR_MIN_RATIO if self.lr_min_ratio is None else self.lr_min_ratio
+        done = min(1.0, (step - warmup) / (self.lr_decay_steps - warmup))
+        left = 1.0 - done if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return lr * (floor + (1.0 - floor) * left)
+
 
 # the settings of PolicyConfig that name one of a few things
 POLICY_CHOICES = {
     "mode": ("latent", "real"),
     "learning_signal": LEARNING_SIGNALS,
     "loss_denominator": LOSS_DENOMINATORS,
+    "lr_schedule": LR_SCHEDULES,
 }
 # every numeric setting of PolicyConfig (the two PPO knobs are checked above)
 POLICY_BOUNDS = {
@@ -256,6 +325,9 @@ POLICY_BOUNDS = {
     "temperature": (0, True, 100),
     "max_actions": (1, True, 1000),
     "lr": (0, False, 10),
+    "lr_warmup_steps": (0, True, BIG),
+    "lr_decay_steps": (1, True, BIG),
+    "lr_min_ratio": (0, True, 1),
     "max_new_tokens": (1, True, BIG),
     "checkpoint_every": (1, True, BIG),
     "eval_every": (0, True, BIG),
@@ -431,6 +503,7 @@ def start_run(
     a changed scheduler or policy config is refused unless ``allow_config_change`` (then the change
     is recorded in ``run.json`` under ``config_changes``). Returns the stored spec.
     """
+    spec = with_lr_horizon(spec)  # stated before it is checked: its refusal names what it came from
     spec.validate(schedulers)
     spec = with_neural_defaults(spec)  # the run states them: a later default change cannot reach it
     current = load_run(lake)

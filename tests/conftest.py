@@ -91,6 +91,7 @@ LAYERS = {
         "test_sandbox_reach",
         "test_trust",
         "test_trackers",
+        "test_lr_schedule",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (

@@ -8,7 +8,7 @@ import torch
 
 class GradientTaker(torch.optim.Optimizer):
     def __init__(self, params):
-        super().__init__(params, {})
+        super().__init__(params, {"lr": 0.0})  # a rate, as every optimizer has (the trainer reports it)
         self.grads: list[torch.Tensor] = []
 
     @torch.no_grad()

@@ -68,10 +68,20 @@ def metrics(lake):
     ).to_pylist()
 
 
-def test_five_steps_load_the_model_once(lake):
-    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "5"]) == 0
+def test_five_steps_load_the_model_once(lake, capsys):
+    schedule = ["--lr", "1e-5", "--lr-warmup-steps", "2", "--lr-schedule", "linear", "--lr-min-ratio", "0"]
+    assert main(["--lake", str(lake.root), *TRAIN, "--steps", "5", *schedule]) == 0
     rows = metrics(lake)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    # each step's update ran at its scheduled rate: warmup over 2 steps, then a linear decay to 0 at
+    # the run's last step (the decay's length a run states when it starts)
+    rates = [r["lr"] for r in lake.sql("select lr from train_metrics order by step").to_pylist()]
+    assert rates == pytest.approx([5e-6, 1e-5, 1e-5, 1e-5 * 2 / 3, 1e-5 / 3], rel=1e-9)
+    # the step table shows the rate when a schedule moves it
+    table = [
+        line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["step"], ["0"])
+    ]
+    assert table[0][-1] == "lr" and table[1][len(table[0]) - 1] == "5.00e-06", table
     assert {r["worker_pid"] for r in rows} == {rows[0]["worker_pid"]} and {
         r["model_loads"] for r in rows
     } == {1}

@@ -33,11 +33,19 @@ def below(bound) -> float:
     return lo - 1 if lo_ok else lo
 
 
+# settings used only beside another: a decay's length and floor need a decaying schedule
+NEEDS = {"lr_decay_steps": {"lr_schedule": "linear"}, "lr_min_ratio": {"lr_schedule": "linear"}}
+
 CASES = [  # (make one with this field set, its bounds, what its errors are)
     (lambda k, v: SchedulerConfig(**{k: v}), BOUNDS, ValueError, "scheduler_config."),
     (lambda k, v: NeuralConfig(**{k: v}), NEURAL_BOUNDS, ValueError, "neural learner setting "),
     (lambda k, v: NeuralConfig(policy=PolicySizes(**{k: v})), POLICY_SIZES, ValueError, "setting policy."),
-    (lambda k, v: PolicyConfig(**{k: v}).validate("neural"), POLICY_BOUNDS, ConfigError, "policy_config."),
+    (
+        lambda k, v: PolicyConfig(**{k: v, **NEEDS.get(k, {})}).validate("neural"),
+        POLICY_BOUNDS,
+        ConfigError,
+        "policy_config.",
+    ),
 ]
 
 

@@ -190,6 +190,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     if trainer is not None:
         if spec.policy == "vllm":
             engine.sleep()  # colocated: vLLM's memory goes to the update
+        trainer.use_lr(pc.lr_at(step, cfg.lr))
         upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
         sess.checkpoint(step)
         if spec.policy == "vllm":
@@ -253,7 +254,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "loss": upd["loss"],
         "grad_norm": upd["grad_norm"],
         "skipped_updates": int(upd.get("skipped_updates", 0)),
-        "lr": cfg.lr,
+        "lr": upd.get("lr", float("nan")),  # this step's (the run's schedule); none without an update
         "clip_fraction": upd.get("clip_fraction", float("nan")),
         "approx_kl": upd.get("approx_kl", float("nan")),
         "kl": upd.get("kl", float("nan")),

@@ -155,7 +155,7 @@ class GRPOTrainer:
             "policy_tokens": int(sum(sum(m) for m in masks)),
             "loss": 0.0,
             "grad_norm": 0.0,
-            "lr": c.lr,
+            "lr": self.optimizer.param_groups[0]["lr"],
             "clip_fraction": 0.0,
             "kl": 0.0,
             "approx_kl": 0.0,
@@ -279,6 +279,11 @@ class GRPOTrainer:
             os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
+
+    def use_lr(self, lr: float) -> None:
+        """Train the next updates at ``lr`` (the run's schedule gives each step its own rate)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def load_optimizer(self, path: Path) -> None:
         """The optimizer's moments and the policy version from a checkpoint; the learning rate and

@@ -35,11 +35,11 @@ from envsched_pipeline.cli.common import (
     write_output,
 )
 from envsched_pipeline.cli.sql import print_table
-from envsched_pipeline.cli.train import header, row
+from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import require_run
+from envsched_pipeline.run import RunSpec, require_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
 
 F = HelpFormatter
@@ -352,7 +352,7 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         )
     rows = step_summary(lake)[-last:] if done else []
     if rows:
-        training = spec["policy"] != "simulated"  # as `envsched train` prints it: the update's columns
+        training = training_columns(RunSpec.from_dict(spec))  # as `envsched train` prints it
         lines += [f"last {len(rows)} step(s):", header(training), *(row(r, training=training) for r in rows)]
     return lines
 

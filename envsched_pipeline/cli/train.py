@@ -32,6 +32,8 @@ from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import (
     LOSS_DENOMINATORS,
+    LR_MIN_RATIO,
+    LR_SCHEDULES,
     POLICIES,
     RunSpec,
     environment_kinds_problem,
@@ -113,6 +115,33 @@ def add_parser(sub) -> None:
         "--max-new-tokens", type=COUNT, default=None, help="tokens per assistant turn (LM policies)"
     )
     t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
+    t.add_argument(
+        "--lr-warmup-steps",
+        type=INDEX,
+        default=None,
+        help="neural and LM policies: the learning rate rises linearly over the first N steps (step t "
+        "trains at lr x (t+1)/N); new run: 0",
+    )
+    t.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default=None,
+        help="neural and LM policies: after the warmup the learning rate stays (constant, a new run's) "
+        "or decays linearly or along a cosine to --lr-min-ratio x lr at step --lr-decay-steps",
+    )
+    t.add_argument(
+        "--lr-decay-steps",
+        type=COUNT,
+        default=None,
+        help="the step a decaying schedule reaches its floor at (default: the run's --max-steps when it "
+        "starts, kept when a later --steps makes the run longer)",
+    )
+    t.add_argument(
+        "--lr-min-ratio",
+        type=float,
+        default=None,
+        help=f"the floor of a decaying schedule, as a share of lr, in [0, 1] (default {LR_MIN_RATIO})",
+    )
     t.add_argument(
         "--loss-denominator",
         choices=LOSS_DENOMINATORS,
@@ -249,6 +278,10 @@ def policy_config(args) -> dict:
     for key in (
         "max_new_tokens",
         "lr",
+        "lr_warmup_steps",
+        "lr_schedule",
+        "lr_decay_steps",
+        "lr_min_ratio",
         "loss_denominator",
         "dual_clip",
         "overrun_penalty",
@@ -309,27 +342,35 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
     return spec
 
 
-def _fmt(v, width: int = 10) -> str:
+def _fmt(v, width: int = 10, scientific: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-".rjust(width)
     if isinstance(v, float):
-        return f"{v:.4f}".rjust(width)
+        return (f"{v:.2e}" if scientific else f"{v:.4f}").rjust(width)
     return str(v).rjust(width)
 
 
 TRAINING = (("loss", "loss"), ("grad_norm", "grad_norm"), ("approx_kl", "kl"), ("entropy", "entropy"))
 
 
-def header(training: bool = False) -> str:
-    """The step table's header; ``training`` adds the update's loss, grad norm, KL and entropy
-    (neural and LM policies)."""
-    names = HEADER + (tuple(short for _, short in TRAINING) if training else ())
+def training_columns(spec: RunSpec) -> tuple[tuple[str, str], ...]:
+    """The update's columns of the step table (neural and LM policies): loss, grad norm, KL and
+    entropy, and the learning rate where the run's schedule moves it."""
+    if spec.policy == "simulated":
+        return ()
+    pc = spec.policy_settings()
+    return TRAINING + ((("lr", "lr"),) if pc.lr_warmup_steps or pc.decays() else ())
+
+
+def header(training: tuple[tuple[str, str], ...] = ()) -> str:
+    """The step table's header, the update's columns (``training_columns``) last."""
+    names = HEADER + tuple(short for _, short in training)
     return " ".join(n.rjust(10) for n in names)
 
 
-def row(r: dict, wall: float | None = None, training: bool = False) -> str:
+def row(r: dict, wall: float | None = None, training: tuple[tuple[str, str], ...] = ()) -> str:
     """One step: its numbers, the trainer's seconds and the rest of the wall time (Dagster, scheduler,
-    statistics, process starts)."""
+    statistics, process starts), then the update's columns."""
     trainer = r.get("seconds")
     r = dict(
         r,
@@ -338,8 +379,8 @@ def row(r: dict, wall: float | None = None, training: bool = False) -> str:
         if wall is not None and trainer == trainer and trainer is not None
         else None,
     )
-    cols = STEP_COLUMNS + (tuple(c for c, _ in TRAINING) if training else ())
-    return " ".join(_fmt(r.get(c)) for c in cols)
+    cols = STEP_COLUMNS + tuple(c for c, _ in training)
+    return " ".join(_fmt(r.get(c), scientific=c == "lr") for c in cols)
 
 
 def require_local_packages(spec: RunSpec) -> None:
@@ -449,7 +490,7 @@ def _train(args, lake: Lake, spec: RunSpec, imported: bool, lease: Lease) -> int
             f'{last + 1}: `envsched sql "select * from step_summary"` shows them all'
         )
     todo = max(0, args.steps - len(before))
-    training = spec.policy != "simulated"
+    training = training_columns(spec)
     if todo:
         print(header(training))
     walls: list[float] = []

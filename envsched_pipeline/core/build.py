@@ -11,7 +11,7 @@ from envsched_pipeline.core.state_store import prior_source
 from envsched_pipeline.errors import ConfigError, PoolError
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, check_partner, start_run
+from envsched_pipeline.run import RunSpec, check_partner, start_run, with_lr_horizon
 from envsched_pipeline.scheduler import (
     SCHEDULERS,
     Scheduler,
@@ -87,7 +87,7 @@ def check_run(lake: Lake, spec: RunSpec) -> None:
     """Every setting of a run about to start or resume on ``lake``, checked without writing: the
     spec's own fields, its scheduler config, the runs it is to be compared with (those already
     started) and, for a run not started yet, its prior lake."""
-    spec.validate(SCHEDULERS)
+    with_lr_horizon(spec).validate(SCHEDULERS)  # as start_run will check it
     scheduler_config(spec)
     for i, path in enumerate(spec.against):
         check_partner(lake, spec, Lake(path), f"against[{i}] {path}")

@@ -587,7 +587,7 @@ class NeuralLearner:
             "log_ratio_max": float("nan"),
             "negative_ratio_over3": float("nan"),
             "forced_stop_logp": float("nan"),
-            "lr": self.config.lr,
+            "lr": self.optimizer.param_groups[0]["lr"],
             "informative_decision_share": share,
             "loss_scale": scale,
             "skipped_updates": 0,
@@ -828,6 +828,11 @@ class NeuralLearner:
         """Load weights written by :meth:`weight_bytes` (tensors only: nothing in the file runs)."""
         self.model.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
         self.model.eval()  # as a warm start leaves it
+
+    def use_lr(self, lr: float) -> None:
+        """Train the next updates at ``lr`` (the run's schedule gives each step its own rate)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def load_bytes(self, data: bytes) -> None:
         """Restore a checkpoint: weights, the optimizer's moments and the version. The learning rate

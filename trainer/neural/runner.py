@@ -134,6 +134,7 @@ def roll_and_learn(
         seed=int(np.random.default_rng([spec.seed, step, 1]).integers(2**62)),
     )
     traces = learner.last["traces"]
+    learner.use_lr(spec.policy_settings().lr_at(step, learner.config.lr))
     return rows, out, traces, learner.learn()
 
 

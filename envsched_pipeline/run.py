@@ -76,6 +76,21 @@ def dual_clip_problem(value: float | None) -> str | None:
     return f"must be > 1 (or 0 = off), got {value}"
 
 
+DEFAULT_CLIP_EPS = 0.2  # PPO's clip range, the neural learner's and the LM trainer's default
+AGGREGATIONS = ("token-mean", "seq-mean")  # what the LM trainer's loss averages its tokens by
+
+
+def clip_high_problem(clip_eps: float | None, clip_eps_high: float | None) -> str | None:
+    """What is wrong with an upper clip range (clip-higher) beside the lower one (the default
+    DEFAULT_CLIP_EPS when unset): it may widen the clip above, never narrow it. One rule for the
+    run's policy_config, the neural learner's and the LM trainer's settings (checked after their
+    types and ranges)."""
+    low = DEFAULT_CLIP_EPS if clip_eps is None else clip_eps
+    if clip_eps_high is None or clip_eps_high >= low:
+        return None
+    return f"{clip_eps_high} must be at least clip_eps ({low}): it widens the clip above, never narrows it"
+
+
 def overrun_penalty_problem(value) -> str | None:
     """What is wrong with an overrun penalty (None when it is unset or a number in [0, 1]: the
     verifiers' rewards lie in [0, 1], so a larger charge would outweigh the whole task)."""
@@ -130,10 +145,17 @@ LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio
 LR_SCHEDULES = ("constant", "linear", "cosine")
 LR_MIN_RATIO = 0.1  # the floor a decaying schedule ends at, as a share of lr, when not given
 # what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
+# the GRPO update's settings both trained policies read (neural and LM)
+UPDATE_SETTINGS = ("clip_eps", "clip_eps_high", "weight_decay", "grad_clip")
 LM_SETTINGS = (
     "workers",
     "lr",
     *LR_SETTINGS,
+    *UPDATE_SETTINGS,
+    "kl_coef",
+    "epochs",
+    "micro_batch",
+    "aggregation",
     "loss_denominator",
     "dual_clip",
     "max_new_tokens",
@@ -172,6 +194,21 @@ class PolicyConfig:
     lr_schedule: str | None = None
     lr_decay_steps: int | None = None
     lr_min_ratio: float | None = None
+    # the GRPO update (neural and LM policies unless marked): PPO's clip range, an upper one of its
+    # own (DAPO's clip-higher; default clip_eps), AdamW's weight decay, the gradient-norm clip
+    clip_eps: float | None = None
+    clip_eps_high: float | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None
+    # LM policies: KL to a frozen copy of the initial policy (0 = off, no copy), passes over the
+    # batch per step, sequences per forward/backward (gradient accumulation: what fits the GPU),
+    # token-mean or seq-mean aggregation of the loss
+    kl_coef: float | None = None
+    epochs: int | None = None
+    micro_batch: int | None = None
+    aggregation: str | None = None
+    # neural policy: optimizer steps per training step (the batch split in this many minibatches)
+    minibatches: int | None = None
     # informative | batch: what the GRPO loss averages over (neural and LM policies; docs/algorithm.md §8b)
     loss_denominator: str | None = None
     # dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM policies)
@@ -213,6 +250,8 @@ class PolicyConfig:
             "workers",
             "lr",
             *LR_SETTINGS,
+            *UPDATE_SETTINGS,
+            "minibatches",
             "loss_denominator",
             "dual_clip",
             "train_forced_stop",
@@ -255,6 +294,8 @@ class PolicyConfig:
         check_settings(self, "policy_config.", POLICY_BOUNDS, POLICY_CHOICES, error=ConfigError)
         if problem := self.lr_problem():
             raise ConfigError(problem)
+        if problem := clip_high_problem(self.clip_eps, self.clip_eps_high):
+            raise ConfigError(f"policy_config.clip_eps_high: {problem}")
         if policy in ("hf", "vllm") and not self.model_path:
             raise ConfigError(
                 f"policy {policy} needs model_path (a local Qwen3 checkpoint); use hf-tiny for a random-init one"
@@ -313,6 +354,7 @@ POLICY_CHOICES = {
     "learning_signal": LEARNING_SIGNALS,
     "loss_denominator": LOSS_DENOMINATORS,
     "lr_schedule": LR_SCHEDULES,
+    "aggregation": AGGREGATIONS,
 }
 # every numeric setting of PolicyConfig (the two PPO knobs are checked above)
 POLICY_BOUNDS = {
@@ -328,6 +370,14 @@ POLICY_BOUNDS = {
     "lr_warmup_steps": (0, True, BIG),
     "lr_decay_steps": (1, True, BIG),
     "lr_min_ratio": (0, True, 1),
+    "clip_eps": (0, False, 10),
+    "clip_eps_high": (0, False, 10),
+    "weight_decay": (0, True, 10),
+    "grad_clip": (0, False, math.inf),  # a huge value turns clipping off
+    "kl_coef": (0, True, 10),
+    "epochs": (1, True, 100),
+    "micro_batch": (1, True, BIG),
+    "minibatches": (1, True, 1000),
     "max_new_tokens": (1, True, BIG),
     "checkpoint_every": (1, True, BIG),
     "eval_every": (0, True, BIG),

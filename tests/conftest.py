@@ -92,6 +92,7 @@ LAYERS = {
         "test_trust",
         "test_trackers",
         "test_lr_schedule",
+        "test_update_settings",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (

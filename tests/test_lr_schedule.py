@@ -78,7 +78,7 @@ def test_a_refused_schedule_names_the_setting_and_writes_nothing(tmp_path, capsy
         assert not lake.exists()
 
 
-def test_a_neural_run_trains_each_step_at_its_scheduled_rate_and_a_longer_run_keeps_them(tmp_path):
+def test_a_neural_run_trains_each_step_at_its_scheduled_rate_and_a_longer_run_keeps_them(tmp_path, capsys):
     lake = Lake(tmp_path / "lake")
     import_pool(lake, load_synthetic("synthetic", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5))
     schedule = {"lr": 1e-3, "lr_warmup_steps": 2, "lr_schedule": "cosine", "lr_min_ratio": 0.2}
@@ -110,3 +110,8 @@ def test_a_neural_run_trains_each_step_at_its_scheduled_rate_and_a_longer_run_ke
     want = [5e-4, 1e-3, 1e-3, half, 2e-4, 2e-4]
     assert [r["step"] for r in got] == list(range(6))
     assert [r["lr"] for r in got] == pytest.approx(want, rel=1e-9)
+    # `envsched status` names the run's policy settings, the stated decay among them
+    capsys.readouterr()
+    assert main(["--lake", str(lake.root), "status"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  policy settings: "))
+    assert "lr=0.001, lr_decay_steps=4, lr_min_ratio=0.2, lr_schedule=cosine, lr_warmup_steps=2" in line

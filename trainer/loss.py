@@ -34,10 +34,15 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     aggregation: str = "token-mean",
     dual_clip: float = 0.0,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """logprobs, old_logprobs, mask: (B, T); advantages: (B,) per sequence (broadcast over tokens).
 
-    per-token loss = -min(r * A, clip(r, 1 - eps, 1 + eps) * A) [+ kl_coef * KL_k3], r = exp(lp - old).
+    per-token loss = -min(r * A, clip(r, 1 - eps, 1 + eps_high) * A) [+ kl_coef * KL_k3], r = exp(lp - old).
+
+    ``clip_eps_high`` (default: ``clip_eps``) is the upper clip range alone: DAPO's clip-higher
+    (e.g. 0.28 over 0.2) lets a positive advantage raise an unlikely token's probability further
+    in one update before its gradient stops, which keeps the policy's entropy from collapsing.
 
     ``dual_clip`` = c > 1 bounds the surrogate of a negative advantage from below by c * A (dual-clip
     PPO): PPO's min() leaves -r * A unbounded as r grows when A < 0, so one token whose probability
@@ -56,7 +61,8 @@ def grpo_loss(
         log_ratio = log_ratio.clamp(max=math.log(dual_clip))
     ratio = torch.exp(log_ratio)
     surr1 = ratio * adv
-    surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * adv
     surr = torch.minimum(surr1, surr2)
     if dual_clip:
         surr = torch.where(adv < 0, torch.maximum(surr, dual_clip * adv), surr)
@@ -77,7 +83,7 @@ def grpo_loss(
         raise ValueError(f"unknown aggregation {aggregation!r}")
     with torch.no_grad():
         n = mask.sum().clamp_min(1.0)
-        clipped = ((ratio - 1.0).abs() > clip_eps).to(mask.dtype)
+        clipped = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).to(mask.dtype)
         stats = {
             "clip_fraction": float((clipped * mask).sum() / n),
             "dual_clip_fraction": float((held.to(mask.dtype) * mask).sum() / n) if dual_clip else 0.0,

@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envsched_pipeline.run import LOSS_DENOMINATORS, dual_clip_problem
+from envsched_pipeline.run import (
+    AGGREGATIONS,
+    DEFAULT_CLIP_EPS,
+    LOSS_DENOMINATORS,
+    clip_high_problem,
+    dual_clip_problem,
+)
 from trainer import ranks
 from trainer.grpo import group_advantages
 from trainer.loss import clipped_step, grpo_loss, token_logprobs
@@ -26,7 +32,8 @@ from trainer.loss import clipped_step, grpo_loss, token_logprobs
 class GRPOConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
-    clip_eps: float = 0.2
+    clip_eps: float = DEFAULT_CLIP_EPS
+    clip_eps_high: float | None = None  # the upper clip range alone (DAPO's clip-higher); None = clip_eps
     dual_clip: float = 0.0  # dual-clip PPO bound c > 1 for negative advantages; 0 = off (trainer.loss)
     kl_coef: float = 0.0  # no KL by default; > 0 keeps a frozen reference copy
     aggregation: str = "token-mean"  # token-mean | seq-mean (see trainer.loss)
@@ -50,8 +57,10 @@ class GRPOConfig:
     def __post_init__(self):
         if problem := dual_clip_problem(self.dual_clip):
             raise ValueError(f"trainer setting dual_clip: {problem}")
+        if problem := clip_high_problem(self.clip_eps, self.clip_eps_high):
+            raise ValueError(f"trainer setting clip_eps_high: {problem}")
         for name, allowed in (
-            ("aggregation", ("token-mean", "seq-mean")),
+            ("aggregation", AGGREGATIONS),
             ("loss_denominator", LOSS_DENOMINATORS),
         ):
             if getattr(self, name) not in allowed:
@@ -204,7 +213,16 @@ class GRPOTrainer:
                 lp = self._logprobs(model, ids, att, msk)
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
                 loss, st = grpo_loss(
-                    lp, old[k], a, msk, c.clip_eps, c.kl_coef, ref.get(k), c.aggregation, c.dual_clip
+                    lp,
+                    old[k],
+                    a,
+                    msk,
+                    c.clip_eps,
+                    c.kl_coef,
+                    ref.get(k),
+                    c.aggregation,
+                    c.dual_clip,
+                    clip_eps_high=c.clip_eps_high,
                 )
                 # scale so the accumulated gradient equals the full-batch aggregation
                 weight = (msk.sum().item() if token_mean else len(mb)) / denom

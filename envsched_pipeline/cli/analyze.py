@@ -321,6 +321,11 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         f"  pool {spec['pool']}, policy {spec['policy']}, {label}, seed {spec['seed']}, "
         f"B = {spec['batch_size']}, G = {spec['group_size']}, trainer {spec['trainer']}"
         + (f", selects {spec['select_lag']} step(s) ahead of its rollouts" if spec.get("select_lag") else ""),
+        *(
+            [f"  policy settings: {', '.join(f'{k}={v}' for k, v in sorted(spec['policy_config'].items()))}"]
+            if spec.get("policy_config")
+            else []
+        ),
         f"  steps done: {done} of {spec['max_steps']} (last selected {_step(st['last_selected'])}, rollouts "
         f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {in_words(lake, st['next'])}",
     ]

@@ -31,6 +31,7 @@ from envsched_pipeline.errors import ConfigError, EnvschedError
 from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import (
+    DEFAULT_CLIP_EPS,
     LOSS_DENOMINATORS,
     LR_MIN_RATIO,
     LR_SCHEDULES,
@@ -155,6 +156,40 @@ def add_parser(sub) -> None:
         default=None,
         help="dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM "
         "policies; docs/algorithm.md §8b)",
+    )
+    t.add_argument(
+        "--clip-eps",
+        type=float,
+        default=None,
+        help=f"PPO clip range of the GRPO surrogate (neural and LM policies; default {DEFAULT_CLIP_EPS})",
+    )
+    t.add_argument(
+        "--clip-eps-high",
+        type=float,
+        default=None,
+        help="the clip range above alone, >= --clip-eps: DAPO's clip-higher, e.g. 0.28 (neural and LM "
+        "policies; default: --clip-eps)",
+    )
+    t.add_argument(
+        "--kl-coef",
+        type=float,
+        default=None,
+        help="LM policies: weight of a KL penalty to a frozen copy of the initial policy (default 0: off, "
+        "no copy kept)",
+    )
+    t.add_argument(
+        "--micro-batch",
+        type=COUNT,
+        default=None,
+        help="LM policies: sequences per forward/backward pass, the step's gradient accumulated over "
+        "them (lower it when the update runs out of GPU memory; default 4)",
+    )
+    t.add_argument(
+        "--policy-config",
+        default=None,
+        help='any setting of the trained policy as JSON, e.g. \'{"epochs": 2, "grad_clip": 0.5}\', or '
+        "a file of them (@policy.json); a flag given beside it wins (docs/architecture.md §7 lists every "
+        "setting)",
     )
     t.add_argument(
         "--overrun-penalty",
@@ -282,6 +317,10 @@ def policy_config(args) -> dict:
         "lr_schedule",
         "lr_decay_steps",
         "lr_min_ratio",
+        "clip_eps",
+        "clip_eps_high",
+        "kl_coef",
+        "micro_batch",
         "loss_denominator",
         "dual_clip",
         "overrun_penalty",
@@ -313,6 +352,8 @@ def requested_run(args, current: RunSpec | None) -> RunSpec:
         overrides["cost_aware"] = True
     # another policy starts from its own defaults, not from the settings of the one it replaces
     kept = base.policy_config if args.policy in (None, base.policy) else {}
+    if args.policy_config:
+        kept = {**kept, **json_object("--policy-config", args.policy_config, '{"epochs": 2}')}
     try:
         spec = asked_run(
             base,

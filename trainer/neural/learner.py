@@ -28,7 +28,10 @@ import torch
 from envs.sandbox import SandboxPool
 from envsched_pipeline.run import (
     CHANGED_NEURAL_DEFAULTS,
+    DEFAULT_CLIP_EPS,
     LOSS_DENOMINATORS,
+    POLICY_BOUNDS,
+    clip_high_problem,
     dual_clip_problem,
     floats_as_declared,
     overrun_penalty_problem,
@@ -53,18 +56,26 @@ MAX_PARAMS = 3
 MAX_WORDS = 6
 
 
-NEURAL_BOUNDS = {  # every numeric setting (dual_clip and overrun_penalty have their own rules)
-    "lr": (0, False, 10),
-    "weight_decay": (0, True, 10),
-    "clip_eps": (0, False, 10),
-    "grad_clip": (0, False, math.inf),  # a huge value turns clipping off
-    "minibatches": (1, True, 1000),
-    "max_actions": (1, True, 1000),
-    "temperature": (0, True, 100),
-    "warm_start_steps": (0, True, BIG),
+# every numeric setting (dual_clip and overrun_penalty have their own rules): those a run's
+# policy_config also sets keep its ranges, so a value the run accepts the learner accepts
+NEURAL_BOUNDS = {
+    **{
+        k: POLICY_BOUNDS[k]
+        for k in (
+            "lr",
+            "weight_decay",
+            "clip_eps",
+            "clip_eps_high",
+            "grad_clip",
+            "minibatches",
+            "max_actions",
+            "temperature",
+            "warm_start_steps",
+            "workers",
+        )
+    },
     "warm_start_batch": (1, True, BIG),
     "warm_start_lr": (0, False, 10),
-    "workers": (1, True, 256),
 }
 POLICY_SIZES = {
     "dim": (1, True, 4096),
@@ -80,7 +91,8 @@ class NeuralConfig:
 
     lr: float = 3e-4
     weight_decay: float = 0.0
-    clip_eps: float = 0.2
+    clip_eps: float = DEFAULT_CLIP_EPS
+    clip_eps_high: float | None = None  # the upper clip range alone (DAPO's clip-higher); None = clip_eps
     # dual-clip PPO bound c (> 1) on the surrogate of a negative advantage; 0 = off (trainer.loss)
     dual_clip: float = 0.0
     grad_clip: float = 1.0
@@ -117,6 +129,8 @@ class NeuralConfig:
         check_settings(
             self, "neural learner setting ", NEURAL_BOUNDS, {"loss_denominator": LOSS_DENOMINATORS}
         )
+        if problem := clip_high_problem(self.clip_eps, self.clip_eps_high):
+            raise ValueError(f"neural learner setting clip_eps_high: {problem}")
         check_settings(self.policy, "neural learner setting policy.", POLICY_SIZES)
 
     @classmethod
@@ -634,6 +648,7 @@ class NeuralLearner:
                 mask.float(),
                 clip_eps=c.clip_eps,
                 dual_clip=c.dual_clip,
+                clip_eps_high=c.clip_eps_high,
             )
             self.optimizer.zero_grad(set_to_none=True)
             (loss * scale).backward()

@@ -54,7 +54,7 @@ def _cache_dir() -> Path:
     return d
 
 
-GRPO_ONLY = ("loss_denominator", "dual_clip", "train_forced_stop", "overrun_penalty")
+GRPO_ONLY = ("loss_denominator", "dual_clip", "clip_eps_high", "train_forced_stop", "overrun_penalty")
 
 
 def warm_start_key(seed: int, testbed: TestbedConfig, neural: NeuralConfig) -> str:

@@ -1,0 +1,174 @@
+"""The GRPO update's settings a run can set (clip ranges, clip-higher, KL, epochs, micro-batches,
+weight decay, gradient clip): from `envsched train` flags or `--policy-config` to the trainer that
+reads them, each one named where it is refused, every one documented."""
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from envs.registry import load_synthetic
+from envsched_pipeline.cli import build_parser, main
+from envsched_pipeline.cli.train import requested_run
+from envsched_pipeline.run import LM_SETTINGS, PolicyConfig
+from tests.gradients import GradientTaker
+from trainer.loss import grpo_loss
+from trainer.neural.learner import NeuralConfig, NeuralLearner
+from trainer.update import GRPOConfig, GRPOTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_clip_higher_lets_a_positive_advantage_past_the_lower_range():
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+
+    def grad(adv: float, **kw) -> tuple[float, float]:
+        lp = torch.full((1, 2), math.log(1.25), requires_grad=True)  # every token's ratio is 1.25
+        loss, st = grpo_loss(lp, old, torch.tensor([adv]), mask, clip_eps=0.2, **kw)
+        loss.backward()
+        return float(lp.grad.abs().sum()), st["clip_fraction"]
+
+    # a positive advantage: past 1 + 0.2 the symmetric clip stops the gradient, clip-higher 0.28 does not
+    assert grad(1.0) == (0.0, 1.0)
+    g, frac = grad(1.0, clip_eps_high=0.28)
+    assert g > 0 and frac == 0.0
+    # a negative advantage is never clipped above (PPO's min takes the unclipped side): unchanged
+    assert grad(-1.0)[0] == grad(-1.0, clip_eps_high=0.28)[0] > 0
+    # below, the range stays clip_eps whatever the upper one
+    lp = torch.full((1, 2), math.log(0.7), requires_grad=True)
+    _, st = grpo_loss(lp, old, torch.tensor([-1.0]), mask, clip_eps=0.2, clip_eps_high=0.28)
+    assert st["clip_fraction"] == 1.0
+
+
+def test_the_neural_learner_trains_with_the_upper_clip_range_it_is_given():
+    pool = load_synthetic("nn", n_envs=3, tasks_per_env=4, heldout_per_env=1, seed=5)
+    envs = {e["env_id"]: e for e in pool.environments}
+    infos, grads = {}, {}
+    for high in (None, 0.3):
+        lrn = NeuralLearner(envs, NeuralConfig(minibatches=1, grad_clip=1e9, clip_eps_high=high), seed=0)
+        try:
+            lrn.optimizer = GradientTaker(lrn.model.parameters())
+            out = lrn.rollout(pool.tasks, 4, seed=7)
+            for t in lrn.last["traces"]:  # as if every decision had been sampled 1.25 times less likely
+                t.logp = [[x - math.log(1.25) for x in step] for step in t.logp]
+            infos[high], grads[high] = lrn.learn(), lrn.optimizer.grads
+        finally:
+            lrn.close()
+    assert (np.ptp(out["reward"].reshape(len(pool.tasks), 4), axis=1) > 1e-6).any()
+    # every decision's ratio is 1.25: past the symmetric clip, inside clip-higher's 0.3
+    assert infos[None]["clip_fraction"] == pytest.approx(1.0) and infos[0.3]["clip_fraction"] == 0.0
+    # the positive advantages' decisions now give a gradient too
+    assert any(not torch.allclose(a, b) for a, b in zip(grads[None], grads[0.3], strict=True))
+
+
+def test_the_lm_trainer_trains_with_the_upper_clip_range_it_is_given():
+    from trainer.model import qwen3_tokenizer, tiny_qwen3  # transformers: loaded for this test only
+
+    tok = qwen3_tokenizer()
+    prompt = tok.encode(
+        "<|im_start|>user\nsay yes<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    good, bad = (tok.encode(x + "<|im_end|>", add_special_tokens=False) for x in ("yes yes", "no no no"))
+    seqs = [prompt + good, prompt + bad]
+    masks = [[0] * len(prompt) + [1] * (len(q) - len(prompt)) for q in seqs]
+    got = {}
+    for high in (None, 10.0):  # a second pass over the batch at a large rate moves the ratios past 1.2
+        trainer = GRPOTrainer(
+            tiny_qwen3(seed=0), tok, GRPOConfig(micro_batch=2, epochs=2, lr=0.05, clip_eps_high=high)
+        )
+        got[high] = trainer.update(seqs, masks, np.array([1.0, 0.0]), group_size=2)
+    first, wide = got[None], got[10.0]
+    assert first["epoch_losses"][0] == wide["epoch_losses"][0]  # the first pass: every ratio is 1
+    assert first["epoch_losses"][1] != wide["epoch_losses"][1]  # the second: the upper clip differs
+    assert wide["clip_fraction"] < first["clip_fraction"]
+
+
+def test_every_setting_a_policy_reads_reaches_its_trainer():
+    """A name the run accepts but the trainer does not know would be dropped without a word."""
+    own = {"workers", "resident", "model_path", "deepspeed", "lr_warmup_steps", "lr_schedule"}
+    own |= {"lr_decay_steps", "lr_min_ratio", "eval_every", "eval_tasks", "eval_samples", "eval_temperature"}
+    lm = set(LM_SETTINGS) - own  # read by GRPOConfig (trainer/update.py)
+    assert lm <= {f.name for f in dataclasses.fields(GRPOConfig)}, lm - {
+        f.name for f in dataclasses.fields(GRPOConfig)
+    }
+    neural = set(PolicyConfig.USED_BY["neural"]) - own  # read by NeuralConfig (trainer/neural)
+    assert neural <= {f.name for f in dataclasses.fields(NeuralConfig)}
+    given = {"clip_eps": 0.1, "clip_eps_high": 0.3, "kl_coef": 0.05, "epochs": 3, "micro_batch": 1}
+    given |= {"aggregation": "seq-mean", "weight_decay": 0.01, "grad_clip": 0.5}
+    cfg = GRPOConfig.from_dict(PolicyConfig(**given).set_values())
+    assert {k: getattr(cfg, k) for k in given} == given
+    neural_given = {
+        "clip_eps": 0.1,
+        "clip_eps_high": 0.3,
+        "weight_decay": 0.01,
+        "grad_clip": 0.5,
+        "minibatches": 4,
+    }
+    n = NeuralConfig.from_dict(PolicyConfig(**neural_given).set_values())
+    assert {k: getattr(n, k) for k in neural_given} == neural_given
+
+
+def parsed(*flags):
+    args = build_parser().parse_args(["train", *flags])
+    return requested_run(args, None).policy_config
+
+
+def test_policy_config_json_and_flags_merge_and_a_flag_wins(tmp_path):
+    assert parsed(
+        "--policy", "hf-tiny", "--policy-config", '{"epochs": 2, "micro_batch": 8}', "--micro-batch", "2"
+    ) == {
+        "epochs": 2,
+        "micro_batch": 2,
+    }
+    f = tmp_path / "policy.json"
+    f.write_text(json.dumps({"kl_coef": 0.05, "clip_eps_high": 0.28}))
+    assert parsed("--policy", "hf-tiny", "--policy-config", f"@{f}", "--clip-eps", "0.15") == {
+        "kl_coef": 0.05,
+        "clip_eps_high": 0.28,
+        "clip_eps": 0.15,
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--policy", "neural", "--kl-coef", "0.1"], "policy 'neural' does not use kl_coef"),
+        (
+            ["--policy", "hf-tiny", "--clip-eps-high", "0.1"],
+            "policy_config.clip_eps_high: 0.1 must be at least clip_eps (0.2)",
+        ),
+        (["--policy", "hf-tiny", "--micro-batch", "0"], "argument --micro-batch"),
+        (
+            ["--policy", "hf-tiny", "--policy-config", '{"aggregation": "sum"}'],
+            "policy_config.aggregation: 'sum' is not one of",
+        ),
+        (
+            ["--policy", "hf-tiny", "--policy-config", '{"epochs": 0}'],
+            "policy_config.epochs: 0 must be a number in [1, 100]",
+        ),
+        (["--policy", "hf-tiny", "--policy-config", '{"momentum": 0.9}'], "policy_config: unknown"),
+        (["--policy", "neural", "--policy-config", "@nowhere.json"], "--policy-config nowhere.json"),
+        (["--policy", "neural", "--policy-config", "[1]"], "--policy-config"),
+    ],
+)
+def test_a_bad_update_setting_is_refused_by_name_and_writes_nothing(tmp_path, capsys, flags, message):
+    lake = tmp_path / "lake"
+    assert main(["--lake", str(lake), "train", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not lake.exists()
+
+
+def test_every_policy_setting_is_in_the_documented_table():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("## §7 The trained policy's settings") :]
+    documented = set(re.findall(r"^\| `([a-z_]+)`", table, re.M)) | set(re.findall(r", `([a-z_]+)`", table))
+    assert {f.name for f in dataclasses.fields(PolicyConfig)} <= documented, {
+        f.name for f in dataclasses.fields(PolicyConfig)
+    } - documented

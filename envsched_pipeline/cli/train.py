@@ -76,28 +76,37 @@ def add_parser(sub) -> None:
         "(a new run gets the value its help names), so `envsched train --steps 40` continues whatever run the "
         "lake holds; a flag that changes a resumed run is refused (see --allow-config-change).",
     )
-    t.add_argument("--pool", default=None, help="task pool (`envsched pool list`); new run: synthetic")
-    t.add_argument(
+    g_run = t.add_argument_group("the run")
+    g_run.add_argument("--pool", default=None, help="task pool (`envsched pool list`); new run: synthetic")
+    g_run.add_argument(
         "--policy",
         default=None,
         choices=tuple(p for p in POLICIES if p != "external"),  # an external trainer uses `step`
         help="what is trained: simulated / neural (CPU testbeds), hf-tiny, hf, vllm, openai; new run: "
         "simulated",
     )
-    t.add_argument("--steps", type=COUNT, default=20, help="total steps the lake should hold (resumes)")
-    t.add_argument(
+    g_run.add_argument("--steps", type=COUNT, default=20, help="total steps the lake should hold (resumes)")
+    g_run.add_argument(
         "--max-steps",
         type=COUNT,
         default=None,
         help="the run's length for the sensor (default --steps): `--steps 1 --max-steps 40` runs one "
         "step here and lets the loop sensor in `make ui` drive the rest",
     )
-    t.add_argument(
+    g_run.add_argument(
         "--seed", type=INDEX, default=None, help="seed of the run (selection and rollouts); new run: 0"
     )
-    t.add_argument("--batch-size", type=COUNT, default=None, help="B: tasks per step; new run: 64")
-    t.add_argument("--group-size", type=GROUP, default=None, help="G: rollouts per task (>= 2); new run: 8")
-    t.add_argument(
+    g_run.add_argument("--batch-size", type=COUNT, default=None, help="B: tasks per step; new run: 64")
+    g_run.add_argument(
+        "--group-size", type=GROUP, default=None, help="G: rollouts per task (>= 2); new run: 8"
+    )
+    g_run.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume with another scheduler/policy config (recorded in run.json)",
+    )
+    g_sched = t.add_argument_group("the scheduler")
+    g_sched.add_argument(
         "--scheduler",
         default=None,
         help=f"which scheduler picks batches: one of {', '.join(sorted(SCHEDULERS))}, or a named variant "
@@ -105,100 +114,72 @@ def add_parser(sub) -> None:
         f"{RECOMMENDED}, the recommended form (the best-supported on the neural learner's bench); "
         "`envsched` alone runs the paper's constants",
     )
-    t.add_argument(
+    g_sched.add_argument(
         "--scheduler-config",
         default=None,
         help="scheduler config overrides as JSON, e.g. '{\"rho\": 0.25}', or a file of them "
         "(@overrides.json) (over a variant's; docs/algorithm.md names every field)",
     )
-    t.add_argument("--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)")
-    t.add_argument(
-        "--max-new-tokens", type=COUNT, default=None, help="tokens per assistant turn (LM policies)"
+    g_sched.add_argument(
+        "--cost-aware", action="store_true", help="score informativeness per predicted rollout second"
     )
-    t.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
-    t.add_argument(
-        "--lr-warmup-steps",
+    g_sched.add_argument(
+        "--select-lag",
         type=INDEX,
         default=None,
-        help="neural and LM policies: the learning rate rises linearly over the first N steps (step t "
-        "trains at lr x (t+1)/N); new run: 0",
+        help="select step T from the rollouts up to T-1-N (new run: 0), as a trainer that asks for the "
+        "next batch while one trains does: what a stale selection costs, measured on your learner",
     )
-    t.add_argument(
-        "--lr-schedule",
-        choices=LR_SCHEDULES,
-        default=None,
-        help="neural and LM policies: after the warmup the learning rate stays (constant, a new run's) "
-        "or decays linearly or along a cosine to --lr-min-ratio x lr at step --lr-decay-steps",
+    g_sched.add_argument(
+        "--prior-lake", default=None, help="start the estimates from another run's lake (cross-run prior)"
     )
-    t.add_argument(
-        "--lr-decay-steps",
-        type=COUNT,
-        default=None,
-        help="the step a decaying schedule reaches its floor at (default: the run's --max-steps when it "
-        "starts, kept when a later --steps makes the run longer)",
-    )
-    t.add_argument(
-        "--lr-min-ratio",
+    g_sched.add_argument(
+        "--prior-discount",
         type=float,
         default=None,
-        help=f"the floor of a decaying schedule, as a share of lr, in [0, 1] (default {LR_MIN_RATIO})",
+        help="weight of the prior run's statistics; new run: 0.5",
     )
-    t.add_argument(
-        "--loss-denominator",
-        choices=LOSS_DENOMINATORS,
-        default=None,
-        help="what the GRPO loss averages over: the informative episodes (default) or the whole batch "
-        "(neural and LM policies; docs/algorithm.md §8b)",
-    )
-    t.add_argument(
-        "--dual-clip",
-        type=float,
-        default=None,
-        help="dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM "
-        "policies; docs/algorithm.md §8b)",
-    )
-    t.add_argument(
-        "--clip-eps",
-        type=float,
-        default=None,
-        help=f"PPO clip range of the GRPO surrogate (neural and LM policies; default {DEFAULT_CLIP_EPS})",
-    )
-    t.add_argument(
-        "--clip-eps-high",
-        type=float,
-        default=None,
-        help="the clip range above alone, >= --clip-eps: DAPO's clip-higher, e.g. 0.28 (neural and LM "
-        "policies; default: --clip-eps)",
-    )
-    t.add_argument(
-        "--kl-coef",
-        type=float,
-        default=None,
-        help="LM policies: weight of a KL penalty to a frozen copy of the initial policy (default 0: off, "
-        "no copy kept)",
-    )
-    t.add_argument(
-        "--micro-batch",
-        type=COUNT,
-        default=None,
-        help="LM policies: sequences per forward/backward pass, the step's gradient accumulated over "
-        "them (lower it when the update runs out of GPU memory; default 4)",
-    )
-    t.add_argument(
+    g_pol = t.add_argument_group("the trained policy (docs/architecture.md §7 lists every setting)")
+    g_pol.add_argument(
         "--policy-config",
         default=None,
         help='any setting of the trained policy as JSON, e.g. \'{"epochs": 2, "grad_clip": 0.5}\', or '
         "a file of them (@policy.json); a flag given beside it wins (docs/architecture.md §7 lists every "
         "setting)",
     )
-    t.add_argument(
+    g_pol.add_argument(
+        "--model-path", default=None, help="local Qwen3 checkpoint folder (hf / vllm policies)"
+    )
+    g_pol.add_argument(
+        "--max-new-tokens", type=COUNT, default=None, help="tokens per assistant turn (LM policies)"
+    )
+    g_pol.add_argument(
+        "--resident",
+        action="store_true",
+        help="neural and LM policies: one worker process keeps the policy, its optimizer and its "
+        "environments or engine across steps (no per-step process start and reload)",
+    )
+    g_pol.add_argument(
+        "--checkpoint-every",
+        type=COUNT,
+        default=None,
+        help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
+    )
+    g_pol.add_argument(
+        "--sim-mode",
+        default="auto",
+        choices=["auto", "latent", "real"],
+        help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
+        "and run through the real runtime + verifier (default for package pools)",
+    )
+    g_pol.add_argument(
         "--overrun-penalty",
         type=float,
         default=None,
         help="neural policy: reward taken off an episode the action cap ended, in [0, 1], 0 = off "
         "(docs/algorithm.md §8b)",
     )
-    t.add_argument(
+    g_pol.add_argument(
         "--train-forced-stop",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -206,84 +187,118 @@ def add_parser(sub) -> None:
         "on it like a decision the policy made (--train-forced-stop, the default until 2026-12: its "
         "log-probability falls all run and late updates can blow up; docs/algorithm.md §8b)",
     )
-    t.add_argument(
+    g_pol.add_argument(
         "--base-url", default=None, help="openai policy: an OpenAI-compatible server, e.g. http://host/v1"
     )
-    t.add_argument("--model", default=None, help="openai policy: the model name the server serves")
-    t.add_argument(
+    g_pol.add_argument("--model", default=None, help="openai policy: the model name the server serves")
+    g_pol.add_argument(
         "--api-key-env", default=None, help="openai policy: environment variable that holds the API key"
     )
-    t.add_argument(
-        "--prior-lake", default=None, help="start the estimates from another run's lake (cross-run prior)"
-    )
-    t.add_argument(
-        "--prior-discount",
-        type=float,
-        default=None,
-        help="weight of the prior run's statistics; new run: 0.5",
-    )
-    t.add_argument(
-        "--select-lag",
+    g_upd = t.add_argument_group("the GRPO update (neural and LM policies)")
+    g_upd.add_argument("--lr", type=float, default=None, help="learning rate (neural and LM policies)")
+    g_upd.add_argument(
+        "--lr-warmup-steps",
         type=INDEX,
         default=None,
-        help="select step T from the rollouts up to T-1-N (new run: 0), as a trainer that asks for the "
-        "next batch while one trains does: what a stale selection costs, measured on your learner",
+        help="neural and LM policies: the learning rate rises linearly over the first N steps (step t "
+        "trains at lr x (t+1)/N); new run: 0",
     )
-    t.add_argument(
-        "--cost-aware", action="store_true", help="score informativeness per predicted rollout second"
+    g_upd.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default=None,
+        help="neural and LM policies: after the warmup the learning rate stays (constant, a new run's) "
+        "or decays linearly or along a cosine to --lr-min-ratio x lr at step --lr-decay-steps",
     )
-    t.add_argument(
-        "--sim-mode",
-        default="auto",
-        choices=["auto", "latent", "real"],
-        help="simulated policy: latent model of the checks (synthetic) or gold actions corrupted "
-        "and run through the real runtime + verifier (default for package pools)",
-    )
-    t.add_argument(
-        "--resident",
-        action="store_true",
-        help="neural and LM policies: one worker process keeps the policy, its optimizer and its "
-        "environments or engine across steps (no per-step process start and reload)",
-    )
-    t.add_argument(
-        "--checkpoint-every",
+    g_upd.add_argument(
+        "--lr-decay-steps",
         type=COUNT,
         default=None,
-        help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
+        help="the step a decaying schedule reaches its floor at (default: the run's --max-steps when it "
+        "starts, kept when a later --steps makes the run longer)",
     )
-    t.add_argument(
+    g_upd.add_argument(
+        "--lr-min-ratio",
+        type=float,
+        default=None,
+        help=f"the floor of a decaying schedule, as a share of lr, in [0, 1] (default {LR_MIN_RATIO})",
+    )
+    g_upd.add_argument(
+        "--clip-eps",
+        type=float,
+        default=None,
+        help=f"PPO clip range of the GRPO surrogate (neural and LM policies; default {DEFAULT_CLIP_EPS})",
+    )
+    g_upd.add_argument(
+        "--clip-eps-high",
+        type=float,
+        default=None,
+        help="the clip range above alone, >= --clip-eps: DAPO's clip-higher, e.g. 0.28 (neural and LM "
+        "policies; default: --clip-eps)",
+    )
+    g_upd.add_argument(
+        "--dual-clip",
+        type=float,
+        default=None,
+        help="dual-clip PPO bound c > 1 on a negative advantage's surrogate, 0 = off (neural and LM "
+        "policies; docs/algorithm.md §8b)",
+    )
+    g_upd.add_argument(
+        "--loss-denominator",
+        choices=LOSS_DENOMINATORS,
+        default=None,
+        help="what the GRPO loss averages over: the informative episodes (default) or the whole batch "
+        "(neural and LM policies; docs/algorithm.md §8b)",
+    )
+    g_upd.add_argument(
+        "--kl-coef",
+        type=float,
+        default=None,
+        help="LM policies: weight of a KL penalty to a frozen copy of the initial policy (default 0: off, "
+        "no copy kept)",
+    )
+    g_upd.add_argument(
+        "--micro-batch",
+        type=COUNT,
+        default=None,
+        help="LM policies: sequences per forward/backward pass, the step's gradient accumulated over "
+        "them (lower it when the update runs out of GPU memory; default 4)",
+    )
+    g_held = t.add_argument_group("held-out evaluation (neural and LM policies)")
+    g_held.add_argument(
         "--eval-every",
         type=INDEX,
         default=None,
         help="neural and LM policies: held-out evaluation every N steps and at the last step, 0 = off "
         "(default 10; a resumed run may change it)",
     )
-    t.add_argument(
+    g_held.add_argument(
         "--eval-tasks",
         type=COUNT,
         default=None,
         help="held-out tasks per split (seen / unseen environments), the same ones at every evaluation "
         "(default: all for neural, B for LM policies)",
     )
-    t.add_argument(
+    g_held.add_argument(
         "--eval-samples",
         type=COUNT,
         default=None,
         help="sampled episodes per held-out task (default 8 for neural, 2 for LM policies)",
     )
-    t.add_argument(
+    g_held.add_argument(
         "--eval-temperature",
         type=float,
         default=None,
         help="LM policies: sampling temperature of the held-out episodes (default: the training one; "
         "0 = greedy, one episode per task)",
     )
-    t.add_argument(
+    g_watch = t.add_argument_group("watching and comparing")
+    g_watch.add_argument(
         "--report-to",
         default=None,
         help="experiment trackers: tensorboard,wandb,mlflow (offline; under <lake>/trackers) or none",
     )
-    t.add_argument(
+    g_watch.add_argument(
         "--against",
         action="append",
         default=None,
@@ -292,11 +307,6 @@ def add_parser(sub) -> None:
         "seed, say; it may start later) that this run's report compares with: the report at the run's "
         "end (written to <lake>/reports/latest, its verdicts printed), the sensor's, `envsched report`; "
         "repeatable. A resumed run given --against replaces the list; `--against none` clears it",
-    )
-    t.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="resume with another scheduler/policy config (recorded in run.json)",
     )
     t.set_defaults(func=run)
 

@@ -101,14 +101,14 @@ def test_a_neural_run_trains_each_step_at_its_scheduled_rate_and_a_longer_run_ke
             statistics_step(lake, t)
 
     train(range(2))
-    # made longer (as `envsched train --steps 6` asks: the run's own policy config, a new max_steps)
-    longer = start_run(lake, RunSpec(**{**load_run(lake).to_dict(), "max_steps": 6}))
-    assert longer.max_steps == 6 and longer.policy_config["lr_decay_steps"] == 4
-    train(range(2, 6))
+    # made longer (as `envsched train --steps 5` asks: the run's own policy config, a new max_steps)
+    longer = start_run(lake, RunSpec(**{**load_run(lake).to_dict(), "max_steps": 5}))
+    assert longer.max_steps == 5 and longer.policy_config["lr_decay_steps"] == 4
+    train(range(2, 5))
     got = lake.sql("select step, lr from train_metrics order by step").to_pylist()
     half = 1e-3 * (0.2 + 0.8 * 0.5)  # step 3: half way from the warmup's end (2) to the floor (4)
-    want = [5e-4, 1e-3, 1e-3, half, 2e-4, 2e-4]
-    assert [r["step"] for r in got] == list(range(6))
+    want = [5e-4, 1e-3, 1e-3, half, 2e-4]  # step 4, past the decay's end: the floor
+    assert [r["step"] for r in got] == list(range(5))
     assert [r["lr"] for r in got] == pytest.approx(want, rel=1e-9)
     # `envsched status` names the run's policy settings, the stated decay among them
     capsys.readouterr()

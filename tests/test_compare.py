@@ -262,6 +262,13 @@ def test_planning_for_an_effect_gives_the_seeds_a_t_test_needs_to_find_it():
     assert t_power(0.012, 0.015, 6) == pytest.approx((np.abs(d.mean(axis=1)) > half).mean(), abs=0.01)
     assert seeds_for_power(0.0, 0.01) is None and seeds_for_power(1e-5, 0.01) is None  # over MAX_SEEDS
     assert seeds_for_power(0.01, 0.0) == 2 and MAX_SEEDS == 1000
+    # an effect many standard errors out: a chance of (nearly) 1, never NaN (RESULTS printed "a chance
+    # of nan" for +0.02 at 38 seeds, sd 0.0138: scipy's noncentral t cdf is NaN that far in its tail)
+    assert t_power(0.02, 0.0138, 38) == pytest.approx(1.0)
+    grid = [
+        t_power(e, 0.01, n) for e in (0.001, 0.005, 0.01, 0.02, 0.05, 0.2) for n in (2, 3, 5, 10, 38, 200)
+    ]
+    assert all(0.0 <= p <= 1.0 for p in grid), grid
 
 
 def test_compare_plans_for_the_effect_a_user_names(sim_runs, tmp_path, capsys):

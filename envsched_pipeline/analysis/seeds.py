@@ -142,7 +142,12 @@ def t_power(effect: float, sd: float, n: int) -> float:
         return float(effect != 0)
     df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
     crit = float(_stats().t.ppf(0.975, df))
-    return float(_stats().nct.sf(crit, df, nc) + _stats().nct.cdf(-crit, df, nc))
+    below = float(_stats().nct.cdf(-crit, df, nc))  # an interval wholly below zero
+    if not math.isfinite(below):
+        # scipy's nct.cdf gives NaN this far out (nc >= 7.6); the chance is under that of Z + nc < 0,
+        # Phi(-7.6) = 1.5e-14, so it adds nothing the printed chance could show
+        below = 0.0
+    return min(1.0, float(_stats().nct.sf(crit, df, nc)) + below)
 
 
 def seeds_for_power(effect: float, sd: float, power: float = POWER) -> int | None:

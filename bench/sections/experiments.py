@@ -101,11 +101,16 @@ def learner_experiment(
     reading = []
     for k, kind in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
         d = pe[k]
-        se2 = 2 * d["sd"] / np.sqrt(d["n"]) if d["n"] > 1 else float("nan")
         best = max(both, key=lambda x: both[x][k])
+        if d["n"] > 1:
+            se2 = 2 * d["sd"] / np.sqrt(d["n"])
+            judged = (
+                f"two standard errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise"
+            )
+        else:
+            judged = "one seed: no spread over seeds to judge it by"
         reading.append(
-            f"{kind} environments: envsched {d['mean']:+.4f} against random under this setting (two standard "
-            f"errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise); the setting "
+            f"{kind} environments: envsched {d['mean']:+.4f} against random under this setting ({judged}); the setting "
             f"moved random by {moved.get(('random', k), float('nan')):+.4f} and envsched by "
             f"{moved.get(('envsched', k), float('nan')):+.4f}; the best absolute held-out of both settings among "
             f"this table's schedulers is {best[0]} with the {best[1]} learner ({both[best][k]:.4f})"

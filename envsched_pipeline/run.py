@@ -144,9 +144,9 @@ EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
 LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 LR_MIN_RATIO = 0.1  # the floor a decaying schedule ends at, as a share of lr, when not given
-# what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
 # the GRPO update's settings both trained policies read (neural and LM)
 UPDATE_SETTINGS = ("clip_eps", "clip_eps_high", "weight_decay", "grad_clip")
+# what the language-model policies (hf-tiny, and hf / vllm with their model_path) read
 LM_SETTINGS = (
     "workers",
     "lr",
@@ -185,8 +185,8 @@ class PolicyConfig:
     warm_start_steps: int | None = None
     temperature: float | None = None
     max_actions: int | None = None
-    # LM policies (trainer/update.py, trainer/engines.py)
-    lr: float | None = None  # learning rate (neural and LM policies)
+    # neural and LM policies (trainer/neural, trainer/update.py)
+    lr: float | None = None  # learning rate
     # the learning rate of step t (lr_at): a linear warmup over the first lr_warmup_steps steps, then
     # constant, or a linear or cosine decay that reaches lr_min_ratio x lr at step lr_decay_steps
     # (a run that names a decay without its length states its max_steps at the start) and stays there
@@ -218,6 +218,7 @@ class PolicyConfig:
     train_forced_stop: bool | None = None
     # neural: reward subtracted for an episode the max_actions cap stopped (0 = off; docs/algorithm.md §8b)
     overrun_penalty: float | None = None
+    # LM policies (trainer/policy_step.py, trainer/engines.py; docs/architecture.md §7 has them all)
     model_path: str | None = None
     max_new_tokens: int | None = None
     checkpoint_every: int | None = None

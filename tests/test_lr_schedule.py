@@ -13,6 +13,7 @@ from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import PolicyConfig, RunSpec, load_run, start_run
+from trainer.remake import remake
 from trainer.step import run_step
 
 
@@ -110,6 +111,11 @@ def test_a_neural_run_trains_each_step_at_its_scheduled_rate_and_a_longer_run_ke
     want = [5e-4, 1e-3, 1e-3, half, 2e-4]  # step 4, past the decay's end: the floor
     assert [r["step"] for r in got] == list(range(5))
     assert [r["lr"] for r in got] == pytest.approx(want, rel=1e-9)
+    # a checkpoint the lake no longer keeps is made again at the rates its steps had: step 3's (half
+    # way down the decay) must repeat for the digest its step recorded to match
+    assert set(lake.artifact_steps("checkpoints")) == {0, 3, 4}
+    lake.delete("checkpoints/step=3")
+    assert remake(lake, 3, log=lambda *_: None)["remade"] == [1, 2, 3]
     # `envsched status` names the run's policy settings, the stated decay among them
     capsys.readouterr()
     assert main(["--lake", str(lake.root), "status"]) == 0

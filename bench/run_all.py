@@ -30,7 +30,7 @@ from sections.common import (  # noqa: E402
     write_section,
 )
 from sections.draws import section_draws  # noqa: E402
-from sections.experiments import learner_experiment, section_forced_stop  # noqa: E402
+from sections.experiments import learner_experiment, section_cliphigher, section_forced_stop  # noqa: E402
 from sections.infcap import section_infcap  # noqa: E402
 from sections.lag import section_pipeline_lag, section_select_lag  # noqa: E402
 from sections.levers import section_levers  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> int:
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "select_lag,pipeline_lag,step_views,lake_requests,lake_bytes,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
-        "neural_noforced_seeds",
+        "neural_noforced_seeds,neural_cliphigher",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -118,6 +118,11 @@ def main() -> int:
             "--neural-probe-runs",
             "neural-overrun-probe",
             "recorded overrun-learner runs with pool probes (section neural_headroom)",
+        ),
+        (
+            "--neural-cliphigher-runs",
+            "neural-cliphigher",
+            "recorded neural runs of the default learner with clip_eps_high=0.28 (section neural_cliphigher)",
         ),
         (
             "--neural-noforced-runs",
@@ -323,6 +328,10 @@ def main() -> int:
             )
         if f"{exp.section}_seeds" in sections:
             section_neural_seeds(runs, args.neural_seeds, args.steps, extra_for(runs), exp=exp)
+    if "neural_cliphigher" in sections:
+        section_cliphigher(
+            args.neural_cliphigher_runs, args.neural_noforced_runs, args.neural_seeds, args.steps
+        )
     print(f"wrote {RESULTS}")
     return 0
 

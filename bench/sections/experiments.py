@@ -1,5 +1,5 @@
 """Learner-setting experiments on the neural learner (one RESULTS section each: the whole-batch
-denominator, dual-clip, the overrun penalty, no forced stop) and why the forced-stop learner's
+denominator, dual-clip, the overrun penalty, no forced stop, clip-higher) and why the forced-stop learner's
 held-out falls late."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from envsched_pipeline.analysis.bench import (
     run_benchmark,
 )
 from envsched_pipeline.analysis.plots import heldout_plots
+from envsched_pipeline.scheduler.variants import RECOMMENDED
 from sections.common import COMPARED, FORCED_STOP, HERE, NO_FORCED_STOP, LearnerExperiment, fmt, write_section
 from sections.neural import (
     LATE_DECLINE,
@@ -295,3 +296,123 @@ def section_forced_stop(
         ),
         after="neural_seeds",
     )
+
+
+# DAPO's clip-higher on the default learner (section neural_cliphigher)
+CLIP_HIGHER = {**NO_FORCED_STOP, "clip_eps_high": 0.28}
+
+
+def _late(series: dict, name: str, metric: str) -> float:
+    """The mean of a per-step series (its mean over the seeds) over the last quarter of the steps."""
+    values = np.asarray(series[name][metric], dtype=float)
+    return float(np.nanmean(values[len(values) * 3 // 4 :]))
+
+
+def section_cliphigher(runs: str, base_runs: str, seeds: int, steps: int) -> dict | None:
+    """Random and the recommended form with clip-higher (the upper clip range 0.28 over the lower
+    0.2) against the same schedulers on the default learner, paired by seed; recorded runs only."""
+    names = ["random", RECOMMENDED]
+    have = sorted(set(recorded_seeds(runs, "random")) & set(recorded_seeds(runs, RECOMMENDED)))
+    if len(have) < 2:
+        print(f"neural_cliphigher: random and {RECOMMENDED} at two seeds or more are needed in {runs}")
+        return None
+    kw = dict(
+        steps=steps,
+        seed=0,
+        seeds=seeds,
+        learner="neural",
+        eval_every=50,
+        recorded_only=True,
+        log=lambda _m: None,
+    )
+    out = run_benchmark(names, cache_dir=runs, learner_config=CLIP_HIGHER, **kw)
+    base = run_benchmark(names, cache_dir=base_runs, learner_config=NO_FORCED_STOP, **kw)
+    per, per0 = out["per_seed"], base["per_seed"]
+    over = sorted(set(per["random"]) & set(per[RECOMMENDED]) & set(per0["random"]) & set(per0[RECOMMENDED]))
+    kinds = (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen"))
+    rows = [
+        "| learner | scheduler | held-out seen | Δ vs random (± sd), higher in | held-out unseen | Δ vs random, "
+        "higher in | batch variance / random's | zero-variance / random's |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, p in (("default", per0), ("clip-higher 0.28", per)):
+        for n in names:
+            cells = []
+            for metric, _kind in kinds:
+                cells += [
+                    fmt(mean_over(p[n], metric, over)),
+                    "—" if n == "random" else paired_mean(p[n], p["random"], metric, over),
+                ]
+            ratios = [
+                "—" if n == "random" else fmt(ratio_over(p[n], p["random"], m, over), 2)
+                for m in ("batch_variance", "zero_variance_fraction")
+            ]
+            rows.append(f"| {label} | {n} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+    effect = [
+        "| scheduler | held-out seen: clip-higher − default (± sd), higher in | held-out unseen | seen, mean over "
+        "steps 50..200 | unseen, mean over steps 50..200 | policy entropy, last quarter: clip-higher (default) | "
+        "clipped share, last quarter: clip-higher (default) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    moved = {}
+    for n in names:
+        cells = []
+        for metric in (
+            "heldout_seen_final",
+            "heldout_unseen_final",
+            "heldout_seen_auc",
+            "heldout_unseen_auc",
+        ):
+            d = [per[n][s][metric] - per0[n][s][metric] for s in over]
+            moved[(n, metric)] = float(np.mean(d))
+            cells.append(f"{np.mean(d):+.4f} ± {np.std(d, ddof=1):.4f}, {sum(x > 0 for x in d)}/{len(d)}")
+        ent = f"{_late(out['series'], n, 'update_entropy'):.3f} ({_late(base['series'], n, 'update_entropy'):.3f})"
+        clip = (
+            f"{_late(out['series'], n, 'update_clip_fraction'):.3f} "
+            f"({_late(base['series'], n, 'update_clip_fraction'):.3f})"
+        )
+        effect.append(f"| {n} | {' | '.join(cells)} | {ent} | {clip} |")
+    reading = []
+    for metric, kind in kinds:
+        gain = [per[RECOMMENDED][s][metric] - per["random"][s][metric] for s in over]
+        gain0 = [per0[RECOMMENDED][s][metric] - per0["random"][s][metric] for s in over]
+        change = np.array(gain) - np.array(gain0)
+        se2 = 2 * np.std(change, ddof=1) / np.sqrt(len(change))
+        reading.append(
+            f"{kind}: the form {np.mean(gain):+.4f} against random with clip-higher ({sum(g > 0 for g in gain)}/"
+            f"{len(gain)} seeds), {np.mean(gain0):+.4f} on the default learner at the same seeds; the change "
+            f"{np.mean(change):+.4f} (two standard errors {se2:.4f}: "
+            f"{'outside' if abs(np.mean(change)) > se2 else 'inside'} the noise); clip-higher moved random by "
+            f"{moved[('random', metric)]:+.4f} and the form by {moved[(RECOMMENDED, metric)]:+.4f}"
+        )
+    write_section(
+        "neural_cliphigher",
+        "\n".join(
+            [
+                "## Experiment: the neural learner with clip-higher",
+                "",
+                "DAPO's clip-higher widens only the upper side of PPO's clip range (here 0.28 over the lower "
+                "0.2), so a positive advantage can raise an unlikely decision's probability further in one "
+                "update before its gradient stops; DAPO reports that it keeps the policy's entropy from "
+                "collapsing. Does the recommended form's lead over random hold when the learner changes like "
+                f"this? Random and the form, seeds {', '.join(map(str, over))}, the default learner (no forced "
+                f"stop in the loss) with `clip_eps_high=0.28` (`envsched train --clip-eps-high 0.28` in the "
+                f"product), each paired by seed with the same scheduler's record on the default learner; "
+                f"{steps} steps, B = 64, G = 8; runs in `bench/runs/{Path(runs).name}/`. "
+                + provenance_text(out["provenance"])
+                + " "
+                + provenance_text(base["provenance"], what="The default learner's runs beside it"),
+                "",
+                *rows,
+                "",
+                "What clip-higher did to each scheduler (its runs minus the default learner's, same seed; entropy "
+                "and clipped share are the update's, averaged over the seeds):",
+                "",
+                *effect,
+                "",
+                "Reading: " + "; ".join(reading) + ".",
+            ]
+        ),
+        after="neural_noforced",
+    )
+    return out

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from envsched_pipeline.analysis.report import build_report, verdict_lines
@@ -36,6 +37,7 @@ from envsched_pipeline.run import (
     LR_MIN_RATIO,
     LR_SCHEDULES,
     POLICIES,
+    PolicyConfig,
     RunSpec,
     environment_kinds_problem,
     load_run,
@@ -320,32 +322,11 @@ def policy_config(args) -> dict:
         pc["model_path"] = str(Path(args.model_path).resolve())
     if args.resident:
         pc["resident"] = True
-    for key in (
-        "max_new_tokens",
-        "lr",
-        "lr_warmup_steps",
-        "lr_schedule",
-        "lr_decay_steps",
-        "lr_min_ratio",
-        "clip_eps",
-        "clip_eps_high",
-        "kl_coef",
-        "micro_batch",
-        "loss_denominator",
-        "dual_clip",
-        "overrun_penalty",
-        "train_forced_stop",
-        "base_url",
-        "model",
-        "api_key_env",
-        "checkpoint_every",
-        "eval_every",
-        "eval_tasks",
-        "eval_samples",
-        "eval_temperature",
-    ):
-        if getattr(args, key) is not None:
-            pc[key] = getattr(args, key)
+    # every other setting of the policy with a flag of its own name: a flag added for one is read here
+    for f in fields(PolicyConfig):
+        value = None if f.name in ("mode", "model_path", "resident") else getattr(args, f.name, None)
+        if value is not None:
+            pc[f.name] = value
     return pc
 
 

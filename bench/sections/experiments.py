@@ -28,6 +28,14 @@ from sections.neural import (
 from sections.records import mean_over, paired_mean, ratio_over, recorded_seeds, recorded_variants
 
 
+def _against_noise(mean: float, sd: float, n: int) -> str:
+    """A mean paired difference over ``n`` seeds (sd ``sd``) against two of its standard errors."""
+    if n < 2:
+        return "one seed: no spread over seeds to judge it by"
+    se2 = 2 * sd / np.sqrt(n)
+    return f"two standard errors {se2:.4f}: {'outside' if abs(mean) > se2 else 'inside'} the noise"
+
+
 def _capped_cell(setting: dict, default: dict) -> str:
     """Mean share of episodes the max_actions cap ended in the last quarter of the steps, under the
     setting and (in brackets) the forced-stop learner, over the seeds that recorded it."""
@@ -103,13 +111,7 @@ def learner_experiment(
     for k, kind in (("heldout_seen_final", "seen"), ("heldout_unseen_final", "unseen")):
         d = pe[k]
         best = max(both, key=lambda x: both[x][k])
-        if d["n"] > 1:
-            se2 = 2 * d["sd"] / np.sqrt(d["n"])
-            judged = (
-                f"two standard errors {se2:.4f}: {'outside' if abs(d['mean']) > se2 else 'inside'} the noise"
-            )
-        else:
-            judged = "one seed: no spread over seeds to judge it by"
+        judged = _against_noise(d["mean"], d["sd"], d["n"])
         reading.append(
             f"{kind} environments: envsched {d['mean']:+.4f} against random under this setting ({judged}); the setting "
             f"moved random by {moved.get(('random', k), float('nan')):+.4f} and envsched by "
@@ -354,18 +356,16 @@ def section_cliphigher(runs: str, base_runs: str, seeds: int, steps: int) -> dic
         "clipped share, last quarter: clip-higher (default) |",
         "|---|---|---|---|---|---|---|",
     ]
-    moved = {}
     for n in names:
-        cells = []
-        for metric in (
-            "heldout_seen_final",
-            "heldout_unseen_final",
-            "heldout_seen_auc",
-            "heldout_unseen_auc",
-        ):
-            d = [per[n][s][metric] - per0[n][s][metric] for s in over]
-            moved[(n, metric)] = float(np.mean(d))
-            cells.append(f"{np.mean(d):+.4f} ± {np.std(d, ddof=1):.4f}, {sum(x > 0 for x in d)}/{len(d)}")
+        cells = [
+            paired_mean(per[n], per0[n], metric, over)
+            for metric in (
+                "heldout_seen_final",
+                "heldout_unseen_final",
+                "heldout_seen_auc",
+                "heldout_unseen_auc",
+            )
+        ]
         ent = f"{_late(out['series'], n, 'update_entropy'):.3f} ({_late(base['series'], n, 'update_entropy'):.3f})"
         clip = (
             f"{_late(out['series'], n, 'update_clip_fraction'):.3f} "
@@ -377,13 +377,13 @@ def section_cliphigher(runs: str, base_runs: str, seeds: int, steps: int) -> dic
         gain = [per[RECOMMENDED][s][metric] - per["random"][s][metric] for s in over]
         gain0 = [per0[RECOMMENDED][s][metric] - per0["random"][s][metric] for s in over]
         change = np.array(gain) - np.array(gain0)
-        se2 = 2 * np.std(change, ddof=1) / np.sqrt(len(change))
+        judged = _against_noise(float(np.mean(change)), float(np.std(change, ddof=1)), len(change))
+        moved = {n: mean_over(per[n], metric, over) - mean_over(per0[n], metric, over) for n in names}
         reading.append(
             f"{kind}: the form {np.mean(gain):+.4f} against random with clip-higher ({sum(g > 0 for g in gain)}/"
             f"{len(gain)} seeds), {np.mean(gain0):+.4f} on the default learner at the same seeds; the change "
-            f"{np.mean(change):+.4f} (two standard errors {se2:.4f}: "
-            f"{'outside' if abs(np.mean(change)) > se2 else 'inside'} the noise); clip-higher moved random by "
-            f"{moved[('random', metric)]:+.4f} and the form by {moved[(RECOMMENDED, metric)]:+.4f}"
+            f"{np.mean(change):+.4f} ({judged}); clip-higher moved random by "
+            f"{moved['random']:+.4f} and the form by {moved[RECOMMENDED]:+.4f}"
         )
     write_section(
         "neural_cliphigher",

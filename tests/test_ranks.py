@@ -33,9 +33,16 @@ def test_group_slices_are_disjoint_contiguous_and_balanced(world):
 
 UPDATE = textwrap.dedent(
     """
-    import json, sys
+    import atexit, json, os, sys
     import numpy as np, torch
+    import torch.distributed as dist
     from trainer import ranks
+
+    def at_exit():  # registered before ranks.init's exit handler, so it runs after it
+        with open(f"{sys.argv[1]}.exit-{os.environ.get('RANK', '0')}", "w") as f:
+            json.dump(dist.is_initialized(), f)
+
+    atexit.register(at_exit)
     from trainer.world import group_slice
     from trainer.model import load_policy, qwen3_tokenizer
     from trainer.update import GRPOConfig, GRPOTrainer
@@ -86,6 +93,8 @@ def test_two_ranks_update_equals_one_process_over_the_whole_batch(tmp_path):
     assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-5, abs=1e-7)
     assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-4)
     assert ma["moved"] > 1e-4  # the update really changed the weights (two epochs, lr 1e-3)
+    # every rank left its gloo group before the interpreter exited (one still in it can abort)
+    assert [json.loads((tmp_path / f"two.pt.exit-{k}").read_text()) for k in (0, 1)] == [False, False]
 
 
 def test_a_torchrun_step_writes_one_complete_step_from_rank_0(tmp_path):

@@ -101,7 +101,8 @@ def test_grpo_trainer_trains_on_envsched_batches_and_hands_the_rewards_back(tmp_
 
 TWO_PROCESSES = textwrap.dedent(
     """
-    import json, sys
+    import atexit, json, sys
+    import torch.distributed as dist
     import trl
     from accelerate import PartialState
     from envsched_pipeline.api import ExternalRun
@@ -113,6 +114,12 @@ TWO_PROCESSES = textwrap.dedent(
     with state.main_process_first():  # process 0 starts the run, the other resumes it
         run = ExternalRun(pool="synthetic", lake=lake, batch_size=4, group_size=2, select_lag=0, seed=0)
     seen = []
+
+    def at_exit():  # registered before the trainer's own exit handler, so it runs after it
+        with open(f"{out}/exit-{state.process_index}.json", "w") as f:
+            json.dump({"in_group": dist.is_initialized()}, f)
+
+    atexit.register(at_exit)
 
     def score(task_ids, texts):  # a task's two samples (side by side in a slice) always differ
         rewards = [float(j % 2) for j in range(len(texts))]
@@ -142,7 +149,8 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
     """``torchrun`` with two processes (gloo on CPU): each generates its half of each step and of
     each evaluation, once per step although each generation serves four optimizer steps (two per
     generation, each twice); the run gets every step whole, from process 0, and one record per
-    evaluation."""
+    evaluation; each process leaves its gloo group before the interpreter exits (one still in it
+    can abort at exit after a good run)."""
     run = _run(tmp_path, pool_lake, lag=0)  # the pool in the run's lake; the processes resume this run
     script = tmp_path / "two.py"
     script.write_text(TWO_PROCESSES)
@@ -152,6 +160,9 @@ def test_two_processes_each_generate_their_share_and_the_run_gets_whole_steps(tm
     lake = run.lake
     assert lake.steps("rollouts") == [0, 1] and consistency_problems(lake) == []
     out = [json.loads((tmp_path / f"scored-{k}.json").read_text()) for k in (0, 1)]
+    assert [json.loads((tmp_path / f"exit-{k}.json").read_text()) for k in (0, 1)] == [
+        {"in_group": False}
+    ] * 2
     scored = [o["scored"] for o in out]
     train = [[c for c in calls if len(c) == 4] for calls in scored]  # a training slice: B x G / 2
     held = [[c for c in calls if len(c) == 2] for calls in scored]  # an evaluation slice: 2 x G / 2

@@ -18,6 +18,8 @@ process sits (``ranks()``, ``group_slice``) is in ``trainer/world.py``, which ne
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -31,7 +33,29 @@ def init(device: str) -> Ranks:
         if device.startswith("cuda"):
             torch.cuda.set_device(r.local_rank)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        leave_at_exit()
     return r
+
+
+_leaving = False
+
+
+def leave_at_exit() -> None:
+    """Leave the process group when the interpreter exits, while Python is still whole.
+
+    A process that exits still in a gloo group can abort (SIGABRT, "terminate called without an
+    active exception") when gloo's threads outlive the interpreter: a run that finished would end
+    as a failed launch, now and then. Registered once per process; a group the program left itself
+    is left alone."""
+    global _leaving
+    if not _leaving:
+        _leaving = True
+        atexit.register(_leave)
+
+
+def _leave() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def active() -> bool:

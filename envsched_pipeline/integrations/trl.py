@@ -334,6 +334,10 @@ def grpo_trainer(
     spec = run.spec
     b, g = spec.batch_size, spec.group_size
     world, rank = args.world_size, args.process_index
+    if world > 1:  # a process still in its gloo group at exit can abort after a good run
+        from trainer.ranks import leave_at_exit  # torch's, loaded only when a trainer is built
+
+        leave_at_exit()
     per_generation = args.per_device_train_batch_size * args.steps_per_generation * world
     if args.num_generations != g:
         raise ConfigError(

@@ -158,6 +158,7 @@ LM_SETTINGS = (
     "aggregation",
     "loss_denominator",
     "dual_clip",
+    "overrun_penalty",
     "max_new_tokens",
     "temperature",
     "max_actions",
@@ -216,7 +217,8 @@ class PolicyConfig:
     # neural: train on the stop the max_actions cap forces (true) or leave it out (false, the default
     # since 2026-12; a run states it in its spec from the start: CHANGED_NEURAL_DEFAULTS)
     train_forced_stop: bool | None = None
-    # neural: reward subtracted for an episode the max_actions cap stopped (0 = off; docs/algorithm.md §8b)
+    # neural and LM policies: reward subtracted for an episode the max_actions cap (LM: or the
+    # context) stopped (0 = off; docs/algorithm.md §8b)
     overrun_penalty: float | None = None
     # LM policies (trainer/policy_step.py, trainer/engines.py; docs/architecture.md §7 has them all)
     model_path: str | None = None

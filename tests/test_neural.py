@@ -256,7 +256,9 @@ def test_overrun_penalty_charges_only_the_episodes_the_cap_stopped(pool):
     assert stops == capped.reshape(-1).tolist()
 
 
-def test_train_takes_the_overrun_penalty_and_forced_stop_setting_for_the_neural_policy_only(tmp_path, capsys):
+def test_train_takes_the_overrun_penalty_and_forced_stop_setting_only_for_policies_that_use_them(
+    tmp_path, capsys
+):
     base = ["train", "--pool", "synthetic", "--steps", "1"]
     for policy, flags, says in (
         ("simulated", ["--overrun-penalty", "0.1"], "policy 'simulated' does not use overrun_penalty"),

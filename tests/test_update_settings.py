@@ -15,6 +15,7 @@ import torch
 from envs.registry import load_synthetic
 from envsched_pipeline.cli import build_parser, main
 from envsched_pipeline.cli.train import requested_run
+from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import LM_SETTINGS, PolicyConfig
 from tests.gradients import GradientTaker
 from trainer.loss import grpo_loss
@@ -93,6 +94,7 @@ def test_every_setting_a_policy_reads_reaches_its_trainer():
     """A name the run accepts but the trainer does not know would be dropped without a word."""
     own = {"workers", "resident", "model_path", "deepspeed", "lr_warmup_steps", "lr_schedule"}
     own |= {"lr_decay_steps", "lr_min_ratio", "eval_every", "eval_tasks", "eval_samples", "eval_temperature"}
+    own |= {"overrun_penalty"}  # LM: the step's rewards (trainer/policy_step.py), not the update
     lm = set(LM_SETTINGS) - own  # read by GRPOConfig (trainer/update.py)
     assert lm <= {f.name for f in dataclasses.fields(GRPOConfig)}, lm - {
         f.name for f in dataclasses.fields(GRPOConfig)
@@ -153,6 +155,10 @@ def test_policy_config_json_and_flags_merge_and_a_flag_wins(tmp_path):
             "policy_config.epochs: 0 must be a number in [1, 100]",
         ),
         (["--policy", "hf-tiny", "--policy-config", '{"momentum": 0.9}'], "policy_config: unknown"),
+        (
+            ["--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "--overrun-penalty", "0.1"],
+            "policy 'openai' does not use overrun_penalty",  # it trains nothing
+        ),
         (["--policy", "neural", "--policy-config", "@nowhere.json"], "--policy-config nowhere.json"),
         (["--policy", "neural", "--policy-config", "[1]"], "--policy-config"),
     ],
@@ -172,3 +178,19 @@ def test_every_policy_setting_is_in_the_documented_table():
     assert {f.name for f in dataclasses.fields(PolicyConfig)} <= documented, {
         f.name for f in dataclasses.fields(PolicyConfig)
     } - documented
+
+
+def test_an_lm_episode_the_context_ended_trains_on_its_reward_less_the_overrun_penalty(tmp_path, capsys):
+    """hf-tiny with turns longer than the context has room for: every episode ends before its first
+    turn, verified as it stands (the synthetic checks give an untouched state partial credit); the
+    step's rewards (what GRPO and the scheduler see) are the verifiers' less the penalty, floored at
+    0, and each trajectory keeps the verifiers' reward."""
+    lake = tmp_path / "lake"
+    flags = ["--policy", "hf-tiny", "--batch-size", "2", "--group-size", "2", "--steps", "1", "--seed", "3"]
+    flags += ["--max-new-tokens", "16300", "--overrun-penalty", "0.25", "--eval-every", "0"]
+    assert main(["--lake", str(lake), "train", *flags]) == 0, capsys.readouterr().err
+    rows = Lake(lake).read("rollouts").to_pylist()
+    verified = [json.loads(r["trajectory"])["verifier_reward"] for r in rows]
+    assert len(rows) == 4 and all(r["truncated"] for r in rows)
+    assert any(v > 0.25 for v in verified)  # the penalty shows (not floored away) somewhere
+    assert [r["reward"] for r in rows] == pytest.approx([max(v - 0.25, 0.0) for v in verified])

@@ -17,3 +17,13 @@ def group_advantages(rewards: np.ndarray, eps: float = 1e-6, scale: bool = True)
     if not scale:
         return centered
     return centered / (r.std(axis=1, keepdims=True) + eps)
+
+
+def overrun_rewards(verified, stopped, penalty: float | None) -> np.ndarray:
+    """The reward GRPO trains on: the verifiers' ``verified`` less ``penalty`` for each episode a
+    cap ``stopped`` (DAPO's overlong penalty; the neural learner's action cap, an LM episode's action
+    cap or context), floored at 0: the lake's rewards lie in [0, 1]. With group normalisation any
+    penalty > 0 makes an all-solved group whose episodes differ in stopping informative."""
+    return np.maximum(
+        np.asarray(verified, dtype=float) - (penalty or 0.0) * np.asarray(stopped, dtype=bool), 0.0
+    )

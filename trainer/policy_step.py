@@ -23,7 +23,7 @@ from envsched_pipeline.run import RunSpec
 from trainer import ranks, world
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
-from trainer.grpo import group_advantages
+from trainer.grpo import group_advantages, overrun_rewards
 from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
 from trainer.realenv import episode_rows, every_environment
@@ -184,7 +184,8 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         loop, eps, {t: episode_spec(envs[tasks[t]["env_id"]], tasks[t]) for t in task_ids}, workers, log
     )
     rollout_seconds = time.perf_counter() - t_roll
-    rewards = np.array([float(e.result.get("reward", 0.0)) for e in eps])
+    verified = np.array([float(e.result.get("reward", 0.0)) for e in eps])
+    rewards = overrun_rewards(verified, [e.truncated for e in eps], pc.overrun_penalty)
     n = len(task_ids)
     upd = {"loss": float("nan"), "grad_norm": float("nan"), "clip_fraction": float("nan"), "seconds": 0.0}
     if trainer is not None:
@@ -225,7 +226,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "seconds": np.full(n * g, rollout_seconds / max(n * g, 1)),
         "policy_version": np.full(n * g, trainer.version - 1 if trainer else 0, dtype=np.int64),
         "rank": np.full(n * g, rk.rank, dtype=np.int64),
-        "trajectory": _trajectories(eps, spec.policy),
+        "trajectory": _trajectories(eps, spec.policy, verified),
     }
     table = pa.table(rollouts)
     parts = ranks.gather(
@@ -333,7 +334,9 @@ def _outcome_columns(eps: list[Episode]) -> dict:
     }
 
 
-def _trajectories(eps: list[Episode], engine: str) -> np.ndarray:
+def _trajectories(eps: list[Episode], engine: str, verified=None) -> np.ndarray:
+    """Each episode's record in the lake; ``verified``: the verifiers' rewards, kept beside a
+    training reward the overrun penalty lowered (held-out rewards are the verifiers' own)."""
     return np.array(
         [
             json.dumps(
@@ -342,10 +345,11 @@ def _trajectories(eps: list[Episode], engine: str) -> np.ndarray:
                     "messages": e.messages[-12:],
                     "tool_calls": e.tool_log[:40],
                     "parse_errors": e.parse_errors,
+                    **({} if verified is None else {"verifier_reward": float(verified[k])}),
                 },
                 default=str,
             )[:20000]
-            for e in eps
+            for k, e in enumerate(eps)
         ],
         dtype=str,
     )

@@ -178,7 +178,8 @@ def add_parser(sub) -> None:
         "--overrun-penalty",
         type=float,
         default=None,
-        help="neural policy: reward taken off an episode the action cap ended, in [0, 1], 0 = off "
+        help="neural and LM policies: reward taken off an episode the action cap (LM: or the context) "
+        "ended, in [0, 1], 0 = off "
         "(docs/algorithm.md §8b)",
     )
     g_pol.add_argument(

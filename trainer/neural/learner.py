@@ -37,7 +37,7 @@ from envsched_pipeline.run import (
     overrun_penalty_problem,
 )
 from envsched_pipeline.settings import BIG, check_settings
-from trainer.grpo import group_advantages
+from trainer.grpo import group_advantages, overrun_rewards
 from trainer.heldout import summarize
 from trainer.loss import clipped_step, grpo_loss
 from trainer.neural.policy import PointerPolicy, PolicyConfig, parameter_count
@@ -766,8 +766,7 @@ class NeuralLearner:
         shape = (len(tasks), group_size)
         verified = np.array([float(t.result.get("reward", 0.0)) for t in traces]).reshape(shape)
         capped = np.array([self.capped(t) for t in traces]).reshape(shape)
-        # floored at 0: the lake's rewards lie in [0, 1] (its rollout gate refuses others)
-        rewards = np.maximum(verified - self.config.overrun_penalty * capped, 0.0)
+        rewards = overrun_rewards(verified, capped, self.config.overrun_penalty)
         return traces, verified, capped, rewards
 
     def probe(self, tasks: list[dict], group_size: int, seed: int) -> np.ndarray:

@@ -17,8 +17,8 @@ from envs.registry import load_synthetic
 from envsched_pipeline.analysis.ablation import compare_rows, table_markdown
 from envsched_pipeline.analysis.seeds import compare_seeds, seed_table
 from envsched_pipeline.cli import main
-from envsched_pipeline.cli.common import STOP_WITH_ENV, stop_with_parent
-from envsched_pipeline.cli.sweep import Planned, comparable
+from envsched_pipeline.cli.common import STOP_WITH_ENV, UsageError, stop_with_parent
+from envsched_pipeline.cli.sweep import Planned, comparable, portable
 from envsched_pipeline.core.gates import halt
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import import_pool
@@ -33,9 +33,13 @@ SHAPE = ["--batch-size", "8", "--group-size", "4"]
 
 
 def sweep(tmp_path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    """The sweep, its policy settings from a file (the record inlines them)."""
     argv = ["sweep", "--dir", str(tmp_path / "sw"), "--schedulers", f"mopps,{FORM}", "--seeds", "0,1"]
+    settings = tmp_path / "policy.json"
+    settings.write_text('{"workers": 2}')
+    flags = [*SHAPE, "--policy-conf", f"@{settings}"]  # an abbreviation, as argparse takes it
     return subprocess.run(
-        [sys.executable, "-m", "envsched_pipeline.cli", *argv, "--steps", str(steps), *extra, "--", *SHAPE],
+        [sys.executable, "-m", "envsched_pipeline.cli", *argv, "--steps", str(steps), *extra, "--", *flags],
         capture_output=True,
         text=True,
         timeout=900,
@@ -93,7 +97,7 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
         "seeds": [0, 1],
         "steps": 3,
         "baseline": "random",
-        "train_flags": SHAPE,
+        "train_flags": [*SHAPE, '--policy-config={"workers":2}'],
     }
     # every run is on the one Dagster instance (the UI shows them all)
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
@@ -116,12 +120,16 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     # resumed, the same command finishes it and leaves the rest as they are
     assert main(["--lake", str(stuck.root), "resume"]) == 0
     before = {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"}
-    # `envsched sweep --dir DIR` alone: the settings (train flags included) from DIR/sweep.json
+    # `envsched sweep --dir DIR` alone: the settings (train flags included) from DIR/sweep.json, the
+    # policy settings as the sweep started with them although their file is gone
+    (tmp_path / "policy.json").unlink()
     p = subprocess.run(
         [sys.executable, "-m", "envsched_pipeline.cli", "sweep", "--dir", str(tmp_path / "sw"), "--json"],
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=tmp_path,  # from another folder: nothing recorded is relative to where the sweep started
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert p.returncode == 0, p.stderr
     assert {n: lk.steps("manifests") for n, lk in runs.items() if n != "mopps s1"} == before
@@ -138,6 +146,27 @@ def test_a_sweep_runs_every_scheduler_at_every_seed_then_judges_them_side_by_sid
     assert "all 6 runs complete in " in p.stderr
     assert [r["runs"]["name"] for r in result["rows"]] == ["mopps", FORM]
     assert {p["seed"] for r in result["rows"] for p in r["pairs"]} == {0, 1}
+
+
+def test_the_recorded_train_flags_hold_from_any_folder_at_any_time(tmp_path, monkeypatch):
+    """A settings file's JSON goes into the record (the runs not started yet keep the settings the
+    sweep started with) and a local folder is made absolute; inline JSON and URLs stay as given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.json").write_text('{"rho": 0.25}')
+    flags = ["--batch-size", "8", "--scheduler-config", "s.json", "--model-p=ckpt", "--prior-lake"]
+    flags += ["s3://b/p", "--policy-config", '{"epochs": 2}', "--pol", "neural"]
+    assert portable(flags) == [
+        "--batch-size",
+        "8",
+        '--scheduler-config={"rho":0.25}',
+        f"--model-path={(tmp_path / 'ckpt').resolve()}",
+        "--prior-lake=s3://b/p",
+        '--policy-config={"epochs": 2}',
+        "--pol",  # an abbreviation of another option (two start so: left for argparse to refuse)
+        "neural",
+    ]
+    with pytest.raises(UsageError, match="--scheduler-config nowhere.json"):
+        portable(["--scheduler-config", "@nowhere.json"])
 
 
 def test_a_sweep_checks_every_run_before_any_starts(tmp_path, capsys):

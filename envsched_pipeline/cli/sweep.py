@@ -36,6 +36,8 @@ from envsched_pipeline.cli.common import (
     Parser,
     UsageError,
     dagster_home,
+    json_object,
+    json_source,
     names,
     read_text_file,
     writable_dir,
@@ -52,6 +54,11 @@ RECORDED = ("schedulers", "seeds", "steps", "baseline", "train_flags")
 OPTIONAL = ("baseline", "train_flags")  # a new sweep may leave them out
 # what the sweep sets for each run itself, so a train flag after `--` may not
 SET_BY_SWEEP = ("--scheduler", "--seed", "--steps", "--max-steps", "--against", "--lake")
+# train flags the sweep records in a form that holds wherever and whenever it is resumed: a settings
+# file's JSON inlined (the runs not started yet keep the settings the sweep started with), a local
+# folder made absolute (a URL is left as it is)
+INLINED = {"--scheduler-config": '{"rho": 0.25}', "--policy-config": '{"epochs": 2}'}  # (examples)
+ABSOLUTE = ("--model-path", "--prior-lake")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PROGRESS_EVERY = 30.0  # seconds between the lines that say how far the running runs are
 LOG_LINES = 5  # of a failed run's log, shown with the failure
@@ -251,6 +258,40 @@ def record(args, where: SweepDir) -> None:
     )
 
 
+def train_options() -> list[str]:
+    """Every option string of `envsched train` (its parser's own)."""
+    sub = Parser(prog="envsched").add_subparsers()
+    train.add_parser(sub)
+    return [o for a in sub.choices["train"]._actions for o in a.option_strings]
+
+
+def portable(flags: list[str]) -> list[str]:
+    """The train flags with each settings file (``--policy-config @FILE``, ``--scheduler-config
+    FILE.json``) replaced by its JSON and each local folder (``--model-path``, ``--prior-lake``) by
+    its absolute path, the option named in full; an abbreviation counts as argparse reads it. A
+    settings file that is missing or not a JSON object is a UsageError naming the flag and file."""
+    options = train_options()
+    out, i = [], 0
+    while i < len(flags):
+        token = flags[i]
+        name, eq, value = token.partition("=")
+        hits = [o for o in options if o == name] or [o for o in options if o.startswith(name)]
+        full = hits[0] if token.startswith("--") and len(hits) == 1 else None
+        if full not in (*INLINED, *ABSOLUTE) or (not eq and i + 1 == len(flags)):
+            out.append(token)
+            i += 1
+            continue
+        if not eq:
+            value, i = flags[i + 1], i + 1
+        if full in INLINED and json_source(value) is not None:
+            value = json.dumps(json_object(full, value, INLINED[full]), separators=(",", ":"))
+        elif full in ABSOLUTE and "://" not in value:
+            value = str(Path(value).expanduser().resolve())
+        out.append(f"{full}={value}")
+        i += 1
+    return out
+
+
 def plan(args) -> tuple[SweepDir, list[Planned]]:
     """Every run of the sweep, each checked as `envsched train` would check it (its settings, the
     run its lake already holds, its baseline's run where that exists), before any starts."""
@@ -336,6 +377,7 @@ def cmd_sweep(args) -> int:
     recorded(args)
     if args.train_flags[:1] == ["--"]:  # argparse keeps the `--` that starts them
         args.train_flags = args.train_flags[1:]
+    args.train_flags = portable(args.train_flags)  # as recorded: resumable from anywhere, any time
     where, runs = plan(args)
     if args.dry_run:
         return print_plan(runs, args.jobs)

@@ -160,6 +160,8 @@ LM_SETTINGS = (
     "dual_clip",
     "overrun_penalty",
     "max_new_tokens",
+    "max_context",
+    "activation_checkpointing",
     "temperature",
     "max_actions",
     "checkpoint_every",
@@ -223,6 +225,12 @@ class PolicyConfig:
     # LM policies (trainer/policy_step.py, trainer/engines.py; docs/architecture.md §7 has them all)
     model_path: str | None = None
     max_new_tokens: int | None = None
+    # an episode's tokens (prompt, turns, tool results): one that has no room for another turn ends
+    # there, verified as it stands (default 16384)
+    max_context: int | None = None
+    # recompute each layer's activations in the backward pass instead of keeping them: the update's
+    # memory for long agent contexts, for one more forward pass of the layers (default false)
+    activation_checkpointing: bool | None = None
     checkpoint_every: int | None = None
     resident: bool | None = None  # keep model, optimizer and engine in one worker process across steps
     deepspeed: bool | None = None  # DeepSpeed ZeRO-2 with a config generated from the trainer's (GPU)
@@ -382,6 +390,7 @@ POLICY_BOUNDS = {
     "micro_batch": (1, True, BIG),
     "minibatches": (1, True, 1000),
     "max_new_tokens": (1, True, BIG),
+    "max_context": (16, True, BIG),
     "checkpoint_every": (1, True, BIG),
     "eval_every": (0, True, BIG),
     "eval_tasks": (1, True, BIG),

@@ -90,6 +90,34 @@ def test_the_lm_trainer_trains_with_the_upper_clip_range_it_is_given():
     assert wide["clip_fraction"] < first["clip_fraction"]
 
 
+def test_activation_checkpointing_recomputes_the_layers_and_leaves_the_update_as_it_was(monkeypatch):
+    """Each decoder layer runs again in the backward pass (its insides twice per training pass, not
+    once), and the update's weights are those of the update that kept its activations."""
+    from trainer.model import qwen3_tokenizer, tiny_qwen3  # transformers: loaded for this test only
+
+    tok = qwen3_tokenizer()
+    rng = np.random.default_rng(0)
+    seqs = [[int(x) for x in rng.integers(10, 5000, size=int(rng.integers(8, 16)))] for _ in range(4)]
+    masks = [[0] * 4 + [1] * (len(q) - 4) for q in seqs]
+    weights, calls = {}, {}
+    for on in (False, True):
+        model = tiny_qwen3(seed=0)
+        mlp, n = model.model.layers[0].mlp, []
+        forward = type(mlp).forward
+
+        def counted(self, *a, mlp=mlp, n=n, forward=forward, **kw):  # module hooks skip a recompute
+            n.extend([1] if self is mlp else [])
+            return forward(self, *a, **kw)
+
+        monkeypatch.setattr(type(mlp), "forward", counted)
+        trainer = GRPOTrainer(model, tok, GRPOConfig(micro_batch=4, lr=1e-3, activation_checkpointing=on))
+        trainer.update(seqs, masks, np.array([1.0, 0.0, 0.0, 1.0]), group_size=2)
+        monkeypatch.undo()
+        weights[on], calls[on] = model.state_dict(), len(n)
+    assert calls == {False: 2, True: 3}  # old log-probs (no grad), then the training pass (+ its recompute)
+    assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-6) for k in weights[False])
+
+
 def test_every_setting_a_policy_reads_reaches_its_trainer():
     """A name the run accepts but the trainer does not know would be dropped without a word."""
     own = {"workers", "resident", "model_path", "deepspeed", "lr_warmup_steps", "lr_schedule"}
@@ -181,13 +209,13 @@ def test_every_policy_setting_is_in_the_documented_table():
 
 
 def test_an_lm_episode_the_context_ended_trains_on_its_reward_less_the_overrun_penalty(tmp_path, capsys):
-    """hf-tiny with turns longer than the context has room for: every episode ends before its first
+    """hf-tiny with a context that has no room for a turn: every episode ends before its first
     turn, verified as it stands (the synthetic checks give an untouched state partial credit); the
     step's rewards (what GRPO and the scheduler see) are the verifiers' less the penalty, floored at
     0, and each trajectory keeps the verifiers' reward."""
     lake = tmp_path / "lake"
     flags = ["--policy", "hf-tiny", "--batch-size", "2", "--group-size", "2", "--steps", "1", "--seed", "3"]
-    flags += ["--max-new-tokens", "16300", "--overrun-penalty", "0.25", "--eval-every", "0"]
+    flags += ["--max-context", "128", "--overrun-penalty", "0.25", "--eval-every", "0"]
     assert main(["--lake", str(lake), "train", *flags]) == 0, capsys.readouterr().err
     rows = Lake(lake).read("rollouts").to_pylist()
     verified = [json.loads(r["trajectory"])["verifier_reward"] for r in rows]

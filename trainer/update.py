@@ -47,6 +47,7 @@ class GRPOConfig:
     temperature: float = 1.0
     max_actions: int = 40  # the paper's setting
     max_context: int = 16384
+    activation_checkpointing: bool = False  # recompute layer activations in the backward pass
     checkpoint_every: int = 20
     deepspeed: bool = (
         False  # use DeepSpeed ZeRO-2 with a config generated from this one (trainer.distributed)
@@ -74,6 +75,17 @@ class GRPOConfig:
         return cls(**{k: v for k, v in (d or {}).items() if k in known})
 
 
+def checkpoint_activations(model) -> None:
+    """Have ``model`` (a transformers model) recompute each decoder layer's activations in the
+    backward pass instead of keeping them from the forward one. Generation runs in eval mode,
+    where nothing is recomputed."""
+    kwargs = {"use_reentrant": False}  # the reentrant variant needs inputs that require grad
+    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(kwargs)
+
+
 class GRPOTrainer:
     def __init__(self, model, tokenizer, config: GRPOConfig = GRPOConfig(), device: str = "cpu"):
 
@@ -84,6 +96,8 @@ class GRPOTrainer:
             self.ref = copy.deepcopy(model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        if config.activation_checkpointing:
+            checkpoint_activations(model)
         self.ds_engine = None
         if config.deepspeed:
             import deepspeed  # lazy: the gpu extra only
@@ -128,13 +142,13 @@ class GRPOTrainer:
         base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
             if mask is None or base is None or head is None or self.ds_engine is not None:
-                logits = model(input_ids=ids, attention_mask=att).logits
+                logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
                 if entropy is not None and mask is not None:
                     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
                     ent = -(logp.exp() * logp).sum(-1)
                     entropy.append(float((ent * mask[:, 1:]).sum()))
                 return token_logprobs(logits, ids)
-            hidden = base(input_ids=ids, attention_mask=att).last_hidden_state
+            hidden = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
             sel = mask[:, 1:] > 0
             logits = head(hidden[:, :-1][sel]).float()
         logp = torch.log_softmax(logits, dim=-1)

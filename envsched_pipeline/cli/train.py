@@ -156,6 +156,13 @@ def add_parser(sub) -> None:
         "--max-new-tokens", type=COUNT, default=None, help="tokens per assistant turn (LM policies)"
     )
     g_pol.add_argument(
+        "--max-context",
+        type=COUNT,
+        default=None,
+        help="LM policies: tokens an episode may hold; one with no room for another turn ends there, "
+        "verified as it stands (default 16384)",
+    )
+    g_pol.add_argument(
         "--resident",
         action="store_true",
         help="neural and LM policies: one worker process keeps the policy, its optimizer and its "
@@ -266,6 +273,13 @@ def add_parser(sub) -> None:
         default=None,
         help="LM policies: sequences per forward/backward pass, the step's gradient accumulated over "
         "them (lower it when the update runs out of GPU memory; default 4)",
+    )
+    g_upd.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="LM policies: recompute each layer's activations in the backward pass instead of keeping "
+        "them (the update's memory for long agent contexts, for more update time; default off)",
     )
     g_held = t.add_argument_group("held-out evaluation (neural and LM policies)")
     g_held.add_argument(

@@ -4,6 +4,7 @@ real verifier rewards, then the torch GRPO update (bf16 autocast on a GPU).
 
     python bench/gpu_step.py                 # on a GPU machine: the 64 x 8 step, ~0.6B-parameter model
     python bench/gpu_step.py --device cpu    # the same code on the CPU with a tiny model and 2 x 2
+    python bench/gpu_step.py --activation-checkpointing   # the update recomputing each layer
 
 Rewards are never altered. A random-init model earns rewards without spread (every group
 zero-variance, so GRPO has no gradient); the script then also runs the update on a **scripted
@@ -84,6 +85,11 @@ def main() -> int:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each layer in the update's backward pass (less memory, one more forward)",
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     on_gpu = args.device.startswith("cuda")
@@ -108,7 +114,15 @@ def main() -> int:
     model = model.to(args.device)
     n_params = sum(p.numel() for p in model.parameters())
     trainer = GRPOTrainer(
-        model, tok, GRPOConfig(lr=1e-6, micro_batch=8, max_new_tokens=args.max_new_tokens), device=args.device
+        model,
+        tok,
+        GRPOConfig(
+            lr=1e-6,
+            micro_batch=8,
+            max_new_tokens=args.max_new_tokens,
+            activation_checkpointing=args.activation_checkpointing,
+        ),
+        device=args.device,
     )
     data = load_synthetic(n_envs=51, tasks_per_env=50, seed=0)
     envs = {e["env_id"]: e for e in data.environments}
@@ -165,6 +179,7 @@ def main() -> int:
         "entropy": m.get("entropy"),
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if on_gpu else None,
         "bf16": trainer.bf16,
+        "activation_checkpointing": args.activation_checkpointing,
     }
     print(json.dumps(res, indent=2, default=str))
     if not args.no_write:

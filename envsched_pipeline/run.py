@@ -140,6 +140,10 @@ def with_lr_horizon(spec: RunSpec) -> RunSpec:
 # held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
 # may change them without --allow-config-change (the change is still recorded)
 EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
+# how a step runs, never what it trains (the same weights: tests/test_resident.py, the activation
+# checkpointing test in tests/test_update_settings.py; checkpoints are written, not read, by training):
+# a resumed run may change them, as the held-out ones, without --allow-config-change (recorded)
+EXECUTION_SETTINGS = ("resident", "activation_checkpointing", "checkpoint_every")
 # the learning rate over a run (PolicyConfig.lr_at; neural and LM policies)
 LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -658,10 +662,15 @@ def training_settings(policy_config: dict) -> dict:
 
 
 def _training_changes(current: RunSpec, spec: RunSpec) -> bool:
-    """Whether ``spec`` changes how ``current`` trains: anything but its held-out evaluation."""
-    return current.scheduler_config != spec.scheduler_config or training_settings(
-        current.policy_config
-    ) != training_settings(spec.policy_config)
+    """Whether ``spec`` changes what ``current`` trains: anything but its held-out evaluation and
+    how its steps run (``EXECUTION_SETTINGS``)."""
+
+    def acting(pc: dict) -> dict:
+        return {k: v for k, v in training_settings(pc).items() if k not in EXECUTION_SETTINGS}
+
+    return current.scheduler_config != spec.scheduler_config or acting(current.policy_config) != acting(
+        spec.policy_config
+    )
 
 
 # policies that act only in some kinds of environment (the neural learner's pointer policy makes

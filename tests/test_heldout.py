@@ -229,11 +229,16 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
         "worst held-out episode, seen environments" in failures
         and "held-out (unseen environments)" in failures
     )
-    # evaluation settings are not training settings: a resumed run may change them, recorded
-    assert main(["--lake", str(lake.root), *TRAIN, "--eval-every", "0", "--steps", "3"]) == 0
+    # evaluation settings, and how a step runs, are not training settings: a resumed run may change
+    # them, recorded
+    resumed = ["--eval-every", "0", "--activation-checkpointing", "--checkpoint-every", "5", "--steps", "3"]
+    assert main(["--lake", str(lake.root), *TRAIN, *resumed]) == 0
     assert lake.steps("eval_rollouts") == [0, 1]
     run = json.loads((lake.root / "run.json").read_text())
-    assert run["policy_config"]["eval_every"] == 0
+    assert {k: run["policy_config"][k] for k in ("eval_every", "activation_checkpointing")} == {
+        "eval_every": 0,
+        "activation_checkpointing": True,
+    }
     assert run["config_changes"][-1]["from_step"] == 2
     assert main(["--lake", str(lake.root), "rollouts", "show", "--step", "2", "--heldout"]) == 2
     assert "step 2 has no held-out rollouts" in capsys.readouterr().err

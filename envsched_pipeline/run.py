@@ -140,10 +140,11 @@ def with_lr_horizon(spec: RunSpec) -> RunSpec:
 # held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
 # may change them without --allow-config-change (the change is still recorded)
 EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
-# how a step runs, never what it trains (the same weights: tests/test_resident.py, the activation
-# checkpointing test in tests/test_update_settings.py; checkpoints are written, not read, by training):
-# a resumed run may change them, as the held-out ones, without --allow-config-change (recorded)
-EXECUTION_SETTINGS = ("resident", "activation_checkpointing", "checkpoint_every")
+# how a step runs, never what it trains (the same weights, to float rounding: tests/test_resident.py,
+# and for the update's memory settings tests/test_update_settings.py; checkpoints are written, not
+# read, by training): a resumed run may change them, as the held-out ones, without
+# --allow-config-change (recorded), e.g. after the update ran out of GPU memory
+EXECUTION_SETTINGS = ("resident", "activation_checkpointing", "micro_batch", "checkpoint_every")
 # the learning rate over a run (PolicyConfig.lr_at; neural and LM policies)
 LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio")
 LR_SCHEDULES = ("constant", "linear", "cosine")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from envs.registry import load_synthetic
 from envsched_pipeline.cli import build_parser, main
 from envsched_pipeline.cli.train import requested_run
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import LM_SETTINGS, PolicyConfig
+from envsched_pipeline.run import LM_SETTINGS, PolicyConfig, RunSpec, load_run, resume_refusal, start_run
 from tests.gradients import GradientTaker
 from trainer.loss import grpo_loss
 from trainer.neural.learner import NeuralConfig, NeuralLearner
@@ -90,17 +91,24 @@ def test_the_lm_trainer_trains_with_the_upper_clip_range_it_is_given():
     assert wide["clip_fraction"] < first["clip_fraction"]
 
 
-def test_activation_checkpointing_recomputes_the_layers_and_leaves_the_update_as_it_was(monkeypatch):
-    """Each decoder layer runs again in the backward pass (its insides twice per training pass, not
-    once), and the update's weights are those of the update that kept its activations."""
+def test_the_update_s_memory_settings_leave_its_weights_as_they_were(monkeypatch):
+    """Activation checkpointing runs each decoder layer again in the backward pass (its insides
+    twice per training pass, not once) and a micro-batch of one accumulates the gradient over more
+    passes; the gradient is that of the update with neither, to float rounding (and with
+    checkpointing the weights too: a micro-batch's float rounding can flip Adam's first step on a
+    weight whose gradient is next to nothing)."""
     from trainer.model import qwen3_tokenizer, tiny_qwen3  # transformers: loaded for this test only
 
     tok = qwen3_tokenizer()
     rng = np.random.default_rng(0)
     seqs = [[int(x) for x in rng.integers(10, 5000, size=int(rng.integers(8, 16)))] for _ in range(4)]
     masks = [[0] * 4 + [1] * (len(q) - 4) for q in seqs]
-    weights, calls = {}, {}
-    for on in (False, True):
+    weights, calls, grads = {}, {}, {}
+    for kind, settings in {
+        "plain": {"micro_batch": 4},
+        "checkpointed": {"micro_batch": 4, "activation_checkpointing": True},
+        "one at a time": {"micro_batch": 1},
+    }.items():
         model = tiny_qwen3(seed=0)
         mlp, n = model.model.layers[0].mlp, []
         forward = type(mlp).forward
@@ -110,12 +118,55 @@ def test_activation_checkpointing_recomputes_the_layers_and_leaves_the_update_as
             return forward(self, *a, **kw)
 
         monkeypatch.setattr(type(mlp), "forward", counted)
-        trainer = GRPOTrainer(model, tok, GRPOConfig(micro_batch=4, lr=1e-3, activation_checkpointing=on))
+        trainer = GRPOTrainer(model, tok, GRPOConfig(lr=1e-3, **settings))
         trainer.update(seqs, masks, np.array([1.0, 0.0, 0.0, 1.0]), group_size=2)
         monkeypatch.undo()
-        weights[on], calls[on] = model.state_dict(), len(n)
-    assert calls == {False: 2, True: 3}  # old log-probs (no grad), then the training pass (+ its recompute)
-    assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-6) for k in weights[False])
+        weights[kind], calls[kind] = model.state_dict(), len(n)
+        grads[kind] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    # old log-probs (no grad), then the training pass (+ its recompute); one at a time: 4 of each
+    assert calls == {"plain": 2, "checkpointed": 3, "one at a time": 8}
+    assert len(grads["plain"]) == len(list(model.parameters()))
+    for kind in ("checkpointed", "one at a time"):
+        assert grads[kind].keys() == grads["plain"].keys()
+        assert all(torch.allclose(grads["plain"][k], g, rtol=1e-4, atol=1e-6) for k, g in grads[kind].items())
+    assert all(torch.equal(weights["plain"][k], v) for k, v in weights["checkpointed"].items())
+
+
+def test_an_update_out_of_gpu_memory_names_the_memory_settings_and_a_resume_may_change_them(
+    small_pool, monkeypatch
+):
+    """No GPU here: the update raises the out-of-memory error a GPU would (a stand-in for what
+    cannot happen on a CPU); the step's error says which settings to change, and a resumed run may
+    change them without --allow-config-change."""
+    from envsched_pipeline.core.select import select_manifest  # the step needs its manifest
+    from trainer.step import run_step
+
+    spec = RunSpec(
+        pool="synthetic",
+        policy="hf-tiny",
+        batch_size=2,
+        group_size=2,
+        max_steps=2,
+        policy_config={"eval_every": 0, "max_new_tokens": 8},  # short turns: the update is what fails
+    )
+    start_run(small_pool, spec)
+    select_manifest(small_pool, 0)
+
+    def full(self, *a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(GRPOTrainer, "update", full)
+    with pytest.raises(torch.OutOfMemoryError) as err:
+        run_step(small_pool, 0)
+    said = str(err.value)
+    assert said.startswith("the GRPO update ran out of GPU memory at micro-batch 4 (sequences of up to ")
+    assert "lower --micro-batch or add --activation-checkpointing and resume" in said
+    assert said.endswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    current = load_run(small_pool)
+    for change in ({"micro_batch": 1}, {"activation_checkpointing": True}, {"lr": 1e-5}):
+        asked = replace(current, policy_config={**current.policy_config, **change})
+        refusal = resume_refusal(small_pool, current, asked)
+        assert (refusal is None) == ("lr" not in change), (change, refusal)
 
 
 def test_every_setting_a_policy_reads_reaches_its_trainer():

@@ -27,7 +27,7 @@ from trainer.grpo import group_advantages, overrun_rewards
 from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
 from trainer.realenv import episode_rows, every_environment
-from trainer.update import GRPOConfig, GRPOTrainer
+from trainer.update import GRPOConfig, GRPOTrainer, out_of_memory
 
 LM_EVAL_EVERY = 10  # held-out evaluation every 10 steps and at the last (policy_config.eval_every)
 LM_EVAL_SAMPLES = 2  # episodes per held-out task (policy_config.eval_samples)
@@ -192,7 +192,10 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         if spec.policy == "vllm":
             engine.sleep()  # colocated: vLLM's memory goes to the update
         trainer.use_lr(pc.lr_at(step, cfg.lr))
-        upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
+        try:
+            upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
+        except torch.OutOfMemoryError as exc:  # one line that says which setting to change
+            raise out_of_memory(exc, cfg, [e.ids for e in eps]) from exc
         sess.checkpoint(step)
         if spec.policy == "vllm":
             engine.sync_weights(model)  # wakes vLLM and pushes the new weights

@@ -86,6 +86,22 @@ def checkpoint_activations(model) -> None:
         model.gradient_checkpointing_enable(kwargs)
 
 
+def out_of_memory(exc: BaseException, config: GRPOConfig, seqs: list[list[int]]) -> torch.OutOfMemoryError:
+    """The update's out-of-memory error, saying what to change: each micro-batch holds
+    ``config.micro_batch`` sequences padded to the longest (of ``seqs``, the step's), so a smaller
+    micro-batch or recomputed activations (neither changes the weights the run trains) need less."""
+    longest = max((len(q) for q in seqs), default=0)
+    hint = "lower --micro-batch" + ("" if config.micro_batch > 1 else " (at 1 already)")
+    if not config.activation_checkpointing:
+        hint += " or add --activation-checkpointing"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return torch.OutOfMemoryError(
+        f"the GRPO update ran out of GPU memory at micro-batch {config.micro_batch} (sequences of up to "
+        f"{longest} tokens, activation checkpointing {'on' if config.activation_checkpointing else 'off'}); "
+        f"{hint} and resume (the run trains the same weights). {first}"
+    )
+
+
 class GRPOTrainer:
     def __init__(self, model, tokenizer, config: GRPOConfig = GRPOConfig(), device: str = "cpu"):
 

@@ -93,6 +93,7 @@ LAYERS = {
         "test_trackers",
         "test_lr_schedule",
         "test_update_settings",
+        "test_evaluate",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (

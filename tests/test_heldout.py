@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 import numpy as np
 import pytest
 
@@ -183,6 +184,31 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
     assert json.loads(Path(best["policy"], "trainer.json").read_text())["step"] == first_best
     flags = [a.read("train_metrics", step=s).to_pylist()[0]["heldout_best"] for s in range(2)]
     assert flags == [True, bool(means[1] > means[0])]
+    # `envsched evaluate`: the newest checkpoint (the last step's) and the best one, sampled as the
+    # run sampled them, repeat the recorded episodes and scores; nothing is written in the lake
+    held_before = sorted(a.root.rglob("*"))
+    for extra, step in (([], 1), (["--best"], first_best)):
+        capsys.readouterr()
+        out = a.root.parent / f"episodes-{step}.parquet"
+        assert main(["--lake", str(a.root), "evaluate", *extra, "--episodes", str(out), "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        key = "split, task_id, sample, reward, trajectory"  # episode for episode, token for token
+        kept = a.sql(f"select {key} from eval_rollouts where step = {step} order by all").to_pylist()
+        assert duckdb.sql(f"select {key} from '{out}' order by all").fetchall() == [
+            tuple(r.values()) for r in kept
+        ]
+        assert got["step"] == step and got["policy"] == "hf-tiny"
+        recorded = {
+            (e["benchmark"][8:], k): e[k] for e in evals if e["step"] == step for k in ("score", "se")
+        }
+        scores = {(r["split"], k): r[m] for r in got["splits"] for k, m in (("score", "mean"), ("se", "se"))}
+        assert scores == pytest.approx(recorded)
+        assert [(r["tasks"], r["samples"]) for r in got["splits"]] == [(1, 2), (1, 2)]
+    assert main(["--lake", str(a.root), "evaluate", "--step", "0"]) == 2
+    assert "--step 0: the language model's checkpoint after that step is not kept; these are: 1" in (
+        capsys.readouterr().err
+    )
+    assert sorted(a.root.rglob("*")) == held_before
     # the same run again, by a resident worker (one process keeps the model across steps): every
     # training and held-out episode repeats, token for token
     assert _episodes(runs["resident"], "rollouts") == _episodes(a, "rollouts")

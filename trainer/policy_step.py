@@ -43,14 +43,14 @@ def best_checkpoint(lake: Lake) -> tuple[Path, dict | None]:
     return lake.local / BEST_CHECKPOINT, best_record(lake)
 
 
-def _checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
+def checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
     root = lake.local / "checkpoints"
     return root / "latest", root
 
 
 def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
     """Newest checkpoint written at a step < before_step: the rolling ``latest`` or a periodic one."""
-    latest, root = _checkpoint_dirs(lake)
+    latest, root = checkpoint_dirs(lake)
     best, best_step = None, -1
     cands = [latest] + sorted(root.glob("step=*/policy"))
     for c in cands:
@@ -111,7 +111,7 @@ class PolicySession:
         if self.trainer is None or not self.ranks.main:
             return None  # rank 0 writes checkpoints; the other ranks hold the same weights
         t0 = time.perf_counter()
-        latest, root = _checkpoint_dirs(self.lake)
+        latest, root = checkpoint_dirs(self.lake)
         path = None
         self.lake.guard()  # saved to a folder, not through the lake: check the step is still ours
         if not self.resident:
@@ -157,6 +157,18 @@ def run_policy(lake: Lake, spec: RunSpec, step: int, manifest: pa.Table, log=pri
     return PolicySession(lake, spec, step, log).step(step, manifest, log)
 
 
+def agent_loop(engine, tok, cfg: GRPOConfig) -> AgentLoop:
+    """The agent loop a run's settings ask for (actions, tokens per turn, temperature, context)."""
+    return AgentLoop(
+        engine,
+        tok,
+        max_actions=cfg.max_actions,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        max_context=cfg.max_context,
+    )
+
+
 def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     lake, spec, cfg, pc, tok = sess.lake, sess.spec, sess.cfg, sess.pc, sess.tok
     trainer, engine, model, device = sess.trainer, sess.engine, sess.model, sess.device
@@ -166,14 +178,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
     task_ids = all_task_ids[world.group_slice(len(all_task_ids), rk.rank, rk.world)]  # this rank's groups
     g = spec.group_size
     tasks, envs = episode_rows(lake, spec.pool, task_ids)
-    loop = AgentLoop(
-        engine,
-        tok,
-        max_actions=cfg.max_actions,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        max_context=cfg.max_context,
-    )
+    loop = agent_loop(engine, tok, cfg)
     t_roll = time.perf_counter()
     workers = pc.workers or 2
     # sampling starts from the run's seed, the step and the rank: a retried step, a resident
@@ -200,7 +205,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         if spec.policy == "vllm":
             engine.sync_weights(model)  # wakes vLLM and pushes the new weights
     every = LM_EVAL_EVERY if pc.eval_every is None else pc.eval_every
-    held = _heldout(sess, step, loop, log) if due(step, spec.max_steps, every) else None
+    held = heldout_evaluation(sess, step, loop, log) if due(step, spec.max_steps, every) else None
     adv = group_advantages(rewards.reshape(n, g)).reshape(-1)
     tokens = np.array([len(e.ids) for e in eps])
     gen_tokens = np.array([e.generated_tokens for e in eps])
@@ -358,10 +363,13 @@ def _trajectories(eps: list[Episode], engine: str, verified=None) -> np.ndarray:
     )
 
 
-def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | None:
+def heldout_evaluation(
+    sess: PolicySession, step: int, loop: AgentLoop, log, seed: int | None = None
+) -> dict | None:
     """Held-out evaluation after the step's update (trainer/heldout.py): ``eval_samples`` episodes of
     each chosen evaluation task, in this rank's share; rank 0 gets every rank's and sums them up
-    (the other ranks get None). It samples from its own seed; the next step reseeds for training."""
+    (the other ranks get None). It samples from its own seed (from the run's, or ``seed``'s; the
+    tasks are chosen by the run's); the next step reseeds for training."""
     lake, spec, pc, rk = sess.lake, sess.spec, sess.pc, sess.ranks
     t0 = time.perf_counter()
     chosen = heldout_tasks(
@@ -381,7 +389,7 @@ def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | Non
         Episode(task_id=row["task_id"], rollout=k, session=None) for _, row in mine for k in range(samples)
     ]
     specs = {row["task_id"]: episode_spec(envs[row["env_id"]], row) for _, row in mine}
-    loop.engine.reseed(sampling_seed(spec.seed, step, rk.rank, "heldout"))
+    loop.engine.reseed(sampling_seed(spec.seed if seed is None else seed, step, rk.rank, "heldout"))
     _roll_out(loop, eps, specs, pc.workers or 2, log, what="held-out ")
     rows = {
         "step": np.full(len(eps), step, dtype=np.int64),
@@ -408,4 +416,4 @@ def _heldout(sess: PolicySession, step: int, loop: AgentLoop, log) -> dict | Non
             f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks "
             f"x {samples} samples"
         )
-    return {"evals": evals, "rollouts": table, "seconds": time.perf_counter() - t0}
+    return {"evals": evals, "rollouts": table, "samples": samples, "seconds": time.perf_counter() - t0}

@@ -6,6 +6,7 @@
     envsched step select | ingest | eval | status                   the external-trainer protocol
     envsched rollouts show --step T [--task ID]                      what a rollout did
     envsched status;  envsched resume;  envsched rewind;  envsched report;  envsched bench ...
+    envsched evaluate [--step K | --best] [--samples N]              a checkpoint's held-out, again
 
 Every command takes the global ``--lake DIR`` (default ``$ENVSCHED_LAKE`` or ``warehouse/lake``).
 A user error (any :class:`envsched_pipeline.errors.EnvschedError`) prints one line on stderr and

@@ -92,6 +92,44 @@ def add_parser(sub) -> None:
     ex.add_argument("--json", action="store_true", help="the explanation as JSON")
     ex.set_defaults(func=cmd_explain)
 
+    ev = sub.add_parser(
+        "evaluate",
+        help="held-out scores of a trained policy's checkpoint (more samples, another draw)",
+        description="Evaluate the policy after a step (its checkpoint) on the pool's held-out split: "
+        "unseen tasks of the training environments and tasks of environments never trained on, the "
+        "mean over tasks of the mean reward of N episodes each, with its standard error. With the "
+        "run's settings it repeats the score the run recorded at that step; --samples, --tasks or "
+        "--seed look again. Neural and language-model policies; nothing is written to the lake.",
+        formatter_class=F,
+    )
+    which = ev.add_mutually_exclusive_group()
+    which.add_argument(
+        "--step",
+        type=INDEX,
+        default=None,
+        help="the step whose policy to evaluate (default: the newest kept)",
+    )
+    which.add_argument(
+        "--best", action="store_true", help="the best held-out policy the run kept (language models)"
+    )
+    ev.add_argument("--samples", type=COUNT, default=None, help="episodes per task (default: the run's)")
+    ev.add_argument("--tasks", type=COUNT, default=None, help="tasks per split (default: the run's)")
+    ev.add_argument(
+        "--seed",
+        type=INDEX,
+        default=None,
+        help="the sampling seed (default: the run's; the tasks stay the run's)",
+    )
+    ev.add_argument(
+        "--episodes",
+        metavar="FILE",
+        default=None,
+        help="write the episodes (the lake's eval_rollouts columns) to this Parquet file, e.g. for "
+        "`duckdb -c \"select * from 'FILE'\"`",
+    )
+    ev.add_argument("--json", action="store_true", help="the scores as JSON")
+    ev.set_defaults(func=cmd_evaluate)
+
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
     rp.add_argument("--out", required=True, help="output folder")
     rp.add_argument("--no-baselines", action="store_true", help="skip re-running baselines in the simulator")
@@ -422,6 +460,41 @@ def cmd_explain(args) -> int:
         print(dumps(report, indent=2))
     else:
         print("\n".join(explain_lines(report)))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from trainer.evaluate import evaluate  # torch: only when a policy is evaluated
+
+    lake = lake_of(args).require()
+    out = writable_file("--episodes", args.episodes) if args.episodes else None  # before any work
+    res = evaluate(
+        lake,
+        step=args.step,
+        best=args.best,
+        samples=args.samples,
+        tasks=args.tasks,
+        seed=args.seed,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    episodes = res.pop("episodes")
+    if out is not None:
+        import pyarrow.parquet as pq  # only when the episodes are written
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(episodes, out)
+        print(f"wrote {episodes.num_rows} episodes to {out}", file=sys.stderr)
+    if args.json:
+        print(dumps(res, indent=2))
+        return 0
+    print(f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})")
+    print(f"  {'split':<8} {'tasks':>6} {'samples':>8} {'held-out':>9} {'± se':>8} {'recorded':>9}")
+    for r in res["splits"]:
+        recorded = res["recorded"].get(r["split"])
+        shown = f"{recorded:.4f}" if recorded is not None else "-"
+        print(
+            f"  {r['split']:<8} {r['tasks']:>6} {r['samples']:>8} {r['mean']:>9.4f} {r['se']:>8.4f} {shown:>9}"
+        )
     return 0
 
 

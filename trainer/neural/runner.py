@@ -221,7 +221,7 @@ def _neural_step(
             out["evals"].append(
                 {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
             )
-            held.append(_heldout_table(step, split, rows_, res))
+            held.append(heldout_table(step, split, rows_, res))
             log(
                 f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
             )
@@ -230,7 +230,7 @@ def _neural_step(
     return out
 
 
-def _heldout_table(step: int, split: str, tasks: list[dict], res: dict) -> pa.Table:
+def heldout_table(step: int, split: str, tasks: list[dict], res: dict) -> pa.Table:
     """The held-out episodes of one split (the lake's ``eval_rollouts`` rows)."""
     r, d = res["rewards"], res["details"]
     n, k = r.shape

@@ -1,0 +1,178 @@
+"""Held-out evaluation of a trained policy outside training (``envsched evaluate``).
+
+The policy after step K, from its checkpoint (the neural learner's of any kept step; a language
+model's periodic ones, ``latest``, or ``best``), on the pool's held-out split: unseen tasks of the
+training environments (``seen``) and tasks of environments never trained on (``unseen``), each the
+mean over tasks of the mean reward of ``samples`` episodes, with the standard error from the
+within-task sampling noise. With the run's own settings it samples as the run's evaluation at that
+step did, so it repeats the recorded score; more samples or tasks, or another sampling seed, give a
+second look. Nothing is written to the lake.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from dataclasses import replace
+
+import pyarrow as pa
+
+from envsched_pipeline.errors import StepError
+from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import RunSpec, require_run
+from trainer.heldout import heldout_tasks
+from trainer.step import CHECKPOINT_FILES, checkpoint_rel
+
+EVALUATED = ("neural", "hf-tiny", "hf", "vllm")  # the policies with weights of their own
+
+
+def evaluate(
+    lake: Lake,
+    step: int | None = None,
+    best: bool = False,
+    samples: int | None = None,
+    tasks: int | None = None,
+    seed: int | None = None,
+    log=print,
+) -> dict:
+    """The held-out scores of the policy after ``step`` (default: the newest kept) or of the best
+    one (``best``, language models): ``{"policy", "step", "checkpoint", "splits": [{"split",
+    "tasks", "samples", "mean", "se"}], "recorded": {split: score}, "episodes": table}`` (the
+    episodes in the lake's ``eval_rollouts`` columns). ``samples`` and ``tasks``
+    replace the run's evaluation settings, ``seed`` its sampling seed (the tasks chosen stay the
+    run's). A StepError names what is missing: a policy without weights, a pool without a held-out
+    split, a step whose checkpoint is not kept (and the steps that are)."""
+    spec = require_run(lake)
+    if spec.trainer == "external" or spec.policy not in EVALUATED:
+        outside = " (an outside trainer's run)" if spec.trainer == "external" else ""
+        raise StepError(
+            f"the run's policy is {spec.policy!r}{outside}: envsched evaluates the policies it trains "
+            f"({', '.join(EVALUATED)}); an outside trainer records its own (ExternalRun.log_eval)"
+        )
+    if best and spec.policy == "neural":
+        raise StepError("--best: the neural learner keeps a checkpoint per step; name one with --step")
+    if not lake.read("eval_tasks", pool=spec.pool).num_rows:
+        raise StepError(f"pool {spec.pool!r} has no held-out split (eval_tasks) to evaluate on")
+    given = {k: v for k, v in {"eval_samples": samples, "eval_tasks": tasks}.items() if v is not None}
+    asked = replace(spec, policy_config={**spec.policy_config, **given})
+    asked.policy_settings().validate(asked.policy)  # --samples / --tasks within their bounds
+    if spec.policy == "neural":
+        return _neural(lake, asked, step, seed, log)
+    return _language_model(lake, asked, step, best, seed, log)
+
+
+def _recorded(lake: Lake, step: int) -> dict:
+    """The held-out scores the run recorded after ``step``, by split."""
+    rows = lake.sql(
+        f"select benchmark, score from evals where step = {int(step)} and benchmark like 'heldout_%'"
+    ).to_pylist()
+    return {r["benchmark"].removeprefix("heldout_"): r["score"] for r in rows}
+
+
+def _choose(step: int | None, kept: list[int], what: str) -> int:
+    """``step`` when its ``what`` is kept (default: the newest kept); else a StepError naming them."""
+    if not kept:
+        raise StepError(f"no {what} is kept: the run has trained no step yet")
+    if step is None:
+        return kept[-1]
+    if step not in kept:
+        raise StepError(
+            f"--step {step}: the {what} after that step is not kept; these are: {', '.join(map(str, kept[-12:]))}"
+        )
+    return step
+
+
+def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict], episodes) -> dict:
+    return {
+        "policy": spec.policy,
+        "step": step,
+        "checkpoint": where,
+        "splits": splits,
+        "recorded": _recorded(lake, step),
+        "episodes": episodes,
+    }
+
+
+def _neural(lake: Lake, spec: RunSpec, step: int | None, seed: int | None, log) -> dict:
+    from trainer.neural.runner import EVAL_SAMPLES, heldout_table, load_learner  # torch: the learner's own
+
+    name = CHECKPOINT_FILES["neural"]
+    kept = [s for s in sorted(lake.artifact_steps("checkpoints")) if lake.exists(checkpoint_rel(s, name))]
+    step = _choose(step, kept, "neural learner's checkpoint")
+    learner = load_learner(lake, spec, step + 1, log)  # the one the step after it starts from
+    pc = spec.policy_settings()
+    samples = pc.eval_samples or EVAL_SAMPLES
+    splits, episodes = [], []
+    try:
+        ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
+        for split, rows in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
+            # the run's evaluation after `step` sampled from this seed
+            sampling = (spec.seed if seed is None else seed) * 1000 + step
+            res = learner.evaluate(rows, samples, seed=sampling, episodes=True)
+            splits.append(
+                {
+                    "split": split,
+                    "tasks": res["tasks"],
+                    "samples": samples,
+                    "mean": res["mean"],
+                    "se": res["se"],
+                }
+            )
+            episodes.append(heldout_table(step, split, rows, res))
+    finally:
+        learner.close()
+    return _result(
+        spec, lake, step, lake.where(checkpoint_rel(step, name)), splits, pa.concat_tables(episodes)
+    )
+
+
+def _language_model(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log) -> dict:
+    import torch  # the model's: loaded only when a language model is evaluated
+
+    from trainer import ranks  # torch's (a process of its own: one rank)
+    from trainer.engines import HFEngine, VLLMEngine  # torch / vLLM: as above
+    from trainer.model import load_policy, qwen3_tokenizer  # transformers: as above
+    from trainer.policy_step import (  # torch: as above
+        agent_loop,
+        best_checkpoint,
+        checkpoint_dirs,
+        heldout_evaluation,
+    )
+    from trainer.update import GRPOConfig  # torch: as above
+
+    if best:
+        folder, record = best_checkpoint(lake)
+        if record is None:
+            raise StepError("--best: no best held-out policy is kept (the run has not been evaluated yet)")
+        path, step = folder / "policy", int(record["step"])
+    else:
+        latest, root = checkpoint_dirs(lake)
+        found = {}
+        for c in [*sorted(root.glob("step=*/policy")), latest]:
+            if (c / "trainer.json").exists():
+                found.setdefault(int(json.loads((c / "trainer.json").read_text())["step"]), c)
+        step = _choose(step, sorted(found), "language model's checkpoint")
+        path = found[step]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pc = spec.policy_settings()
+    cfg = GRPOConfig.from_dict(pc.set_values())
+    tok = qwen3_tokenizer()
+    if spec.policy == "vllm":
+        engine = VLLMEngine(str(path))
+    else:
+        engine = HFEngine(load_policy(str(path), device=device), tok, device=device)
+    loop = agent_loop(engine, tok, cfg)
+    session = types.SimpleNamespace(lake=lake, spec=spec, pc=pc, ranks=ranks.init(device))
+    held = heldout_evaluation(session, step, loop, log, seed=seed)
+    split_of = held["rollouts"].column("split").to_pylist()
+    splits = [
+        {
+            "split": e["benchmark"].removeprefix("heldout_"),
+            "tasks": split_of.count(e["benchmark"].removeprefix("heldout_")) // held["samples"],
+            "samples": held["samples"],
+            "mean": e["score"],
+            "se": e["se"],
+        }
+        for e in held["evals"]
+    ]
+    return _result(spec, lake, step, str(path), splits, held["rollouts"])

@@ -24,6 +24,8 @@ POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external"
 # the policies whose per-step checkpoints the lake drops (step 0's, every KEEP_EVERY-th and the
 # newest two stay) and whose steps record a checkpoint digest, so a dropped one can be made again
 REMADE_CHECKPOINTS = ("simulated", "neural")
+# the policies with weights of their own that `envsched evaluate` scores from a checkpoint
+EVALUATED_POLICIES = ("neural", "hf-tiny", "hf", "vllm")
 TRAINERS = ("subprocess", "external")
 # the most steps a selection may run ahead of the rollouts (RunSpec.select_lag): the lake keeps the
 # scheduler states that many steps further back, and a staler selection is seldom what a trainer needs

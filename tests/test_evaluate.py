@@ -69,6 +69,13 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         "se",
         "recorded",
     ]
+    # `envsched status` names the kept checkpoints and what to do with them
+    assert main(["--lake", str(lake.root), "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"] == [0, 1]
+    assert main(["--lake", str(lake.root), "status"]) == 0
+    assert "  policy kept after steps: 0, 1 (2 kept; `envsched evaluate --step K` scores one again" in (
+        capsys.readouterr().out
+    )
     # refused in one line, naming what to ask for instead
     for flags, says in (
         (

@@ -19,11 +19,9 @@ import pyarrow as pa
 
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
 from trainer.heldout import heldout_tasks
 from trainer.step import CHECKPOINT_FILES, checkpoint_rel
-
-EVALUATED = ("neural", "hf-tiny", "hf", "vllm")  # the policies with weights of their own
 
 
 def evaluate(
@@ -43,11 +41,11 @@ def evaluate(
     run's). A StepError names what is missing: a policy without weights, a pool without a held-out
     split, a step whose checkpoint is not kept (and the steps that are)."""
     spec = require_run(lake)
-    if spec.trainer == "external" or spec.policy not in EVALUATED:
+    if spec.trainer == "external" or spec.policy not in EVALUATED_POLICIES:
         outside = " (an outside trainer's run)" if spec.trainer == "external" else ""
         raise StepError(
             f"the run's policy is {spec.policy!r}{outside}: envsched evaluates the policies it trains "
-            f"({', '.join(EVALUATED)}); an outside trainer records its own (ExternalRun.log_eval)"
+            f"({', '.join(EVALUATED_POLICIES)}); an outside trainer records its own (ExternalRun.log_eval)"
         )
     if best and spec.policy == "neural":
         raise StepError("--best: the neural learner keeps a checkpoint per step; name one with --step")

@@ -39,7 +39,7 @@ from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec, require_run
+from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
 
 F = HelpFormatter
@@ -387,6 +387,15 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         else:
             where = f"{p['scheduler']}, {p['steps']} of {p['max_steps']} steps, {p['state']}"
         lines.append(f"  compared with: {p['lake']} ({where})")
+    if st["checkpoints"]:
+        kept = st["checkpoints"]
+        shown = ", ".join(map(str, kept[-12:]))
+        uses = "`envsched rewind --to K+1` goes back to one"
+        if spec["policy"] in EVALUATED_POLICIES and spec.get("trainer") != "external":
+            uses = "`envsched evaluate --step K` scores one again, " + uses
+        lines.append(
+            f"  policy kept after steps: {'..., ' * (len(kept) > 12)}{shown} ({len(kept)} kept; {uses})"
+        )
     if st["best_heldout"]:
         b = st["best_heldout"]
         lines.append(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from envsched_pipeline.core.gates import halt_message, halted
+from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halted
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
@@ -72,6 +72,10 @@ def _status(lake: Lake) -> dict:
         "consistent": not problems,
         "problems": problems,
         "best_heldout": best_heldout(lake),
+        # the steps after which the policy is on disk (none for a policy with no weights here)
+        "checkpoints": sorted(checkpointed_steps(lake))
+        if spec and spec.trainer != "external" and spec.policy != "openai"
+        else [],
         "against": [partner(path) for path in spec.against] if spec else [],
         **holders(lake),
     }

@@ -52,14 +52,21 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         mine = duckdb.sql(f"select {key} from '{out}' order by all").fetchall()
         kept = lake.sql(f"select {key} from eval_rollouts where step = {step} order by all").to_pylist()
         assert len(mine) == 8 and mine == [tuple(r.values()) for r in kept]
+        # by environment: each one's tasks, weakest first, adding up to the split's score
+        for r in got["splits"]:
+            envs = [e for e in got["by_env"] if e["split"] == r["split"]]
+            assert [e["mean"] for e in envs] == sorted(e["mean"] for e in envs)
+            assert sum(e["tasks"] for e in envs) == r["tasks"] and {e["episodes"] for e in envs} <= {2, 4}
+            assert sum(e["tasks"] * e["mean"] for e in envs) / r["tasks"] == pytest.approx(r["mean"])
     # more samples from another seed: the same tasks, another look
     again = evaluated(lake, capsys, "--step", "1", "--samples", "12", "--seed", "7")
     assert [(r["tasks"], r["samples"]) for r in again["splits"]] == [(2, 12), (2, 12)]
     assert all(0 <= r["mean"] <= 1 and r["se"] >= 0 for r in again["splits"])
     assert sorted(lake.root.rglob("*")) == before  # nothing written in the lake
     # the table a person reads
-    assert main(["--lake", str(lake.root), "evaluate", "--step", "0"]) == 0
+    assert main(["--lake", str(lake.root), "evaluate", "--step", "0", "--by-env"]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert "by environment, weakest first:" in out and len(out) == 4 + 1 + 1 + len(got["by_env"])
     assert out[0].startswith("neural policy after step 0 (") and out[1].split() == [
         "split",
         "tasks",

@@ -35,8 +35,9 @@ def evaluate(
 ) -> dict:
     """The held-out scores of the policy after ``step`` (default: the newest kept) or of the best
     one (``best``, language models): ``{"policy", "step", "checkpoint", "splits": [{"split",
-    "tasks", "samples", "mean", "se"}], "recorded": {split: score}, "episodes": table}`` (the
-    episodes in the lake's ``eval_rollouts`` columns). ``samples`` and ``tasks``
+    "tasks", "samples", "mean", "se"}], "recorded": {split: score}, "by_env": [...]
+    (:func:`by_environment`), "episodes": table}`` (the episodes in the lake's ``eval_rollouts``
+    columns). ``samples`` and ``tasks``
     replace the run's evaluation settings, ``seed`` its sampling seed (the tasks chosen stay the
     run's). A StepError names what is missing: a policy without weights, a pool without a held-out
     split, a step whose checkpoint is not kept (and the steps that are)."""
@@ -80,6 +81,25 @@ def _choose(step: int | None, kept: list[int], what: str) -> int:
     return step
 
 
+def by_environment(episodes: pa.Table) -> list[dict]:
+    """Each held-out environment's score (the mean over its tasks of each task's mean reward, as a
+    split's), weakest first within each split: ``{"split", "env_id", "tasks", "episodes", "mean"}``."""
+    tasks: dict[tuple, dict[str, list[float]]] = {}
+    for r in episodes.select(["split", "env_id", "task_id", "reward"]).to_pylist():
+        tasks.setdefault((r["split"], r["env_id"]), {}).setdefault(r["task_id"], []).append(r["reward"])
+    rows = [
+        {
+            "split": split,
+            "env_id": env,
+            "tasks": len(by_task),
+            "episodes": sum(len(v) for v in by_task.values()),
+            "mean": sum(sum(v) / len(v) for v in by_task.values()) / len(by_task),
+        }
+        for (split, env), by_task in tasks.items()
+    ]
+    return sorted(rows, key=lambda r: (r["split"], r["mean"], r["env_id"]))
+
+
 def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict], episodes) -> dict:
     return {
         "policy": spec.policy,
@@ -87,6 +107,7 @@ def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict]
         "checkpoint": where,
         "splits": splits,
         "recorded": _recorded(lake, step),
+        "by_env": by_environment(episodes),
         "episodes": episodes,
     }
 

@@ -127,7 +127,10 @@ def add_parser(sub) -> None:
         help="write the episodes (the lake's eval_rollouts columns) to this Parquet file, e.g. for "
         "`duckdb -c \"select * from 'FILE'\"`",
     )
-    ev.add_argument("--json", action="store_true", help="the scores as JSON")
+    ev.add_argument(
+        "--by-env", action="store_true", help="each held-out environment's score too, weakest first"
+    )
+    ev.add_argument("--json", action="store_true", help="the scores as JSON (by environment included)")
     ev.set_defaults(func=cmd_evaluate)
 
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)
@@ -504,6 +507,11 @@ def cmd_evaluate(args) -> int:
         print(
             f"  {r['split']:<8} {r['tasks']:>6} {r['samples']:>8} {r['mean']:>9.4f} {r['se']:>8.4f} {shown:>9}"
         )
+    if args.by_env:
+        print("by environment, weakest first:")
+        print(f"  {'split':<8} {'environment':<28} {'tasks':>6} {'episodes':>9} {'held-out':>9}")
+        for r in res["by_env"]:
+            print(f"  {r['split']:<8} {r['env_id']:<28} {r['tasks']:>6} {r['episodes']:>9} {r['mean']:>9.4f}")
     return 0
 
 

@@ -11,7 +11,6 @@ second look. Nothing is written to the lake.
 
 from __future__ import annotations
 
-import json
 import types
 from dataclasses import replace
 
@@ -20,7 +19,6 @@ import pyarrow as pa
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
-from trainer.heldout import heldout_tasks
 from trainer.step import CHECKPOINT_FILES, checkpoint_rel
 
 
@@ -113,36 +111,26 @@ def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict]
 
 
 def _neural(lake: Lake, spec: RunSpec, step: int | None, seed: int | None, log) -> dict:
-    from trainer.neural.runner import EVAL_SAMPLES, heldout_table, load_learner  # torch: the learner's own
+    from trainer.neural.runner import (
+        EVAL_SAMPLES,
+        heldout_evaluation,
+        load_learner,
+    )  # torch: the learner's own
 
     name = CHECKPOINT_FILES["neural"]
     kept = [s for s in sorted(lake.artifact_steps("checkpoints")) if lake.exists(checkpoint_rel(s, name))]
     step = _choose(step, kept, "neural learner's checkpoint")
     learner = load_learner(lake, spec, step + 1, log)  # the one the step after it starts from
-    pc = spec.policy_settings()
-    samples = pc.eval_samples or EVAL_SAMPLES
-    splits, episodes = [], []
     try:
-        ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
-        for split, rows in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
-            # the run's evaluation after `step` sampled from this seed
-            sampling = (spec.seed if seed is None else seed) * 1000 + step
-            res = learner.evaluate(rows, samples, seed=sampling, episodes=True)
-            splits.append(
-                {
-                    "split": split,
-                    "tasks": res["tasks"],
-                    "samples": samples,
-                    "mean": res["mean"],
-                    "se": res["se"],
-                }
-            )
-            episodes.append(heldout_table(step, split, rows, res))
+        results, episodes = heldout_evaluation(lake, spec, learner, step, seed=seed)
     finally:
         learner.close()
-    return _result(
-        spec, lake, step, lake.where(checkpoint_rel(step, name)), splits, pa.concat_tables(episodes)
-    )
+    samples = spec.policy_settings().eval_samples or EVAL_SAMPLES
+    splits = [
+        {"split": split, "tasks": res["tasks"], "samples": samples, "mean": res["mean"], "se": res["se"]}
+        for split, res in results.items()
+    ]
+    return _result(spec, lake, step, lake.where(checkpoint_rel(step, name)), splits, episodes)
 
 
 def _language_model(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log) -> dict:
@@ -154,8 +142,8 @@ def _language_model(lake: Lake, spec: RunSpec, step: int | None, best: bool, see
     from trainer.policy_step import (  # torch: as above
         agent_loop,
         best_checkpoint,
-        checkpoint_dirs,
         heldout_evaluation,
+        kept_checkpoints,
     )
     from trainer.update import GRPOConfig  # torch: as above
 
@@ -165,11 +153,7 @@ def _language_model(lake: Lake, spec: RunSpec, step: int | None, best: bool, see
             raise StepError("--best: no best held-out policy is kept (the run has not been evaluated yet)")
         path, step = folder / "policy", int(record["step"])
     else:
-        latest, root = checkpoint_dirs(lake)
-        found = {}
-        for c in [*sorted(root.glob("step=*/policy")), latest]:
-            if (c / "trainer.json").exists():
-                found.setdefault(int(json.loads((c / "trainer.json").read_text())["step"]), c)
+        found = dict(kept_checkpoints(lake))  # a periodic one over `latest` at a tie: it stays
         step = _choose(step, sorted(found), "language model's checkpoint")
         path = found[step]
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -48,17 +48,25 @@ def checkpoint_dirs(lake: Lake) -> tuple[Path, Path]:
     return root / "latest", root
 
 
-def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
-    """Newest checkpoint written at a step < before_step: the rolling ``latest`` or a periodic one."""
+def kept_checkpoints(lake: Lake) -> list[tuple[int, Path]]:
+    """Every checkpoint on disk with the step it was written after: the rolling ``latest`` first,
+    then the periodic ones in order."""
     latest, root = checkpoint_dirs(lake)
-    best, best_step = None, -1
-    cands = [latest] + sorted(root.glob("step=*/policy"))
-    for c in cands:
+    kept = []
+    for c in [latest, *sorted(root.glob("step=*/policy"))]:
         meta = c / "trainer.json"
         if meta.exists():
-            s = int(json.loads(meta.read_text())["step"])
-            if best_step < s < before_step:
-                best, best_step = c, s
+            kept.append((int(json.loads(meta.read_text())["step"]), c))
+    return kept
+
+
+def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
+    """Newest checkpoint written at a step < before_step: the rolling ``latest`` or a periodic one
+    (``latest`` at a tie)."""
+    best, best_step = None, -1
+    for s, c in kept_checkpoints(lake):
+        if best_step < s < before_step:
+            best, best_step = c, s
     return best, best_step
 
 

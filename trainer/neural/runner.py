@@ -213,21 +213,36 @@ def _neural_step(
     out = {"rollouts": rollouts, "metrics": metrics, "evals": []}
     pc = spec.policy_settings()
     if due(step, spec.max_steps, EVAL_EVERY if pc.eval_every is None else pc.eval_every):
-        ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
-        samples = pc.eval_samples or EVAL_SAMPLES
-        held = []
-        for split, rows_ in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
-            res = learner.evaluate(rows_, samples, seed=spec.seed * 1000 + step, episodes=True)
-            out["evals"].append(
-                {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
-            )
-            held.append(heldout_table(step, split, rows_, res))
+        results, held = heldout_evaluation(lake, spec, learner, step)
+        out["evals"] = [
+            {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
+            for split, res in results.items()
+        ]
+        for split, res in results.items():
             log(
                 f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"
             )
-        if held:
-            out["eval_rollouts"] = pa.concat_tables(held)
+        if held is not None:
+            out["eval_rollouts"] = held
     return out
+
+
+def heldout_evaluation(
+    lake: Lake, spec: RunSpec, learner: NeuralLearner, step: int, seed: int | None = None
+) -> tuple[dict[str, dict], pa.Table | None]:
+    """The learner's held-out evaluation after ``step`` with the run's settings: each split's
+    result (``NeuralLearner.evaluate``) and the episodes (the lake's ``eval_rollouts`` rows; None
+    for a pool without a held-out split). It samples from the run's seed, or ``seed``'s (the
+    tasks stay the run's choice)."""
+    pc = spec.policy_settings()
+    ev = lake.read("eval_tasks", pool=spec.pool).to_pylist()
+    samples = pc.eval_samples or EVAL_SAMPLES
+    results, held = {}, []
+    for split, rows in heldout_tasks(ev, spec.seed, pc.eval_tasks).items():
+        sampling = (spec.seed if seed is None else seed) * 1000 + step
+        results[split] = res = learner.evaluate(rows, samples, seed=sampling, episodes=True)
+        held.append(heldout_table(step, split, rows, res))
+    return results, pa.concat_tables(held) if held else None
 
 
 def heldout_table(step: int, split: str, tasks: list[dict], res: dict) -> pa.Table:

@@ -111,11 +111,11 @@ def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict]
 
 
 def _neural(lake: Lake, spec: RunSpec, step: int | None, seed: int | None, log) -> dict:
-    from trainer.neural.runner import (
+    from trainer.neural.runner import (  # torch: the learner's own
         EVAL_SAMPLES,
         heldout_evaluation,
         load_learner,
-    )  # torch: the learner's own
+    )
 
     name = CHECKPOINT_FILES["neural"]
     kept = [s for s in sorted(lake.artifact_steps("checkpoints")) if lake.exists(checkpoint_rel(s, name))]

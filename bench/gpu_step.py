@@ -156,10 +156,19 @@ def main() -> int:
             "scripted batch (gold vs wrong tool calls; the random policy's groups had no reward spread)"
         )
     t1 = time.perf_counter()
-    m = trainer.update([e.ids for e in train_eps], [e.mask for e in train_eps], rewards, args.group)
+    m = trainer.update(
+        [e.ids for e in train_eps],
+        [e.mask for e in train_eps],
+        rewards,
+        args.group,
+        [e.logprobs for e in train_eps],
+    )
     if on_gpu:
         torch.cuda.synchronize()
     t_upd = time.perf_counter() - t1
+    # how far the sampler's log-probabilities of the policy's own rollouts are from the trainer's
+    # (generation with a KV cache, left-padded, against the update's padded forward pass)
+    gap = trainer.sampler_gap([e.ids for e in eps], [e.mask for e in eps], [e.logprobs for e in eps])
     gen = sum(e.generated_tokens for e in eps)
     res = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
@@ -177,6 +186,8 @@ def main() -> int:
         "grad_norm": m["grad_norm"],
         "approx_kl": m.get("approx_kl"),
         "entropy": m.get("entropy"),
+        "sampler_logprob_diff": gap["sampler_logprob_diff"],
+        "sampler_logprob_diff_max": gap["sampler_logprob_diff_max"],
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if on_gpu else None,
         "bf16": trainer.bf16,
         "activation_checkpointing": args.activation_checkpointing,

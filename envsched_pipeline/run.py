@@ -80,6 +80,10 @@ def dual_clip_problem(value: float | None) -> str | None:
 
 DEFAULT_CLIP_EPS = 0.2  # PPO's clip range, the neural learner's and the LM trainer's default
 AGGREGATIONS = ("token-mean", "seq-mean")  # what the LM trainer's loss averages its tokens by
+# how the LM trainer corrects for the sampler drawing tokens a little off its own policy (trainer.loss
+# sampler_weights): truncated importance weights (default), tokens outside a band masked, or none
+SAMPLER_CORRECTIONS = ("truncate", "mask", "off")
+DEFAULT_SAMPLER_CAP = 2.0  # the importance weights' cap (truncate) or band [1/cap, cap] (mask)
 
 
 def clip_high_problem(clip_eps: float | None, clip_eps_high: float | None) -> str | None:
@@ -166,6 +170,8 @@ LM_SETTINGS = (
     "loss_denominator",
     "dual_clip",
     "overrun_penalty",
+    "sampler_correction",
+    "sampler_cap",
     "max_new_tokens",
     "max_context",
     "activation_checkpointing",
@@ -229,6 +235,10 @@ class PolicyConfig:
     # neural and LM policies: reward subtracted for an episode the max_actions cap (LM: or the
     # context) stopped (0 = off; docs/algorithm.md §8b)
     overrun_penalty: float | None = None
+    # LM policies: how the update corrects for the sampler's log-probabilities differing from its own
+    # (SAMPLER_CORRECTIONS; default truncate) and the weights' cap (default DEFAULT_SAMPLER_CAP)
+    sampler_correction: str | None = None
+    sampler_cap: float | None = None
     # LM policies (trainer/policy_step.py, trainer/engines.py; docs/architecture.md §7 has them all)
     model_path: str | None = None
     max_new_tokens: int | None = None
@@ -373,6 +383,7 @@ POLICY_CHOICES = {
     "loss_denominator": LOSS_DENOMINATORS,
     "lr_schedule": LR_SCHEDULES,
     "aggregation": AGGREGATIONS,
+    "sampler_correction": SAMPLER_CORRECTIONS,
 }
 # every numeric setting of PolicyConfig (the two PPO knobs are checked above)
 POLICY_BOUNDS = {
@@ -393,6 +404,7 @@ POLICY_BOUNDS = {
     "weight_decay": (0, True, 10),
     "grad_clip": (0, False, math.inf),  # a huge value turns clipping off
     "kl_coef": (0, True, 10),
+    "sampler_cap": (1, False, 1000),
     "epochs": (1, True, 100),
     "micro_batch": (1, True, BIG),
     "minibatches": (1, True, 1000),

@@ -94,6 +94,7 @@ LAYERS = {
         "test_lr_schedule",
         "test_update_settings",
         "test_evaluate",
+        "test_sampler_correction",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),
     "e2e": (

@@ -119,6 +119,8 @@ def test_vllm_requests_are_seeded_after_a_reseed(monkeypatch):
     engine.reseed(8)
     engine.generate([[1], [2]])
     assert [p.kw["seed"] for p in llm.seen[-1]] != seeds[0][:2]
+    # every request asks for the drawn token's log-probability (the update's sampler correction)
+    assert llm.seen[0].kw["logprobs"] == 0 and all(p.kw["logprobs"] == 0 for p in llm.seen[-1])
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ next user message) and, after the last turn, the episode is verified. At most ``
 calls per episode (the paper's 40), then the episode is truncated and verified as it stands.
 
 Token engines keep the trajectory as token ids with a mask that is 1 exactly on the tokens the
-policy generated — what the GRPO update trains on.
+policy generated — what the GRPO update trains on — and, beside them, the log-probability the
+sampler gave each generated token (NaN where the engine gives none, 0 on the other tokens).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer import chat
+
+NO_LOGPROB = float("nan")  # a generated token whose sampler log-probability is not known
 
 
 @dataclass
@@ -25,6 +28,7 @@ class Episode:
     session: object
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # the sampler's, beside ids (module docstring)
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] = field(default_factory=list)
     actions: int = 0
@@ -66,6 +70,7 @@ class AgentLoop:
             ids = self.tok.encode(text, add_special_tokens=False)
             ep.ids += ids
             ep.mask += [1 if trainable else 0] * len(ids)
+            ep.logprobs += [0.0 if not trainable else NO_LOGPROB] * len(ids)
 
     def _start(self, ep: Episode) -> None:
         first = ep.session.reset()
@@ -132,6 +137,15 @@ class AgentLoop:
         else:
             self._finish(ep, parsed.content)
 
+    def _sample(
+        self, prompts: list[list[int]], episode_ids: list[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        """The engine's replies with the sampler's log-probabilities, NaN for an engine without them."""
+        if hasattr(self.engine, "sample"):
+            return self.engine.sample(prompts, self.max_new_tokens, self.temperature, episode_ids=episode_ids)
+        outs = self.engine.generate(prompts, self.max_new_tokens, self.temperature, episode_ids=episode_ids)
+        return [(new, [NO_LOGPROB] * len(new)) for new in outs]
+
     # ------------------------------------------------------------------ the loop
     def run(self, episodes: list[Episode], log=None) -> list[Episode]:
         for ep in episodes:
@@ -150,23 +164,21 @@ class AgentLoop:
             if not active:
                 break
             if self.tokens:
-                outs = self.engine.generate(
-                    [e.ids for e in active],
-                    self.max_new_tokens,
-                    self.temperature,
-                    episode_ids=[episodes.index(e) for e in active],
-                )
+                outs = self._sample([e.ids for e in active], [episodes.index(e) for e in active])
                 eos = self.tok.convert_tokens_to_ids(chat.IM_END)
                 texts = []
-                for e, new in zip(active, outs, strict=True):
+                for e, (new, logprobs) in zip(active, outs, strict=True):
                     e.ids += new
                     e.mask += [1] * len(new)
+                    e.logprobs += logprobs
                     if not new or new[-1] != eos:  # cut by max_new_tokens: close the turn (not trained on)
                         e.ids.append(eos)
                         e.mask.append(0)
+                        e.logprobs.append(0.0)
                     nl = self.tok.encode("\n", add_special_tokens=False)
                     e.ids += nl
                     e.mask += [0] * len(nl)
+                    e.logprobs += [0.0] * len(nl)
                     texts.append(self.tok.decode(new, skip_special_tokens=False))
             else:
                 texts = [

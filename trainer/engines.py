@@ -2,7 +2,11 @@
 
 Token engines (``hf``, ``vllm``, ``scripted``) implement
 ``generate(prompts: list[list[int]], max_new_tokens, temperature) -> list[list[int]]`` and keep the
-trajectory in tokens (what the GRPO update trains on). The ``openai`` engine is a message engine:
+trajectory in tokens (what the GRPO update trains on). Those that can say how likely each token they
+sampled was (``hf``, ``vllm``) also implement ``sample(...)``, the same call returning each reply's
+tokens with their log-probabilities under the distribution they were drawn from (temperature
+applied): the update compares them with its own to correct for the sampler's numerics
+(:mod:`trainer.update`, the sampler correction). The ``openai`` engine is a message engine:
 ``chat(messages, tools) -> assistant text``, for evaluation or curation runs against any
 OpenAI-compatible server (no weight update). vllm is imported lazily and only on GPU machines.
 """
@@ -56,9 +60,14 @@ class HFEngine:
         torch.manual_seed(seed)
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
+        return [tokens for tokens, _ in self.sample(prompts, max_new_tokens, temperature, episode_ids)]
+
+    def sample(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
+        """Each reply's tokens and the log-probability of each under the distribution it was drawn
+        from (the logits over the temperature; ``top_k``/``top_p`` filter nothing here)."""
         import torch  # engines without torch (openai, scripted) must not need it
 
-        out: list[list[int]] = []
+        out: list[tuple[list[int], list[float]]] = []
         pad = self.tok.pad_token_id
         eos = self.tok.convert_tokens_to_ids("<|im_end|>")
         self.model.eval()
@@ -70,6 +79,7 @@ class HFEngine:
             for j, p in enumerate(chunk):
                 ids[j, width - len(p) :] = torch.tensor(p)
                 att[j, width - len(p) :] = 1
+            picked = _SampledLogprobs(temperature)
             with torch.no_grad():
                 gen = self.model.generate(
                     input_ids=ids.to(self.device),
@@ -81,7 +91,9 @@ class HFEngine:
                     top_k=0,
                     eos_token_id=eos,
                     pad_token_id=pad,
+                    logits_processor=[picked],
                 )
+            logprobs = picked.of(gen[:, width:])
             for j in range(len(chunk)):
                 new = gen[j, width:].tolist()
                 if eos in new:
@@ -89,8 +101,39 @@ class HFEngine:
                 else:
                     while new and new[-1] == pad:
                         new.pop()
-                out.append(new)
+                out.append((new, logprobs[j, : len(new)].tolist()))
         return out
+
+
+class _SampledLogprobs:
+    """A logits processor that leaves the logits alone and keeps, at each generation step, the
+    log-probability the sampler gives the token it then draws. transformers runs the processors
+    given to ``generate`` before its temperature warper, so the logits it sees are the model's;
+    the token drawn at one step is the last input of the next (the last step's: ``of``)."""
+
+    def __init__(self, temperature: float):
+        self.temperature = max(float(temperature), 1e-5)  # as HFEngine passes it to generate
+        self.steps: list = []
+        self.last = None
+
+    def __call__(self, input_ids, scores):
+        import torch  # only where an HFEngine runs
+
+        if self.last is not None:
+            self.steps.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def of(self, new_tokens):
+        """(batch, generated) log-probabilities of ``new_tokens``, the tokens ``generate`` added."""
+        import torch  # only where an HFEngine runs
+
+        steps = list(self.steps)
+        if self.last is not None and len(steps) < new_tokens.shape[1]:
+            steps.append(self.last.gather(-1, new_tokens[:, len(steps) : len(steps) + 1]).squeeze(-1))
+        if not steps:
+            return torch.zeros(new_tokens.shape)
+        return torch.stack(steps, dim=1).cpu()
 
 
 class RequestSeeds:
@@ -135,6 +178,9 @@ class VLLMEngine(RequestSeeds):
 
             llm = LLM(
                 model=model_path,
+                # the log-probability of each sampled token under the distribution it was drawn from
+                # (temperature applied), for the update's sampler correction; the default is the raw one
+                logprobs_mode="processed_logprobs",
                 gpu_memory_utilization=gpu_memory_utilization,
                 tensor_parallel_size=tensor_parallel_size,
                 dtype=dtype,
@@ -146,19 +192,26 @@ class VLLMEngine(RequestSeeds):
         self.asleep = False
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
+        return [tokens for tokens, _ in self.sample(prompts, max_new_tokens, temperature, episode_ids)]
+
+    def sample(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
+        """Each reply's tokens and vLLM's log-probability of each (``logprobs=0``: the sampled token's
+        alone; processed, so under the distribution it was drawn from)."""
         from vllm import SamplingParams  # the gpu extra only
         from vllm.inputs import TokensPrompt  # the gpu extra only
 
         self.wake()
         if self.seed is None:
-            params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature))
+            params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature, logprobs=0))
         else:  # each prompt its own seed (RequestSeeds)
             params = [
-                SamplingParams(**sampling_kwargs(max_new_tokens, temperature, seed=self.next_seed()))
+                SamplingParams(
+                    **sampling_kwargs(max_new_tokens, temperature, seed=self.next_seed(), logprobs=0)
+                )
                 for _ in prompts
             ]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
+        return [sampled_logprobs(o.outputs[0]) for o in outs]
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory (weights offloaded, KV cache dropped) while the trainer updates."""
@@ -182,6 +235,18 @@ class VLLMEngine(RequestSeeds):
             counts = self.llm.collective_rpc("update_weights_from_tensors", args=(items,))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         return int(counts[0]) if counts else 0
+
+
+def sampled_logprobs(completion) -> tuple[list[int], list[float]]:
+    """A vLLM completion's tokens and each one's log-probability (NaN where vLLM gave none)."""
+    tokens = list(completion.token_ids)
+    given = getattr(completion, "logprobs", None) or []
+    logprobs = []
+    for k, token in enumerate(tokens):
+        at = given[k] if k < len(given) else None
+        entry = at.get(token) if at is not None else None
+        logprobs.append(float(entry.logprob) if entry is not None else float("nan"))
+    return tokens, logprobs
 
 
 class OpenAIEngine(RequestSeeds):

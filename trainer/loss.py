@@ -35,6 +35,7 @@ def grpo_loss(
     aggregation: str = "token-mean",
     dual_clip: float = 0.0,
     clip_eps_high: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """logprobs, old_logprobs, mask: (B, T); advantages: (B,) per sequence (broadcast over tokens).
 
@@ -49,6 +50,9 @@ def grpo_loss(
     rose a lot since it was sampled can dominate (or overflow) the step. With it set, r is also
     capped at c before the exp (past c the loss is flat for either sign of A, so the cap changes no
     value or gradient and an overflowing ratio cannot turn the backward pass into NaN). 0 = off.
+
+    ``token_weights`` (B, T), no gradient: each token's surrogate is multiplied by it (the KL term
+    is not), e.g. the sampler correction's importance weights (``sampler_weights``).
     """
     if dual_clip and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or 0 = off), got {dual_clip}")
@@ -67,6 +71,8 @@ def grpo_loss(
     if dual_clip:
         surr = torch.where(adv < 0, torch.maximum(surr, dual_clip * adv), surr)
     per_token = -surr
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
     kl = torch.zeros_like(per_token)
     if kl_coef > 0:
         if ref_logprobs is None:
@@ -91,6 +97,57 @@ def grpo_loss(
             "ratio_mean": float((ratio * mask).sum() / n),
         }
     return loss, stats
+
+
+SAMPLER_STATS = ("tokens", "unknown_tokens", "abs_diff", "max_abs_diff", "kl", "weight", "corrected")
+
+
+def sampler_weights(
+    logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, dict]:
+    """Importance weights that correct the update for the sampler's numerics (vLLM's kernels, or
+    another precision, draw tokens from a distribution a little off the trainer's).
+
+    ``logprobs``: the trainer's log-probabilities of the tokens before the update (B, T);
+    ``sampler_logprobs``: the sampler's for the same tokens (NaN where unknown); ``mask``: the
+    policy's tokens. The weight of a token is w = exp(logprobs - sampler_logprobs), the ratio of the
+    policy the update assumes to the one that drew the token, and then ``mode``:
+
+    * ``truncate`` (truncated importance sampling): min(w, cap); an off token weighs at most cap.
+    * ``mask``: w inside [1 / cap, cap], 0 outside: a token the two disagree on by more than a factor
+      of cap gives no gradient at all.
+    * ``off``: 1 (the numbers below are still measured).
+
+    A token without a sampler log-probability weighs 1. Returns the weights (1 off the mask) and
+    sums over the known policy tokens (SAMPLER_STATS: their count, the unknown ones, sum of
+    |logprobs - sampler_logprobs|, its max, the k3 estimate of KL(sampler || trainer), the weights,
+    the tokens the mode changed)."""
+    if mode not in ("truncate", "mask", "off"):
+        raise ValueError(f"unknown sampler correction {mode!r}")
+    policy = mask > 0
+    known = policy & torch.isfinite(sampler_logprobs)
+    d = torch.where(known, logprobs.float() - torch.nan_to_num(sampler_logprobs.float()), 0.0)
+    raw = torch.exp(d.clamp(max=80.0))  # past e^80 any cap holds it; keeps the sums finite
+    if mode == "truncate":
+        outside = raw > cap
+        w = raw.clamp(max=cap)
+    elif mode == "mask":
+        outside = (raw > cap) | (raw < 1.0 / cap)
+        w = torch.where(outside, 0.0, raw)
+    else:
+        outside = torch.zeros_like(known)
+        w = torch.ones_like(raw)
+    weights = torch.where(known, w, 1.0)
+    stats = {
+        "tokens": float(known.sum()),
+        "unknown_tokens": float((policy & ~known).sum()),
+        "abs_diff": float(d.abs()[known].sum()),
+        "max_abs_diff": float(d.abs()[known].max()) if known.any() else 0.0,
+        "kl": float((raw - d - 1.0)[known].sum()),
+        "weight": float(weights[known].sum()),
+        "corrected": float((outside & known).sum()),
+    }
+    return weights, stats
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> float:

@@ -27,7 +27,7 @@ from trainer.grpo import group_advantages, overrun_rewards
 from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
 from trainer.realenv import episode_rows, every_environment
-from trainer.update import GRPOConfig, GRPOTrainer, out_of_memory
+from trainer.update import SAMPLER_METRICS, GRPOConfig, GRPOTrainer, out_of_memory
 
 LM_EVAL_EVERY = 10  # held-out evaluation every 10 steps and at the last (policy_config.eval_every)
 LM_EVAL_SAMPLES = 2  # episodes per held-out task (policy_config.eval_samples)
@@ -206,7 +206,9 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
             engine.sleep()  # colocated: vLLM's memory goes to the update
         trainer.use_lr(pc.lr_at(step, cfg.lr))
         try:
-            upd = trainer.update([e.ids for e in eps], [e.mask for e in eps], rewards, g)
+            upd = trainer.update(
+                [e.ids for e in eps], [e.mask for e in eps], rewards, g, [e.logprobs for e in eps]
+            )
         except torch.OutOfMemoryError as exc:  # one line that says which setting to change
             raise out_of_memory(exc, cfg, [e.ids for e in eps]) from exc
         sess.checkpoint(step)
@@ -276,6 +278,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "approx_kl": upd.get("approx_kl", float("nan")),
         "kl": upd.get("kl", float("nan")),
         "entropy": upd.get("entropy", float("nan")),
+        **{k: upd.get(k, float("nan")) for k in SAMPLER_METRICS},
         **batch_metrics(r2),
         "response_length_mean": float(gen_tokens.mean()) if len(gen_tokens) else 0.0,
         "response_length_max": int(gen_tokens.max()) if len(gen_tokens) else 0,

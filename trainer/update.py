@@ -19,13 +19,15 @@ import torch
 from envsched_pipeline.run import (
     AGGREGATIONS,
     DEFAULT_CLIP_EPS,
+    DEFAULT_SAMPLER_CAP,
     LOSS_DENOMINATORS,
+    SAMPLER_CORRECTIONS,
     clip_high_problem,
     dual_clip_problem,
 )
 from trainer import ranks
 from trainer.grpo import group_advantages
-from trainer.loss import clipped_step, grpo_loss, token_logprobs
+from trainer.loss import SAMPLER_STATS, clipped_step, grpo_loss, sampler_weights, token_logprobs
 
 
 @dataclass
@@ -35,6 +37,10 @@ class GRPOConfig:
     clip_eps: float = DEFAULT_CLIP_EPS
     clip_eps_high: float | None = None  # the upper clip range alone (DAPO's clip-higher); None = clip_eps
     dual_clip: float = 0.0  # dual-clip PPO bound c > 1 for negative advantages; 0 = off (trainer.loss)
+    # the correction for the sampler's log-probabilities differing from the trainer's (trainer.loss
+    # sampler_weights): truncate | mask | off, and the weights' cap
+    sampler_correction: str = "truncate"
+    sampler_cap: float = DEFAULT_SAMPLER_CAP
     kl_coef: float = 0.0  # no KL by default; > 0 keeps a frozen reference copy
     aggregation: str = "token-mean"  # token-mean | seq-mean (see trainer.loss)
     # informative: the mean is over the sequences with a non-zero advantage; batch: over the whole
@@ -60,9 +66,12 @@ class GRPOConfig:
             raise ValueError(f"trainer setting dual_clip: {problem}")
         if problem := clip_high_problem(self.clip_eps, self.clip_eps_high):
             raise ValueError(f"trainer setting clip_eps_high: {problem}")
+        if not self.sampler_cap > 1:
+            raise ValueError(f"trainer setting sampler_cap: must be > 1, got {self.sampler_cap}")
         for name, allowed in (
             ("aggregation", AGGREGATIONS),
             ("loss_denominator", LOSS_DENOMINATORS),
+            ("sampler_correction", SAMPLER_CORRECTIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -73,6 +82,41 @@ class GRPOConfig:
     def from_dict(cls, d: dict) -> GRPOConfig:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in (d or {}).items() if k in known})
+
+
+SAMPLER_METRICS = (
+    "sampler_logprob_diff",
+    "sampler_logprob_diff_max",
+    "sampler_kl",
+    "sampler_weight_mean",
+    "sampler_corrected_fraction",
+    "sampler_unknown_tokens",
+)
+
+
+def sampler_metrics(sums: dict) -> dict:
+    """The step's numbers of the sampler correction from ``sampler_weights``'s sums: over the trained
+    policy tokens the sampler gave a log-probability for, the mean and largest |trainer - sampler|
+    log-probability, KL(sampler || trainer), the mean weight and the share the correction changed;
+    and the policy tokens without one (an engine that does not report them). NaN with no such token."""
+    n = sums["tokens"]
+    if n <= 0:
+        nan = float("nan")
+        means = dict.fromkeys(("sampler_logprob_diff", "sampler_kl", "sampler_weight_mean"), nan)
+        return {
+            **means,
+            "sampler_logprob_diff_max": nan,
+            "sampler_corrected_fraction": nan,
+            "sampler_unknown_tokens": int(sums["unknown_tokens"]),
+        }
+    return {
+        "sampler_logprob_diff": sums["abs_diff"] / n,
+        "sampler_logprob_diff_max": sums["max_abs_diff"],
+        "sampler_kl": sums["kl"] / n,
+        "sampler_weight_mean": sums["weight"] / n,
+        "sampler_corrected_fraction": sums["corrected"] / n,
+        "sampler_unknown_tokens": int(sums["unknown_tokens"]),
+    }
 
 
 def checkpoint_activations(model) -> None:
@@ -151,14 +195,18 @@ class GRPOTrainer:
         return ids.to(self.device), att.to(self.device), msk.to(self.device)
 
     def _logprobs(self, model, ids, att, mask=None, entropy: list | None = None):
-        """(B, T) log-probabilities of each token given its prefix. With a mask, the vocabulary
+        """(B, T) log-probabilities of each token given its prefix, under the distribution the
+        rollouts sample from (the logits over the sampling temperature). With a mask, the vocabulary
         projection runs only at the positions that predict policy tokens (the rest are 0): the
         (B, T, V) logits of a 150k vocabulary would dominate memory and time otherwise."""
 
         base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+        temperature = self.config.temperature if self.config.temperature > 0 else 1.0  # 0: greedy
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16):
             if mask is None or base is None or head is None or self.ds_engine is not None:
                 logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
+                if temperature != 1.0:
+                    logits = logits.float() / temperature
                 if entropy is not None and mask is not None:
                     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
                     ent = -(logp.exp() * logp).sum(-1)
@@ -167,6 +215,8 @@ class GRPOTrainer:
             hidden = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
             sel = mask[:, 1:] > 0
             logits = head(hidden[:, :-1][sel]).float()
+            if temperature != 1.0:
+                logits = logits / temperature
         logp = torch.log_softmax(logits, dim=-1)
         if entropy is not None:  # mean entropy of the policy's next-token distribution at its own tokens
             entropy.append(float(-(logp.exp() * logp).sum(-1).sum()))
@@ -177,13 +227,69 @@ class GRPOTrainer:
         out = torch.cat([out[:, :1], inner], dim=1)
         return out
 
+    def _pad_values(self, values: list[list[float]], width: int) -> torch.Tensor:
+        """Per-token values beside ``_pad``'s ids (right-padded with NaN, as unknown)."""
+        out = torch.full((len(values), width), float("nan"), dtype=torch.float32)
+        for j, v in enumerate(values):
+            out[j, : len(v)] = torch.tensor(v, dtype=torch.float32)
+        return out.to(self.device)
+
+    def _before_update(self, micro, seqs, masks, sampler_logprobs, ent_sums: list | None = None):
+        """Per micro-batch (lists of sequence indices): the policy's log-probabilities before the
+        update, the reference's (with a KL term), the sampler correction's weights (given the
+        sampler's log-probabilities), and the correction's sums over every micro-batch."""
+        c = self.config
+        old: dict[int, torch.Tensor] = {}
+        ref: dict[int, torch.Tensor] = {}
+        weights: dict[int, torch.Tensor] = {}
+        sums = dict.fromkeys(SAMPLER_STATS, 0.0)
+        self.model.eval()
+        with torch.no_grad():
+            for k, mb in enumerate(micro):
+                ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
+                old[k] = self._logprobs(self.model, ids, att, msk, entropy=ent_sums).detach()
+                if self.ref is not None:
+                    ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
+                if sampler_logprobs is not None:
+                    drawn = self._pad_values([sampler_logprobs[j] for j in mb], ids.shape[1])
+                    weights[k], st = sampler_weights(old[k], drawn, msk, c.sampler_correction, c.sampler_cap)
+                    for name in SAMPLER_STATS:
+                        sums[name] = (
+                            max(sums[name], st[name]) if name == "max_abs_diff" else sums[name] + st[name]
+                        )
+        return old, ref, weights, sums
+
+    def sampler_gap(
+        self, seqs: list[list[int]], masks: list[list[int]], sampler_logprobs: list[list[float]]
+    ) -> dict:
+        """How far the sampler's log-probabilities of these sequences' policy tokens are from this
+        trainer's (``sampler_metrics``), without training: a check of an engine's numerics."""
+        c = self.config
+        rows = [j for j in range(len(seqs)) if sum(masks[j]) > 0]
+        micro = [rows[s : s + c.micro_batch] for s in range(0, len(rows), c.micro_batch)]
+        return sampler_metrics(self._before_update(micro, seqs, masks, sampler_logprobs)[3])
+
     # ------------------------------------------------------------------ update
     def update(
-        self, seqs: list[list[int]], masks: list[list[int]], rewards: np.ndarray, group_size: int
+        self,
+        seqs: list[list[int]],
+        masks: list[list[int]],
+        rewards: np.ndarray,
+        group_size: int,
+        sampler_logprobs: list[list[float]] | None = None,
     ) -> dict:
-        """One GRPO step. seqs/masks: per rollout, grouped consecutively (G per task); rewards: (n*G,)."""
+        """One GRPO step. seqs/masks: per rollout, grouped consecutively (G per task); rewards: (n*G,);
+        sampler_logprobs: per rollout, beside its tokens, the log-probability the sampler gave each
+        policy token (NaN where unknown): the update weighs each token by the sampler correction
+        (``sampler_correction``; trainer.loss.sampler_weights) and reports how far apart they were."""
 
         c = self.config
+        if sampler_logprobs is not None:
+            for j, (q, lps) in enumerate(zip(seqs, sampler_logprobs, strict=True)):
+                if len(lps) != len(q):
+                    raise ValueError(
+                        f"sampler_logprobs[{j}] has {len(lps)} values for a sequence of {len(q)} tokens"
+                    )
         t0 = time.perf_counter()
         adv = group_advantages(np.asarray(rewards, dtype=float).reshape(-1, group_size)).reshape(-1)
         # zero-advantage sequences carry no gradient: skip their compute entirely
@@ -221,16 +327,8 @@ class GRPOTrainer:
             return metrics
         model = self.ds_engine or self.model
         micro = [keep[s : s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
-        old: dict[int, torch.Tensor] = {}
-        ref: dict[int, torch.Tensor] = {}
-        self.model.eval()
         ent_sums: list[float] = []
-        with torch.no_grad():
-            for k, mb in enumerate(micro):
-                ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                old[k] = self._logprobs(self.model, ids, att, msk, entropy=ent_sums).detach()
-                if self.ref is not None:
-                    ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
+        old, ref, weights, sampler = self._before_update(micro, seqs, masks, sampler_logprobs, ent_sums)
         self.model.train()
         losses, norms, clips, kls, approx = [], [], [], [], []
         skipped = 0
@@ -253,6 +351,7 @@ class GRPOTrainer:
                     c.aggregation,
                     c.dual_clip,
                     clip_eps_high=c.clip_eps_high,
+                    token_weights=weights.get(k),
                 )
                 # scale so the accumulated gradient equals the full-batch aggregation
                 weight = (msk.sum().item() if token_mean else len(mb)) / denom
@@ -294,6 +393,7 @@ class GRPOTrainer:
             approx_kl=float(np.mean(approx)),
             entropy=float(sum(ent_sums) / max(local_tokens, 1.0)),
             seconds=time.perf_counter() - t0,
+            **sampler_metrics(sampler),
         )
         metrics["trained_tokens_per_second"] = total_tokens * c.epochs / max(metrics["seconds"], 1e-9)
         if skipped == c.epochs:

@@ -23,9 +23,14 @@ IM_END_ID = 151645  # Qwen3 <|im_end|>
 
 
 def sampling_kwargs(
-    max_new_tokens: int, temperature: float, top_p: float = 1.0, seed: int | None = None
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    logprobs: int | None = None,
 ) -> dict:
-    """Keyword arguments of ``vllm.SamplingParams`` for one assistant turn."""
+    """Keyword arguments of ``vllm.SamplingParams`` for one assistant turn; ``logprobs=0`` asks for
+    the sampled token's log-probability alone."""
     kw = {
         "max_tokens": int(max_new_tokens),
         "temperature": float(temperature),
@@ -36,6 +41,8 @@ def sampling_kwargs(
     }
     if seed is not None:
         kw["seed"] = int(seed)
+    if logprobs is not None:
+        kw["logprobs"] = int(logprobs)
     return kw
 
 

@@ -33,10 +33,12 @@ from envsched_pipeline.lake import LATEST_REPORT, Lake
 from envsched_pipeline.lease import Lease
 from envsched_pipeline.run import (
     DEFAULT_CLIP_EPS,
+    DEFAULT_SAMPLER_CAP,
     LOSS_DENOMINATORS,
     LR_MIN_RATIO,
     LR_SCHEDULES,
     POLICIES,
+    SAMPLER_CORRECTIONS,
     PolicyConfig,
     RunSpec,
     environment_kinds_problem,
@@ -280,6 +282,20 @@ def add_parser(sub) -> None:
         default=None,
         help="LM policies: recompute each layer's activations in the backward pass instead of keeping "
         "them (the update's memory for long agent contexts, for more update time; default off)",
+    )
+    g_upd.add_argument(
+        "--sampler-correction",
+        choices=SAMPLER_CORRECTIONS,
+        default=None,
+        help="LM policies: how the update corrects for the sampler (vLLM, or another precision) giving "
+        "its tokens other log-probabilities than the trainer does: truncated importance weights "
+        "(truncate, the default), tokens outside [1/cap, cap] left out (mask), or none (off)",
+    )
+    g_upd.add_argument(
+        "--sampler-cap",
+        type=float,
+        default=None,
+        help=f"LM policies: the sampler correction's cap on a token's weight (default {DEFAULT_SAMPLER_CAP})",
     )
     g_held = t.add_argument_group("held-out evaluation (neural and LM policies)")
     g_held.add_argument(

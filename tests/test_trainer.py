@@ -443,6 +443,8 @@ def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
                 "2",
                 "--max-new-tokens",
                 "16",
+                "--policy-config",  # the random model never ends an episode itself: 3 calls, not 40
+                '{"max_actions": 3}',
             ]
         )
         assert code == 0, capsys.readouterr().err[-2000:]

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from sections.common import machine, write_section  # noqa: E402
+from sections.common import earlier_tree, machine, short_rev, write_section  # noqa: E402
 
 # run inside each tree's own process: only APIs both trees have
 MEASURE = r"""
@@ -149,24 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neural-steps", type=int, default=6)
     ap.add_argument("--write", action="store_true", help="write the section of bench/RESULTS.md")
     args = ap.parse_args(argv)
-    base = subprocess.run(
-        ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    base, head = short_rev(args.base), short_rev("HEAD")
     results = {}
-    with tempfile.TemporaryDirectory() as d:
-        tree = Path(d) / f"envsched-{base}"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), base], cwd=ROOT, check=True)
-        try:
-            for name, where in (("base", tree), ("head", ROOT)):
-                print(f"measuring {name} ({where})", flush=True)
-                work = Path(d) / name
-                work.mkdir()
-                results[name] = measure(where, args.sim_steps, args.neural_steps, work)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+    with tempfile.TemporaryDirectory() as d, earlier_tree(base, Path(d)) as tree:
+        for name, where in (("base", tree), ("head", ROOT)):
+            print(f"measuring {name} ({where})", flush=True)
+            work = Path(d) / name
+            work.mkdir()
+            results[name] = measure(where, args.sim_steps, args.neural_steps, work)
     rows = table(base, results)
     print("\n".join(rows))
     if args.write:

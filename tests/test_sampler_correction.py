@@ -125,6 +125,23 @@ def test_the_update_weighs_each_token_by_the_sampler_correction(tok):
         _gradients(tok, seqs, masks, rewards, [unknown[0], [0.0, 0.0], *unknown[2:]])
 
 
+def test_one_epoch_takes_the_old_log_probabilities_from_its_training_pass(tok):
+    """With one pass over the batch the update runs no pass of its own before training: the
+    training pass's log-probabilities, detached, are the old ones. Its gradient, entropy and sampler
+    numbers are those a separate pass before the update gives (two epochs compute one; the gradient
+    taker leaves the weights as they were, so their second epoch repeats the first)."""
+    seqs, masks, rewards = _batch(tok)
+    drawn = [
+        [-12.0 - 0.5 * (j % 3) for j in range(len(q))] for q in seqs
+    ]  # about 1x, 1.8x, 2.9x: some past 2
+    one, m1 = _gradients(tok, seqs, masks, rewards, drawn)
+    two, m2 = _gradients(tok, seqs, masks, rewards, drawn, epochs=2)
+    assert_scaled(one, two, 1.0)
+    assert 0 < m1["sampler_corrected_fraction"] < 1
+    for key in ("entropy", "sampler_logprob_diff", "sampler_corrected_fraction", "sampler_weight_mean"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-6), key
+
+
 def test_an_agent_loop_keeps_each_drawn_token_s_log_probability_beside_it(tok):
     """Real environments in the sandbox, the hf engine over several turns: the log-probabilities
     line up with the tokens (the policy's tokens have the sampler's, every other token 0), and an

@@ -271,7 +271,8 @@ def test_the_loss_can_average_over_the_whole_batch(tok):
 
 
 def test_a_non_finite_gradient_is_not_applied(tok):
-    """An overflowing ratio (here: the sampling-time log-probs shifted by -200) makes the gradient
+    """An overflowing ratio (here: the log-probs kept before the update shifted by -200; two passes
+    over the batch, as one pass takes them from its own training pass) makes the gradient
     infinite; the optimizer step is skipped, the weights stay as they were, and an update that
     skipped every epoch fails with the reason instead of leaving NaN weights behind."""
     from trainer.model import tiny_qwen3
@@ -289,9 +290,9 @@ def test_a_non_finite_gradient_is_not_applied(tok):
     seqs = [prompt + good, prompt + bad]
     masks = [[0] * len(prompt) + [1] * (len(s) - len(prompt)) for s in seqs]
     model = tiny_qwen3(seed=0)
-    tr = Overflowing(model, tok, GRPOConfig(micro_batch=2))
+    tr = Overflowing(model, tok, GRPOConfig(micro_batch=2, epochs=2))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(FloatingPointError, match="not finite in all 1 epoch"):
+    with pytest.raises(FloatingPointError, match="not finite in all 2 epoch"):
         tr.update(seqs, masks, np.array([1.0, 0.0]), group_size=2)
     for k, v in model.state_dict().items():
         assert torch.isfinite(v).all() and torch.equal(v, before[k]), k

@@ -208,9 +208,10 @@ class GRPOTrainer:
                 if temperature != 1.0:
                     logits = logits.float() / temperature
                 if entropy is not None and mask is not None:
-                    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                    ent = -(logp.exp() * logp).sum(-1)
-                    entropy.append(float((ent * mask[:, 1:]).sum()))
+                    with torch.no_grad():  # a measurement: no graph for the backward pass
+                        logp = torch.log_softmax(logits[:, :-1].detach().float(), dim=-1)
+                        ent = -(logp.exp() * logp).sum(-1)
+                        entropy.append(float((ent * mask[:, 1:]).sum()))
                 return token_logprobs(logits, ids)
             hidden = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
             sel = mask[:, 1:] > 0
@@ -219,7 +220,8 @@ class GRPOTrainer:
                 logits = logits / temperature
         logp = torch.log_softmax(logits, dim=-1)
         if entropy is not None:  # mean entropy of the policy's next-token distribution at its own tokens
-            entropy.append(float(-(logp.exp() * logp).sum(-1).sum()))
+            with torch.no_grad():  # a measurement: no graph for the backward pass
+                entropy.append(float(-(logp.detach().exp() * logp.detach()).sum(-1).sum()))
         lp = logp.gather(-1, ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
         out = torch.zeros(ids.shape, dtype=lp.dtype, device=lp.device)
         inner = out[:, 1:].clone()
@@ -234,30 +236,40 @@ class GRPOTrainer:
             out[j, : len(v)] = torch.tensor(v, dtype=torch.float32)
         return out.to(self.device)
 
-    def _before_update(self, micro, seqs, masks, sampler_logprobs, ent_sums: list | None = None):
+    def _before_update(
+        self, micro, seqs, masks, sampler_logprobs, ent_sums: list | None = None, policy: bool = True
+    ):
         """Per micro-batch (lists of sequence indices): the policy's log-probabilities before the
-        update, the reference's (with a KL term), the sampler correction's weights (given the
-        sampler's log-probabilities), and the correction's sums over every micro-batch."""
-        c = self.config
+        update (``policy``), the reference's (with a KL term), the sampler correction's weights
+        (given the sampler's log-probabilities), and the correction's sums over every micro-batch.
+        Without ``policy`` only the reference's: the training pass gives the rest (``update``)."""
         old: dict[int, torch.Tensor] = {}
         ref: dict[int, torch.Tensor] = {}
         weights: dict[int, torch.Tensor] = {}
         sums = dict.fromkeys(SAMPLER_STATS, 0.0)
+        if not policy and self.ref is None:
+            return old, ref, weights, sums
         self.model.eval()
         with torch.no_grad():
             for k, mb in enumerate(micro):
                 ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                old[k] = self._logprobs(self.model, ids, att, msk, entropy=ent_sums).detach()
+                if policy:
+                    old[k] = self._logprobs(self.model, ids, att, msk, entropy=ent_sums).detach()
+                    self._correct(k, old[k], mb, msk, sampler_logprobs, weights, sums)
                 if self.ref is not None:
                     ref[k] = self._logprobs(self.ref, ids, att, msk).detach()
-                if sampler_logprobs is not None:
-                    drawn = self._pad_values([sampler_logprobs[j] for j in mb], ids.shape[1])
-                    weights[k], st = sampler_weights(old[k], drawn, msk, c.sampler_correction, c.sampler_cap)
-                    for name in SAMPLER_STATS:
-                        sums[name] = (
-                            max(sums[name], st[name]) if name == "max_abs_diff" else sums[name] + st[name]
-                        )
         return old, ref, weights, sums
+
+    def _correct(self, k, old, mb, msk, sampler_logprobs, weights: dict, sums: dict) -> None:
+        """Micro-batch ``k``'s sampler-correction weights into ``weights`` and its sums into ``sums``
+        (nothing without the sampler's log-probabilities)."""
+        if sampler_logprobs is None:
+            return
+        c = self.config
+        drawn = self._pad_values([sampler_logprobs[j] for j in mb], old.shape[1])
+        weights[k], st = sampler_weights(old, drawn, msk, c.sampler_correction, c.sampler_cap)
+        for name in SAMPLER_STATS:
+            sums[name] = max(sums[name], st[name]) if name == "max_abs_diff" else sums[name] + st[name]
 
     def sampler_gap(
         self, seqs: list[list[int]], masks: list[list[int]], sampler_logprobs: list[list[float]]
@@ -328,7 +340,13 @@ class GRPOTrainer:
         model = self.ds_engine or self.model
         micro = [keep[s : s + c.micro_batch] for s in range(0, len(keep), c.micro_batch)]
         ent_sums: list[float] = []
-        old, ref, weights, sampler = self._before_update(micro, seqs, masks, sampler_logprobs, ent_sums)
+        # one pass over the batch: the policy before the update is the one its training pass runs (the
+        # optimizer steps after the last micro-batch), so that pass's log-probabilities, detached, are
+        # the old ones and no pass of their own is needed; a second epoch needs them kept from before
+        fused = c.epochs == 1
+        old, ref, weights, sampler = self._before_update(
+            micro, seqs, masks, sampler_logprobs, ent_sums, policy=not fused
+        )
         self.model.train()
         losses, norms, clips, kls, approx = [], [], [], [], []
         skipped = 0
@@ -338,7 +356,10 @@ class GRPOTrainer:
             step_loss = 0.0
             for k, mb in enumerate(micro):
                 ids, att, msk = self._pad([seqs[j] for j in mb], [masks[j] for j in mb])
-                lp = self._logprobs(model, ids, att, msk)
+                lp = self._logprobs(model, ids, att, msk, entropy=ent_sums if fused else None)
+                if fused:
+                    old[k] = lp.detach()
+                    self._correct(k, old[k], mb, msk, sampler_logprobs, weights, sampler)
                 a = torch.tensor(adv[mb], dtype=torch.float32, device=self.device)
                 loss, st = grpo_loss(
                     lp,

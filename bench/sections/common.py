@@ -3,8 +3,10 @@ runs were made with, and writing one section of RESULTS.md."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,3 +147,22 @@ NOFORCED = LearnerExperiment(
 # the rows beside the neural learner's oracle: random, the best published baseline there, and the
 # recommended envsched form
 BESIDE_ORACLE = ("random", "mopps", "envsched@success+adaptive+covsampled+lr")
+
+
+def short_rev(rev: str) -> str:
+    """``rev`` as git's short commit name (raises when git does not know it)."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=HERE.parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@contextlib.contextmanager
+def earlier_tree(base: str, into: Path):
+    """A git worktree of commit ``base`` under folder ``into`` for the benches that compare this
+    tree with an earlier commit on one machine; removed on the way out."""
+    tree = Path(into) / f"envsched-{base}"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), base], cwd=HERE.parent, check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=HERE.parent, check=False)

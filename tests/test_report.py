@@ -3,6 +3,7 @@ against baselines re-run on the run's own pool, one colour per scheduler, and ch
 headless Chromium renders from the embedded script (no network)."""
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -14,7 +15,13 @@ import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.compare import episode_difference, steps_to_reach
-from envsched_pipeline.analysis.report import COLOURS, MIN_GROUPS, block_bootstrap_ci, build_report
+from envsched_pipeline.analysis.report import (
+    COLOURS,
+    MIN_GROUPS,
+    SAMPLER_GAP_TITLE,
+    block_bootstrap_ci,
+    build_report,
+)
 from envsched_pipeline.assets.report import run_report
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.pools import import_pool
@@ -71,8 +78,30 @@ def test_report_states_config_verdicts_and_consistent_colours(finished_run, tmp_
     assert COLOURS["envsched"] not in set().union(*(v for k, v in seen.items() if k != "this run"))
     # panels only for data that exists: the simulated learner has no loss
     assert "GRPO loss" not in summary["charts"] and "Held-out score" in summary["charts"]
+    assert SAMPLER_GAP_TITLE not in summary["charts"]  # no sampler either
     assert all(t["groups"] >= MIN_GROUPS for t in summary["top_tasks"])
     assert "pool" in page and "Verdicts" in page
+
+
+def test_a_language_model_s_sampler_gap_is_charted_where_its_steps_measured_it(finished_run, tmp_path):
+    """The steps' sampler-vs-trainer log-probability gap (LM runs; here written into a finished
+    run's step metrics, NaN at a step whose update trained nothing) is one panel in this run's
+    colour: the mean and the largest gap, the unmeasured step a hole."""
+    gaps = {s: (0.001 * (s + 1), 0.01 * (s + 1)) for s in range(8) if s != 3}
+    for s in range(8):
+        row = finished_run.read("train_metrics", step=s).to_pylist()[0]
+        mean, largest = gaps.get(s, (math.nan, math.nan))
+        finished_run.write(
+            "train_metrics",
+            [{**row, "sampler_logprob_diff": mean, "sampler_logprob_diff_max": largest}],
+            step=s,
+        )
+    index = build_report(finished_run, tmp_path / "rep", baselines=False, log=lambda *_: None)
+    chart = next(c for c in charts_of(index.read_text()) if c["title"] == SAMPLER_GAP_TITLE)
+    assert [s["name"].rsplit(": ", 1)[1] for s in chart["series"]] == ["mean", "largest"]
+    assert {s["color"] for s in chart["series"]} == {COLOURS["envsched"]}
+    assert chart["series"][0]["y"] == [gaps[s][0] if s in gaps else None for s in range(8)]
+    assert chart["series"][1]["y"] == [gaps[s][1] if s in gaps else None for s in range(8)]
 
 
 def test_the_command_prints_the_verdicts_against_random(finished_run, tmp_path, capsys):

@@ -51,6 +51,10 @@ def colour(name: str) -> str:
     return COLOURS.get(name.split("@")[0], "#d62728")
 
 
+SAMPLER_GAP_TITLE = "Sampler vs trainer: |log-probability difference| of the trained tokens"
+SAMPLER_GAP = (("sampler_logprob_diff", "mean"), ("sampler_logprob_diff_max", "largest"))
+
+
 def _finite(values) -> list[float | None]:
     return [
         None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v) for v in values
@@ -319,6 +323,26 @@ def build_report(
                     "series": [line(vals, x=tm["step"])],
                 }
             )
+    # a language model's sampler against its trainer (the update's sampler correction): how far apart
+    # their log-probabilities of the trained tokens were, on average and at the worst token
+    gap = [(k, label) for k, label in SAMPLER_GAP if any(v is not None for v in _finite(tm.get(k, [])))]
+    if gap:
+        charts.append(
+            {
+                "kind": "line",
+                "title": SAMPLER_GAP_TITLE,
+                "xlabel": "step",
+                "series": [
+                    line(
+                        tm[k],
+                        name=f"{run_name}: {label}",
+                        width=2.6 if k.endswith("diff") else 1.4,
+                        x=tm["step"],
+                    )
+                    for k, label in gap
+                ],
+            }
+        )
 
     cal = _series(
         lake,

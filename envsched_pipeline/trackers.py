@@ -37,6 +37,7 @@ TRAIN_METRICS = (
     "response_length_max",
     "tokens_per_second",
     "trained_tokens_per_second",
+    "padding_fraction",
     "rollout_seconds",
     "update_seconds",
     "trained_groups",

@@ -18,10 +18,10 @@ from envsched_pipeline.cli import build_parser, main
 from envsched_pipeline.cli.train import requested_run
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import LM_SETTINGS, PolicyConfig, RunSpec, load_run, resume_refusal, start_run
-from tests.gradients import GradientTaker
+from tests.gradients import GradientTaker, assert_scaled
 from trainer.loss import grpo_loss
 from trainer.neural.learner import NeuralConfig, NeuralLearner
-from trainer.update import GRPOConfig, GRPOTrainer
+from trainer.update import GRPOConfig, GRPOTrainer, micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,6 +131,31 @@ def test_the_update_s_memory_settings_leave_its_weights_as_they_were(monkeypatch
         assert grads[kind].keys() == grads["plain"].keys()
         assert all(torch.allclose(grads["plain"][k], g, rtol=1e-4, atol=1e-6) for k, g in grads[kind].items())
     assert all(torch.equal(weights["plain"][k], v) for k, v in weights["checkpointed"].items())
+
+
+def test_micro_batches_hold_like_lengths_and_the_update_reports_its_padding():
+    """Agent episodes' lengths vary by tens of times and a micro-batch is padded to its longest, so
+    the update groups the shortest sequences together; the gradient is the one of a single
+    micro-batch (to float rounding), and the step reports the share of padding it computed."""
+    from trainer.model import qwen3_tokenizer, tiny_qwen3  # transformers: loaded for this test only
+
+    lengths = [20, 200, 22, 210]
+    assert micro_batches([0, 1, 2, 3], lengths, 2) == [[0, 2], [1, 3]]
+    assert micro_batches([3, 1], lengths, 2) == [[1, 3]] and micro_batches([], lengths, 2) == []
+    rng = np.random.default_rng(1)
+    seqs = [[int(x) for x in rng.integers(10, 5000, size=n)] for n in lengths]
+    masks = [[0] * 8 + [1] * (n - 8) for n in lengths]
+    tok = qwen3_tokenizer()
+    grads, got = {}, {}
+    for size in (2, 4):
+        trainer = GRPOTrainer(tiny_qwen3(seed=0), tok, GRPOConfig(micro_batch=size, grad_clip=1e9))
+        trainer.optimizer = GradientTaker(trainer.model.parameters())
+        got[size] = trainer.update(seqs, masks, np.array([1.0, 0.0, 0.0, 1.0]), group_size=2)
+        grads[size] = trainer.optimizer.grads
+    assert_scaled(grads[4], grads[2], 1.0)
+    # [20, 22] padded to 22 and [200, 210] to 210: 12 of 464 positions (in arrival order 368 of 820)
+    assert got[2]["padding_fraction"] == pytest.approx(12 / 464)
+    assert got[4]["padding_fraction"] == pytest.approx(1 - 452 / 840)
 
 
 def test_an_update_out_of_gpu_memory_names_the_memory_settings_and_a_resume_may_change_them(

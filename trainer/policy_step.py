@@ -283,6 +283,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
         "response_length_mean": float(gen_tokens.mean()) if len(gen_tokens) else 0.0,
         "response_length_max": int(gen_tokens.max()) if len(gen_tokens) else 0,
         "trained_tokens_per_second": upd.get("trained_tokens_per_second", float("nan")),
+        "padding_fraction": upd.get("padding_fraction", float("nan")),
         "envs_touched": len(set(manifest.column("env_id").to_pylist())),
         "world_size": rk.world,
         "rollouts": n * g,

@@ -15,6 +15,7 @@ import torch
 from envs.registry import episode_spec, load_synthetic
 from envs.sandbox import SandboxPool
 from envsched_pipeline.cli import main
+from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import PolicyConfig, RunSpec, start_run
@@ -267,3 +268,14 @@ def test_the_correction_is_a_setting_of_the_lm_policies_refused_by_name(tmp_path
         assert main(["--lake", str(lake), "train", *policy, *flags]) == 2
         assert message in capsys.readouterr().err
         assert not lake.exists()
+
+
+def test_the_step_table_of_a_language_model_shows_its_sampler_gap():
+    lm = training_columns(RunSpec(policy="hf-tiny"))
+    assert lm[-1] == ("sampler_logprob_diff", "smp_gap") and header(lm).split()[-1] == "smp_gap"
+    assert "smp_gap" not in header(training_columns(RunSpec(policy="neural")))
+    printed = row({"step": 3, "seconds": 1.0, "sampler_logprob_diff": 7.7e-05}, training=lm).split()
+    assert printed[0] == "3" and printed[-1] == "7.70e-05"
+    assert (
+        row({"step": 4, "sampler_logprob_diff": math.nan}, training=lm).split()[-1] == "-"
+    )  # nothing trained

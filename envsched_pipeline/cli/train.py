@@ -416,13 +416,20 @@ def _fmt(v, width: int = 10, scientific: bool = False) -> str:
 TRAINING = (("loss", "loss"), ("grad_norm", "grad_norm"), ("approx_kl", "kl"), ("entropy", "entropy"))
 
 
+# a language model's: the mean |log-probability| gap of its sampler and trainer at the trained tokens
+SAMPLER_GAP = (("sampler_logprob_diff", "smp_gap"),)
+SCIENTIFIC = {"lr", "sampler_logprob_diff"}  # columns printed as 1.23e-05
+
+
 def training_columns(spec: RunSpec) -> tuple[tuple[str, str], ...]:
     """The update's columns of the step table (neural and LM policies): loss, grad norm, KL and
-    entropy, and the learning rate where the run's schedule moves it."""
+    entropy, the learning rate where the run's schedule moves it, and a language model's sampler
+    gap (the update's sampler correction)."""
     if spec.policy == "simulated":
         return ()
     pc = spec.policy_settings()
-    return TRAINING + ((("lr", "lr"),) if pc.lr_warmup_steps or pc.decays() else ())
+    lr = (("lr", "lr"),) if pc.lr_warmup_steps or pc.decays() else ()
+    return TRAINING + lr + (SAMPLER_GAP if spec.policy in ("hf-tiny", "hf", "vllm") else ())
 
 
 def header(training: tuple[tuple[str, str], ...] = ()) -> str:
@@ -443,7 +450,7 @@ def row(r: dict, wall: float | None = None, training: tuple[tuple[str, str], ...
         else None,
     )
     cols = STEP_COLUMNS + tuple(c for c, _ in training)
-    return " ".join(_fmt(r.get(c), scientific=c == "lr") for c in cols)
+    return " ".join(_fmt(r.get(c), scientific=c in SCIENTIFIC) for c in cols)
 
 
 def require_local_packages(spec: RunSpec) -> None:

@@ -181,6 +181,7 @@ def main() -> int:
         "gen_tokens_per_s": gen / max(t_roll, 1e-9),
         "update_s": t_upd,
         "trained_tokens_per_s": m.get("trained_tokens_per_second", float("nan")),
+        "padding_fraction": m.get("padding_fraction"),
         "step_s": time.perf_counter() - t_all,
         "loss": m["loss"],
         "grad_norm": m["grad_norm"],

@@ -150,7 +150,13 @@ EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
 # and for the update's memory settings tests/test_update_settings.py; checkpoints are written, not
 # read, by training): a resumed run may change them, as the held-out ones, without
 # --allow-config-change (recorded), e.g. after the update ran out of GPU memory
-EXECUTION_SETTINGS = ("resident", "activation_checkpointing", "micro_batch", "checkpoint_every")
+EXECUTION_SETTINGS = (
+    "resident",
+    "activation_checkpointing",
+    "micro_batch",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
 # the learning rate over a run (PolicyConfig.lr_at; neural and LM policies)
 LR_SETTINGS = ("lr_warmup_steps", "lr_schedule", "lr_decay_steps", "lr_min_ratio")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -178,6 +184,7 @@ LM_SETTINGS = (
     "temperature",
     "max_actions",
     "checkpoint_every",
+    "keep_checkpoints",
     "resident",
     "deepspeed",
     *EVAL_SETTINGS,
@@ -249,6 +256,9 @@ class PolicyConfig:
     # memory for long agent contexts, for one more forward pass of the layers (default false)
     activation_checkpointing: bool | None = None
     checkpoint_every: int | None = None
+    # LM policies: the periodic checkpoints kept on disk, the newest N (default: all); `latest` and
+    # `best` are kept besides. A model and its optimizer state are GBs each for a real model
+    keep_checkpoints: int | None = None
     resident: bool | None = None  # keep model, optimizer and engine in one worker process across steps
     deepspeed: bool | None = None  # DeepSpeed ZeRO-2 with a config generated from the trainer's (GPU)
     base_url: str | None = None  # openai: any OpenAI-compatible server
@@ -411,6 +421,7 @@ POLICY_BOUNDS = {
     "max_new_tokens": (1, True, BIG),
     "max_context": (16, True, BIG),
     "checkpoint_every": (1, True, BIG),
+    "keep_checkpoints": (1, True, BIG),
     "eval_every": (0, True, BIG),
     "eval_tasks": (1, True, BIG),
     "eval_samples": (1, True, 1024),

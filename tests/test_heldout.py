@@ -360,3 +360,24 @@ def test_a_held_out_score_below_its_best_is_flagged_past_its_error(tmp_path):
     assert not heldout_drops(lake, 15)["evaluated"]  # a step that did not evaluate
     evals(30, 0.595, 0.4495, se=0.0)  # no error (the simulated learner): the floor of 0.01 holds
     assert not heldout_drops(lake, 30)["drops"]
+
+
+def test_a_language_model_run_keeps_its_newest_checkpoints_and_rewinds_to_them(mini, capsys):
+    """`--keep-checkpoints N`: after each periodic checkpoint the older ones past the newest N are
+    deleted (a real model's are GBs each); a rewind then goes back only to a step just after a kept
+    one, and names them. How many to keep changes no weight, so a resumed run may change it."""
+    lake = mini("keep")
+    flags = ["--resident", "--eval-every", "0", "--checkpoint-every", "1", "--keep-checkpoints", "2"]
+    assert main(["--lake", str(lake.root), *TRAIN, *flags, "--steps", "4", "--max-steps", "5"]) == 0
+    folders = lambda: sorted(p.parent.name for p in (lake.root / "checkpoints").glob("step=*/policy"))  # noqa: E731
+    assert folders() == ["step=2", "step=3"]
+    capsys.readouterr()
+    assert main(["--lake", str(lake.root), "rewind", "--to", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "the policy after step 1 is not on disk" in err and err.rstrip().endswith(
+        "after one that is: 0, 3"
+    ), err
+    again = ["--resident", "--eval-every", "0", "--checkpoint-every", "1", "--keep-checkpoints", "1"]
+    assert main(["--lake", str(lake.root), *TRAIN, *again, "--steps", "5"]) == 0  # no --allow-config-change
+    assert folders() == ["step=4"]
+    assert json.loads((lake.root / "run.json").read_text())["policy_config"]["keep_checkpoints"] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def kept_checkpoints(lake: Lake) -> list[tuple[int, Path]]:
         if meta.exists():
             kept.append((int(json.loads(meta.read_text())["step"]), c))
     return kept
+
+
+def drop_old_checkpoints(lake: Lake, keep: int | None, log=print) -> list[int]:
+    """Delete the periodic checkpoints (``checkpoints/step=K``) but the newest ``keep`` (None: keep
+    all); the rolling ``latest`` and ``best`` are not periodic ones. Returns the steps dropped."""
+    if keep is None:
+        return []
+    _, root = checkpoint_dirs(lake)
+    periodic = sorted(s for s, c in kept_checkpoints(lake) if c.parent.parent == root)
+    dropped = periodic[: max(len(periodic) - keep, 0)]
+    for s in dropped:
+        shutil.rmtree(root / f"step={s}", ignore_errors=True)
+    if dropped:
+        log(f"dropped the checkpoints after step(s) {', '.join(map(str, dropped))} (keep_checkpoints {keep})")
+    return dropped
 
 
 def latest_checkpoint(lake: Lake, before_step: int) -> tuple[Path | None, int]:
@@ -113,9 +129,10 @@ class PolicySession:
         self.load_seconds = time.perf_counter() - t_load  # paid once per session
         self.save_seconds = 0.0
 
-    def checkpoint(self, step: int, force: bool = False) -> Path | None:
-        """Periodic (every ``checkpoint_every`` steps and at the run's last step) and, in
-        one-process-per-step mode, the rolling ``latest``: model, optimizer and tokenizer."""
+    def checkpoint(self, step: int, force: bool = False, log=print) -> Path | None:
+        """Periodic (every ``checkpoint_every`` steps and at the run's last step; the newest
+        ``keep_checkpoints`` of them kept) and, in one-process-per-step mode, the rolling ``latest``:
+        model, optimizer and tokenizer."""
         if self.trainer is None or not self.ranks.main:
             return None  # rank 0 writes checkpoints; the other ranks hold the same weights
         t0 = time.perf_counter()
@@ -127,6 +144,7 @@ class PolicySession:
         if force or (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 >= self.spec.max_steps:
             path = root / f"step={step}" / "policy"
             self.trainer.save(path, step, tokenizer=self.tok)
+            drop_old_checkpoints(self.lake, self.pc.keep_checkpoints, log)
         self.save_seconds = time.perf_counter() - t0
         return path
 
@@ -211,7 +229,7 @@ def _run_step(sess: PolicySession, step: int, manifest: pa.Table, log) -> dict:
             )
         except torch.OutOfMemoryError as exc:  # one line that says which setting to change
             raise out_of_memory(exc, cfg, [e.ids for e in eps]) from exc
-        sess.checkpoint(step)
+        sess.checkpoint(step, log=log)
         if spec.policy == "vllm":
             engine.sync_weights(model)  # wakes vLLM and pushes the new weights
     every = LM_EVAL_EVERY if pc.eval_every is None else pc.eval_every

@@ -177,6 +177,14 @@ def add_parser(sub) -> None:
         help="LM policies: checkpoint every N steps and at the end (default 20, the paper's)",
     )
     g_pol.add_argument(
+        "--keep-checkpoints",
+        type=COUNT,
+        default=None,
+        help="LM policies: keep the newest N periodic checkpoints on disk, deleting older ones (default: "
+        "all; the rolling latest and the best held-out one are kept besides). A rewind goes back to "
+        "a step just after a kept one",
+    )
+    g_pol.add_argument(
         "--sim-mode",
         default="auto",
         choices=["auto", "latent", "real"],

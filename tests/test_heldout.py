@@ -252,6 +252,10 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
     with dg.DagsterInstance.get() as instance:
         records = instance.event_log_storage.get_asset_check_execution_history(check, limit=10)
     assert len(records) == 2 and all(r.status.value in ("SUCCEEDED", "FAILED") for r in records)
+    check = dg.AssetCheckKey(dg.AssetKey("training_step"), "sampler_matches_trainer")
+    with dg.DagsterInstance.get() as instance:
+        records = instance.event_log_storage.get_asset_check_execution_history(check, limit=10)
+    assert len(records) == 2 and all(r.status.value == "SUCCEEDED" for r in records)  # nothing drifted
     failures = meta["heldout_failures"].value  # the worst held-out episode of each split, rendered
     assert (
         "worst held-out episode, seen environments" in failures

@@ -16,6 +16,7 @@ from envs.registry import episode_spec, load_synthetic
 from envs.sandbox import SandboxPool
 from envsched_pipeline.cli import main
 from envsched_pipeline.cli.train import header, row, training_columns
+from envsched_pipeline.core.loop import SAMPLER_CORRECTED_WARN, sampler_drift
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import PolicyConfig, RunSpec, start_run
@@ -279,3 +280,24 @@ def test_the_step_table_of_a_language_model_shows_its_sampler_gap():
     assert (
         row({"step": 4, "sampler_logprob_diff": math.nan}, training=lm).split()[-1] == "-"
     )  # nothing trained
+
+
+def test_a_step_whose_sampler_drifted_from_its_trainer_is_named(tmp_path):
+    """The non-blocking check `sampler_matches_trainer` warns on a step whose correction changed more
+    than 5% of the trained tokens; a step that measured nothing (another policy, nothing trained)
+    passes."""
+    lake = Lake(tmp_path / "lake")
+    for step, fraction in ((0, 0.01), (1, 0.2), (2, math.nan)):
+        row = {
+            "step": step,
+            "seconds": 1.0,
+            "sampler_corrected_fraction": fraction,
+            "sampler_logprob_diff": 0.3,
+        }
+        lake.write("train_metrics", [row], step=step)
+    lake.write("train_metrics", [{"step": 3, "seconds": 1.0}], step=3)
+    got = {s: sampler_drift(lake, s) for s in range(5)}
+    assert [got[s]["drifting"] for s in range(5)] == [False, True, False, False, False]
+    assert [got[s]["measured"] for s in range(5)] == [True, True, False, False, False]
+    assert got[1]["sampler_corrected_fraction"] == 0.2 and got[1]["sampler_logprob_diff"] == 0.3
+    assert SAMPLER_CORRECTED_WARN == 0.05

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halted
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
@@ -189,6 +191,33 @@ def step_summary(lake: Lake) -> list[dict]:
 HELDOUT_DROP_FLOOR = (
     0.01  # a drop smaller than this is never flagged (a learner whose evaluation has no error)
 )
+
+
+# the share of a step's trained tokens the sampler correction changed past which the sampler and the
+# trainer are called apart (a language model's; trainer.loss.sampler_weights): the update is then
+# noticeably off policy, worth a look at the engine's precision or kernels (docs/deployment.md)
+SAMPLER_CORRECTED_WARN = 0.05
+SAMPLER_FIELDS = (
+    "sampler_logprob_diff",
+    "sampler_logprob_diff_max",
+    "sampler_kl",
+    "sampler_corrected_fraction",
+)
+
+
+def sampler_drift(lake: Lake, step: int) -> dict:
+    """How far a language model's sampler and trainer were apart at ``step`` (its train_metrics):
+    {"measured", "drifting", and the step's sampler numbers}. A step without them (another policy,
+    or an update that trained no token) is not measured, and not drifting."""
+    rows = lake.read("train_metrics", step=step).to_pylist() if lake.has("train_metrics", step=step) else []
+    got = {k: rows[0].get(k) for k in SAMPLER_FIELDS} if rows else dict.fromkeys(SAMPLER_FIELDS)
+    got = {k: v if isinstance(v, (int, float)) and math.isfinite(v) else None for k, v in got.items()}
+    measured = got["sampler_corrected_fraction"] is not None
+    return {
+        "measured": measured,
+        "drifting": measured and got["sampler_corrected_fraction"] > SAMPLER_CORRECTED_WARN,
+        **got,
+    }
 
 
 def heldout_drops(lake: Lake, step: int) -> dict:

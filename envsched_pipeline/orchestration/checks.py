@@ -7,7 +7,7 @@ from collections import Counter
 import dagster as dg
 
 from envsched_pipeline.core.gates import check_manifest, check_rollouts, halt, halt_message
-from envsched_pipeline.core.loop import heldout_drops
+from envsched_pipeline.core.loop import SAMPLER_CORRECTED_WARN, heldout_drops, sampler_drift
 from envsched_pipeline.orchestration.metadata import md_table
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
 from envsched_pipeline.resources.lake import LakeResource
@@ -142,6 +142,25 @@ def heldout_holds(context: dg.AssetCheckExecutionContext, lake: LakeResource) ->
     )
 
 
+@dg.asset_check(
+    asset="training_step",
+    blocking=False,
+    partitions_def=training_steps,
+    description=f"Warns when a language model's sampler (vLLM, or another precision) and its trainer disagree "
+    f"on more than {SAMPLER_CORRECTED_WARN:.0%} of the trained tokens by more than the sampler correction's "
+    "cap: the update is training off policy. Passes where nothing was measured (other policies).",
+)
+def sampler_matches_trainer(
+    context: dg.AssetCheckExecutionContext, lake: LakeResource
+) -> dg.AssetCheckResult:
+    result = sampler_drift(lake.lake_for(context), step_of(context))
+    return dg.AssetCheckResult(
+        passed=not result["drifting"],
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={k: v for k, v in result.items() if v is not None},
+    )
+
+
 @dg.asset_check(asset="topologies", blocking=True, description="Every task of the pool has a topology.")
 def topologies_cover_pool(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
 
@@ -166,5 +185,6 @@ ALL_CHECKS = [
     rollouts_are_complete,
     infra_errors_are_low,
     heldout_holds,
+    sampler_matches_trainer,
     topologies_cover_pool,
 ]

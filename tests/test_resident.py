@@ -81,7 +81,7 @@ def test_five_steps_load_the_model_once(lake, capsys):
     table = [
         line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] in (["step"], ["0"])
     ]
-    assert table[0][-1] == "lr" and table[1][len(table[0]) - 1] == "5.00e-06", table
+    assert table[0][-2:] == ["lr", "smp_gap"] and table[1][len(table[0]) - 2] == "5.00e-06", table
     assert {r["worker_pid"] for r in rows} == {rows[0]["worker_pid"]} and {
         r["model_loads"] for r in rows
     } == {1}

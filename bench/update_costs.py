@@ -2,8 +2,8 @@
 machine.
 
 One update of the tiny Qwen3 (the CPU policy, a wider hidden size so the layers weigh beside the
-vocabulary projection) on a fixed batch shaped like agent episodes (prompt of 200 tokens, replies
-of 100 to 300, half of each group rewarded), under a few settings of the update: one epoch, one
+vocabulary projection) on a fixed batch shaped like agent episodes (prompt of 150 tokens, replies
+of 50 to 1000, log-uniform, half of each group rewarded), under a few settings of the update: one epoch, one
 epoch with activation checkpointing, two epochs. Each tree runs in its own Python process (the
 earlier commit from a git worktree), one after the other, with the same interpreter and packages;
 each time is the median of the repeats, and the weights each tree's update leaves are compared by
@@ -44,14 +44,14 @@ import torch
 from trainer.model import qwen3_tokenizer, tiny_qwen3
 from trainer.update import GRPOConfig, GRPOTrainer
 
-hidden, repeats, settings = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+hidden, repeats, settings, into = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 tok = qwen3_tokenizer()
 rng = np.random.default_rng(0)
 seqs, masks = [], []
-for _ in range(16):
-    reply = int(rng.integers(100, 300))
-    seqs.append(rng.integers(10, 150000, 200 + reply).tolist())
-    masks.append([0] * 200 + [1] * reply)
+for _ in range(16):  # agent episodes: replies of 50 to 1000 tokens, log-uniform
+    reply = int(np.exp(rng.uniform(np.log(50), np.log(1000))))
+    seqs.append(rng.integers(10, 150000, 150 + reply).tolist())
+    masks.append([0] * 150 + [1] * reply)
 rewards = np.tile([1.0, 0.0], 8)
 out = {}
 for label, given in settings.items():
@@ -66,20 +66,21 @@ for label, given in settings.items():
         for name, p in sorted(model.state_dict().items()):
             h.update(name.encode() + p.detach().cpu().numpy().tobytes())
         digests.add(h.hexdigest()[:12])
+    torch.save(model.state_dict(), f"{into}/{len(out)}.pt")  # the weights, for the other tree's
     out[label] = {"seconds": seconds, "median": statistics.median(seconds), "digest": sorted(digests)}
     print(f"  {label}: {[round(s, 2) for s in seconds]} s", file=sys.stderr, flush=True)
 print("RESULT " + json.dumps(out))
 """
 
 
-def measure(tree: Path, hidden: int, repeats: int) -> dict:
+def measure(tree: Path, hidden: int, repeats: int, into: Path) -> dict:
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
     }
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(hidden), str(repeats), json.dumps(SETTINGS)],
+        [sys.executable, "-c", MEASURE, str(hidden), str(repeats), json.dumps(SETTINGS), str(into)],
         cwd=tree,
         env=env,
         stdout=subprocess.PIPE,
@@ -92,17 +93,26 @@ def measure(tree: Path, hidden: int, repeats: int) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def table(base: str, results: dict[str, dict]) -> list[str]:
+def weight_gap(a: Path, b: Path) -> float:
+    """The largest |difference| of one weight between two saved state dicts (0: bit for bit)."""
+    import torch  # the two trees' weights, read only here
+
+    x, y = torch.load(a), torch.load(b)
+    return max(float((x[k].double() - y[k].double()).abs().max()) for k in x)
+
+
+def table(base: str, results: dict[str, dict], gaps: dict[str, float]) -> list[str]:
     b, h = results["base"], results["head"]
     rows = [
-        f"| update of 16 episodes (median seconds) | commit {base} | this tree | this tree / {base} | the same weights |",
-        "|---|---|---|---|---|",
+        f"| update of 16 episodes (median seconds) | commit {base} | this tree | this tree / {base} "
+        "| the same weights | largest weight difference |",
+        "|---|---|---|---|---|---|",
     ]
     for label in SETTINGS:
         same = "yes" if b[label]["digest"] == h[label]["digest"] else "no"
         rows.append(
             f"| {label} | {b[label]['median']:.2f} | {h[label]['median']:.2f} | "
-            f"{h[label]['median'] / b[label]['median']:.2f}x | {same} |"
+            f"{h[label]['median'] / b[label]['median']:.2f}x | {same} | {gaps[label]:.1e} |"
         )
     return rows
 
@@ -119,8 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d, earlier_tree(base, Path(d)) as tree:
         for name, where in (("base", tree), ("head", ROOT)):
             print(f"measuring {name} ({where})", flush=True)
-            results[name] = measure(where, args.hidden, args.repeats)
-    rows = table(base, results)
+            (Path(d) / name).mkdir()
+            results[name] = measure(where, args.hidden, args.repeats, Path(d) / name)
+        gaps = {
+            label: weight_gap(Path(d) / "base" / f"{k}.pt", Path(d) / "head" / f"{k}.pt")
+            for k, label in enumerate(SETTINGS)
+        }
+    rows = table(base, results, gaps)
     print("\n".join(rows))
     if args.write:
         write_section(
@@ -132,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"This tree (HEAD {head} and its changes) against commit {base}, each in its own process on "
                     f"one machine, one after the other: one GRPO update of the tiny Qwen3 (hidden size "
                     f"{args.hidden}, 2 layers, the Qwen vocabulary) on 16 sequences shaped like agent episodes "
-                    "(a 200-token prompt, replies of 100 to 300 tokens, half of each group of 2 rewarded), "
+                    "(a 150-token prompt, replies of 50 to 1000 tokens drawn log-uniform, half of each group of 2 "
+                    "rewarded), "
                     f"micro-batches of 4, the median of {args.repeats} updates; the same weights = the two "
-                    "trees' updates leave bit-identical weights. On the CPU; a GPU's proportions differ "
+                    "trees' updates leave bit-identical weights, else the largest difference of one "
+                    "weight between them (Adam's step moves a weight by about lr = 1e-5, and one whose "
+                    "gradient is next to nothing can move otherwise on float rounding alone). On the CPU; a GPU's proportions differ "
                     f"(the vocabulary projection weighs less there). Machine: {machine()}.",
                     "",
                     *rows,

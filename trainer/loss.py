@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from envsched_pipeline.run import SAMPLER_CORRECTIONS
+
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Log-probability of each next token. logits (B, T, V), input_ids (B, T) -> (B, T) where
@@ -122,7 +124,7 @@ def sampler_weights(
     sums over the known policy tokens (SAMPLER_STATS: their count, the unknown ones, sum of
     |logprobs - sampler_logprobs|, its max, the k3 estimate of KL(sampler || trainer), the weights,
     the tokens the mode changed)."""
-    if mode not in ("truncate", "mask", "off"):
+    if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"unknown sampler correction {mode!r}")
     policy = mask > 0
     known = policy & torch.isfinite(sampler_logprobs)

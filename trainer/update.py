@@ -355,8 +355,9 @@ class GRPOTrainer:
             metrics["seconds"] = time.perf_counter() - t0
             return metrics
         model = self.ds_engine or self.model
-        micro = micro_batches(keep, [len(q) for q in seqs], c.micro_batch)
-        metrics["padding_fraction"] = padding_fraction(micro, [len(q) for q in seqs])
+        lengths = [len(q) for q in seqs]
+        micro = micro_batches(keep, lengths, c.micro_batch)
+        metrics["padding_fraction"] = padding_fraction(micro, lengths)
         ent_sums: list[float] = []
         # one pass over the batch: the policy before the update is the one its training pass runs (the
         # optimizer steps after the last micro-batch), so that pass's log-probabilities, detached, are

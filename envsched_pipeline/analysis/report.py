@@ -52,7 +52,7 @@ def colour(name: str) -> str:
 
 
 SAMPLER_GAP_TITLE = "Sampler vs trainer: |log-probability difference| of the trained tokens"
-SAMPLER_GAP = (("sampler_logprob_diff", "mean"), ("sampler_logprob_diff_max", "largest"))
+SAMPLER_GAP = (("sampler_logprob_diff", "mean", 2.6), ("sampler_logprob_diff_max", "largest", 1.4))  # + width
 
 
 def _finite(values) -> list[float | None]:
@@ -325,7 +325,7 @@ def build_report(
             )
     # a language model's sampler against its trainer (the update's sampler correction): how far apart
     # their log-probabilities of the trained tokens were, on average and at the worst token
-    gap = [(k, label) for k, label in SAMPLER_GAP if any(v is not None for v in _finite(tm.get(k, [])))]
+    gap = [g for g in SAMPLER_GAP if any(v is not None for v in _finite(tm.get(g[0], [])))]
     if gap:
         charts.append(
             {
@@ -333,13 +333,8 @@ def build_report(
                 "title": SAMPLER_GAP_TITLE,
                 "xlabel": "step",
                 "series": [
-                    line(
-                        tm[k],
-                        name=f"{run_name}: {label}",
-                        width=2.6 if k.endswith("diff") else 1.4,
-                        x=tm["step"],
-                    )
-                    for k, label in gap
+                    line(tm[k], name=f"{run_name}: {label}", width=width, x=tm["step"])
+                    for k, label, width in gap
                 ],
             }
         )

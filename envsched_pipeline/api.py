@@ -31,7 +31,7 @@ from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.errors import ConfigError, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import Lease
-from envsched_pipeline.run import load_run, start_run
+from envsched_pipeline.run import OPEN_ENDED_STEPS, load_run, start_run
 
 
 class ExternalRun:
@@ -65,7 +65,7 @@ class ExternalRun:
         written; one that changes a run under way is refused, naming it."""
         self.lake = lake if isinstance(lake, Lake) else Lake(lake)
         existing = load_run(self.lake)
-        base = existing or new_run(policy="external", trainer="external", max_steps=1_000_000)
+        base = existing or new_run(policy="external", trainer="external", max_steps=OPEN_ENDED_STEPS)
         try:  # a named variant: its overrides under yours
             spec = asked_run(
                 base,

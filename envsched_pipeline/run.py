@@ -30,6 +30,17 @@ TRAINERS = ("subprocess", "external")
 # the most steps a selection may run ahead of the rollouts (RunSpec.select_lag): the lake keeps the
 # scheduler states that many steps further back, and a staler selection is seldom what a trainer needs
 MAX_SELECT_LAG = 4
+# the max_steps of a run driven by its own trainer (`ExternalRun`, `envsched step select`): that
+# trainer, not envsched, decides when the run ends, so the run is shown without an end
+OPEN_ENDED_STEPS = 1_000_000
+
+
+def steps_of(done: int, max_steps: int, sep: str = " of ", unit: str = "") -> str:
+    """How far a run is, for a person: ``"12 of 200"`` (``sep`` between, ``unit`` after), or
+    ``"12, open-ended"`` for a run whose own trainer decides when it ends (``OPEN_ENDED_STEPS``)."""
+    if max_steps >= OPEN_ENDED_STEPS:
+        return f"{done}{unit}, open-ended"
+    return f"{done}{sep}{max_steps}{unit}"
 
 
 def check_types(obj, where: str) -> None:

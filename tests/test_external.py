@@ -1,7 +1,11 @@
 """Bring your own trainer: the Python API, the CLI step protocol, and the Dagster loop in external mode."""
 
 import json
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -10,7 +14,7 @@ from envsched_pipeline.api import ExternalRun
 from envsched_pipeline.cli import main
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import load_run
+from envsched_pipeline.run import OPEN_ENDED_STEPS, load_run, steps_of
 
 
 def reward_of(step, task_id, rollout):
@@ -449,3 +453,40 @@ def test_an_external_trainer_records_its_evaluations(two_lakes, tmp_path, capsys
         b, "step", "eval", "--pool", "mini", "--step", "0", "--scores", '{"a": true}', capsys=capsys
     )
     assert code == 2 and "a: score True is not a finite number" in err
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_the_custom_loop_example_runs_and_its_run_reads_as_open_ended(tmp_path, capsys):
+    lake = tmp_path / "example"
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent)}
+    got = subprocess.run(
+        [sys.executable, str(EXAMPLES / "custom_loop.py"), "--lake", str(lake), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert got.returncode == 0, got.stderr
+    assert [line.split(":")[0] for line in got.stdout.splitlines()] == ["step 0", "step 1"]
+    assert Lake(lake).steps("statistics") == [0, 1]
+    # its trainer decides when it ends: no made-up end in what a person reads
+    code, out, err = cli(lake, "status", capsys=capsys)
+    assert code == 0, err
+    assert "steps done: 2, open-ended (last selected 1" in out and "1000000" not in out
+    code, out, err = cli(lake, "runs", str(lake), capsys=capsys)
+    assert code == 0, err
+    assert "| 2, open-ended |" in out and "1000000" not in out
+    # the TRL example's arguments and imports (its training is test_trl's)
+    got = subprocess.run(
+        [sys.executable, str(EXAMPLES / "trl_grpo.py"), "--help"], capture_output=True, text=True, env=env
+    )
+    assert got.returncode == 0 and "--no-tools-in-prompt" in got.stdout, got.stderr
+
+
+def test_a_run_with_an_end_reads_as_so_many_of_its_steps():
+    assert steps_of(3, 200) == "3 of 200"
+    assert steps_of(3, 200, "/") == "3/200"
+    assert steps_of(3, 200, unit=" steps") == "3 of 200 steps"
+    assert steps_of(3, OPEN_ENDED_STEPS, unit=" steps") == "3 steps, open-ended"

@@ -20,7 +20,7 @@ from envsched_pipeline.analysis.compare import heldout_scores, short_label
 from envsched_pipeline.core.loop import explain, next_action
 from envsched_pipeline.errors import EnvschedError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RUN_FILE, load_run
+from envsched_pipeline.run import RUN_FILE, load_run, steps_of
 
 BASELINE = "random"  # the scheduler the suggested comparisons judge the others against
 
@@ -190,7 +190,7 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
                 r["policy"],
                 r["pool"],
                 f"{r['batch_size']} x {r['group_size']}",
-                f"{r['steps']}/{r['max_steps']}",
+                steps_of(r["steps"], r["max_steps"], "/"),
                 r["state"],
                 f"{m['batch_variance']:.4f}" if "batch_variance" in m else "—",
                 f"{m['zero_variance_fraction']:.3f}" if "zero_variance_fraction" in m else "—",

@@ -39,7 +39,7 @@ from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
+from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run, steps_of
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
 
 F = HelpFormatter
@@ -367,7 +367,7 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
             if spec.get("policy_config")
             else []
         ),
-        f"  steps done: {done} of {spec['max_steps']} (last selected {_step(st['last_selected'])}, rollouts "
+        f"  steps done: {steps_of(done, spec['max_steps'])} (last selected {_step(st['last_selected'])}, rollouts "
         f"{_step(st['last_ingested'])}, statistics {_step(st['last_statistics'])}); next: {in_words(lake, st['next'])}",
     ]
     if not st["consistent"]:
@@ -388,7 +388,7 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         elif p["state"] == "not started":
             where = "no run there yet"
         else:
-            where = f"{p['scheduler']}, {p['steps']} of {p['max_steps']} steps, {p['state']}"
+            where = f"{p['scheduler']}, {steps_of(p['steps'], p['max_steps'], unit=' steps')}, {p['state']}"
         lines.append(f"  compared with: {p['lake']} ({where})")
     if st["checkpoints"]:
         kept = st["checkpoints"]

@@ -19,7 +19,7 @@ from envsched_pipeline.core.ingest import ingest_rollouts, record_evals
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import ensure_pool
 from envsched_pipeline.core.select import select_manifest
-from envsched_pipeline.run import RunSpec, load_run, require_run
+from envsched_pipeline.run import OPEN_ENDED_STEPS, RunSpec, load_run, require_run
 from envsched_pipeline.scheduler import SCHEDULERS
 from envsched_pipeline.scheduler.variants import RECOMMENDED
 
@@ -99,7 +99,7 @@ def _run_for(lake, args) -> RunSpec:
 
     # what this call asks for, over the run's own settings (its scheduler config included), so a
     # plain `step select` resumes a run started by the API or `envsched train` with a variant
-    base = run or new_run(policy="external", max_steps=1_000_000)
+    base = run or new_run(policy="external", max_steps=OPEN_ENDED_STEPS)
     try:
         spec = asked_run(
             base,

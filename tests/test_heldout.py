@@ -119,8 +119,13 @@ def test_vllm_requests_are_seeded_after_a_reseed(monkeypatch):
     engine.reseed(8)
     engine.generate([[1], [2]])
     assert [p.kw["seed"] for p in llm.seen[-1]] != seeds[0][:2]
-    # every request asks for the drawn token's log-probability (the update's sampler correction)
-    assert llm.seen[0].kw["logprobs"] == 0 and all(p.kw["logprobs"] == 0 for p in llm.seen[-1])
+    # what the agent loop samples asks for the drawn token's log-probability (the update's sampler
+    # correction), and gets the same seeds; plain generation (`trainer.serve`) asks for none
+    assert "logprobs" not in llm.seen[0].kw and all("logprobs" not in p.kw for p in llm.seen[-1])
+    engine.reseed(7)
+    assert [tokens for tokens, _ in engine.sample([[1], [2]])] == [[1, 2], [1, 2]]
+    assert all(p.kw["logprobs"] == 0 for p in llm.seen[-1])
+    assert [p.kw["seed"] for p in llm.seen[-1]] == seeds[0][:2]
 
 
 @pytest.fixture

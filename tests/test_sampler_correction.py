@@ -21,6 +21,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import PolicyConfig, RunSpec, start_run
 from tests.gradients import GradientTaker, assert_scaled
+from trainer import engines as sampler_mod
 from trainer import policy_step
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, ScriptedEngine, sampled_logprobs
@@ -56,7 +57,7 @@ def test_the_weights_truncate_mask_or_leave_a_token_and_count_what_they_did():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_the_hf_engine_reports_the_log_probabilities_the_trainer_computes(tok, temperature):
+def test_the_hf_engine_reports_the_log_probabilities_the_trainer_computes(tok, temperature, monkeypatch):
     """The tokens ``sample`` draws are ``generate``'s, and their log-probabilities are the trainer's
     for the same tokens at the same temperature, to float rounding; the trainer at temperature 1
     (how it computed them before) is off by far more at 0.6."""
@@ -66,7 +67,11 @@ def test_the_hf_engine_reports_the_log_probabilities_the_trainer_computes(tok, t
     engine.reseed(4)
     drawn = engine.sample(prompts, max_new_tokens=10, temperature=temperature)
     engine.reseed(4)
+    kept = []
+    real = sampler_mod._SampledLogprobs.__call__
+    monkeypatch.setattr(sampler_mod._SampledLogprobs, "__call__", lambda *a: kept.append(1) or real(*a))
     assert engine.generate(prompts, max_new_tokens=10, temperature=temperature) == [t for t, _ in drawn]
+    assert kept == []  # plain generation (`trainer.serve`) computes no log-probability
     assert all(len(t) == len(lp) > 0 and max(lp) <= 0 for t, lp in drawn)
     seqs = [p + t for p, (t, _) in zip(prompts, drawn, strict=True)]
     masks = [[0] * len(p) + [1] * len(t) for p, (t, _) in zip(prompts, drawn, strict=True)]

@@ -60,11 +60,15 @@ class HFEngine:
         torch.manual_seed(seed)
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
-        return [tokens for tokens, _ in self.sample(prompts, max_new_tokens, temperature, episode_ids)]
+        """Each reply's tokens (the same draws as ``sample``'s; no log-probability computed)."""
+        return [tokens for tokens, _ in self._draw(prompts, max_new_tokens, temperature, keep_logprobs=False)]
 
     def sample(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         """Each reply's tokens and the log-probability of each under the distribution it was drawn
         from (the logits over the temperature; ``top_k``/``top_p`` filter nothing here)."""
+        return self._draw(prompts, max_new_tokens, temperature, keep_logprobs=True)
+
+    def _draw(self, prompts, max_new_tokens, temperature, keep_logprobs: bool):
         import torch  # engines without torch (openai, scripted) must not need it
 
         out: list[tuple[list[int], list[float]]] = []
@@ -79,7 +83,8 @@ class HFEngine:
             for j, p in enumerate(chunk):
                 ids[j, width - len(p) :] = torch.tensor(p)
                 att[j, width - len(p) :] = 1
-            picked = _SampledLogprobs(temperature)
+            # the sampler's log-probabilities cost a log-softmax over the vocabulary per token
+            picked = _SampledLogprobs(temperature) if keep_logprobs else None
             with torch.no_grad():
                 gen = self.model.generate(
                     input_ids=ids.to(self.device),
@@ -91,9 +96,9 @@ class HFEngine:
                     top_k=0,
                     eos_token_id=eos,
                     pad_token_id=pad,
-                    logits_processor=[picked],
+                    logits_processor=[picked] if picked else None,
                 )
-            logprobs = picked.of(gen[:, width:])
+            logprobs = picked.of(gen[:, width:]) if picked else None
             for j in range(len(chunk)):
                 new = gen[j, width:].tolist()
                 if eos in new:
@@ -101,7 +106,7 @@ class HFEngine:
                 else:
                     while new and new[-1] == pad:
                         new.pop()
-                out.append((new, logprobs[j, : len(new)].tolist()))
+                out.append((new, logprobs[j, : len(new)].tolist() if picked else []))
         return out
 
 
@@ -192,26 +197,31 @@ class VLLMEngine(RequestSeeds):
         self.asleep = False
 
     def generate(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
-        return [tokens for tokens, _ in self.sample(prompts, max_new_tokens, temperature, episode_ids)]
+        """Each reply's tokens (no log-probabilities asked of vLLM)."""
+        outs = self._draw(prompts, max_new_tokens, temperature, logprobs=None)
+        return [list(o.outputs[0].token_ids) for o in outs]
 
     def sample(self, prompts, max_new_tokens=256, temperature=1.0, episode_ids=None):
         """Each reply's tokens and vLLM's log-probability of each (``logprobs=0``: the sampled token's
         alone; processed, so under the distribution it was drawn from)."""
+        outs = self._draw(prompts, max_new_tokens, temperature, logprobs=0)
+        return [sampled_logprobs(o.outputs[0]) for o in outs]
+
+    def _draw(self, prompts, max_new_tokens, temperature, logprobs: int | None):
         from vllm import SamplingParams  # the gpu extra only
         from vllm.inputs import TokensPrompt  # the gpu extra only
 
         self.wake()
         if self.seed is None:
-            params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature, logprobs=0))
+            params = SamplingParams(**sampling_kwargs(max_new_tokens, temperature, logprobs=logprobs))
         else:  # each prompt its own seed (RequestSeeds)
             params = [
                 SamplingParams(
-                    **sampling_kwargs(max_new_tokens, temperature, seed=self.next_seed(), logprobs=0)
+                    **sampling_kwargs(max_new_tokens, temperature, seed=self.next_seed(), logprobs=logprobs)
                 )
                 for _ in prompts
             ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [sampled_logprobs(o.outputs[0]) for o in outs]
+        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory (weights offloaded, KV cache dropped) while the trainer updates."""

@@ -33,6 +33,16 @@ MAX_SELECT_LAG = 4
 # the max_steps of a run driven by its own trainer (`ExternalRun`, `envsched step select`): that
 # trainer, not envsched, decides when the run ends, so the run is shown without an end
 OPEN_ENDED_STEPS = 1_000_000
+# a language model's step's numbers of the sampler correction (trainer.update.sampler_metrics), in
+# its train_metrics row: what the trackers log, the drift check reads and the report plots
+SAMPLER_METRICS = (
+    "sampler_logprob_diff",
+    "sampler_logprob_diff_max",
+    "sampler_kl",
+    "sampler_weight_mean",
+    "sampler_corrected_fraction",
+    "sampler_unknown_tokens",
+)
 
 
 def steps_of(done: int, max_steps: int, sep: str = " of ", unit: str = "") -> str:

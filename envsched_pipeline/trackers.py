@@ -19,7 +19,7 @@ from pathlib import Path
 
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import RunSpec
+from envsched_pipeline.run import SAMPLER_METRICS, RunSpec
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 TRAIN_METRICS = (
@@ -29,9 +29,7 @@ TRAIN_METRICS = (
     "approx_kl",
     "kl",
     "entropy",
-    "sampler_logprob_diff",
-    "sampler_kl",
-    "sampler_corrected_fraction",
+    *SAMPLER_METRICS,
     "lr",
     "response_length_mean",
     "response_length_max",

@@ -20,7 +20,7 @@ from envs.registry import episode_spec
 from envs.sandbox import SandboxPool
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, atomic_write_bytes, best_record
 from envsched_pipeline.rollouts import batch_metrics
-from envsched_pipeline.run import RunSpec
+from envsched_pipeline.run import SAMPLER_METRICS, RunSpec
 from trainer import ranks, world
 from trainer.agent import AgentLoop, Episode
 from trainer.engines import HFEngine, OpenAIEngine, VLLMEngine
@@ -28,7 +28,7 @@ from trainer.grpo import group_advantages, overrun_rewards
 from trainer.heldout import due, heldout_tasks, summarize
 from trainer.model import load_policy, qwen3_tokenizer
 from trainer.realenv import episode_rows, every_environment
-from trainer.update import SAMPLER_METRICS, GRPOConfig, GRPOTrainer, out_of_memory
+from trainer.update import GRPOConfig, GRPOTrainer, out_of_memory
 
 LM_EVAL_EVERY = 10  # held-out evaluation every 10 steps and at the last (policy_config.eval_every)
 LM_EVAL_SAMPLES = 2  # episodes per held-out task (policy_config.eval_samples)

@@ -101,16 +101,6 @@ def padding_fraction(micro: list[list[int]], lengths: list[int]) -> float:
     return 1.0 - sum(lengths[j] for mb in micro for j in mb) / padded if padded else 0.0
 
 
-SAMPLER_METRICS = (
-    "sampler_logprob_diff",
-    "sampler_logprob_diff_max",
-    "sampler_kl",
-    "sampler_weight_mean",
-    "sampler_corrected_fraction",
-    "sampler_unknown_tokens",
-)
-
-
 def sampler_metrics(sums: dict) -> dict:
     """The step's numbers of the sampler correction from ``sampler_weights``'s sums: over the trained
     policy tokens the sampler gave a log-probability for, the mean and largest |trainer - sampler|

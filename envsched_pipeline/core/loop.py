@@ -9,7 +9,7 @@ from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halte
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
 from envsched_pipeline.lease import holders
-from envsched_pipeline.run import load_run
+from envsched_pipeline.run import SAMPLER_METRICS, load_run
 
 
 def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
@@ -197,12 +197,6 @@ HELDOUT_DROP_FLOOR = (
 # trainer are called apart (a language model's; trainer.loss.sampler_weights): the update is then
 # noticeably off policy, worth a look at the engine's precision or kernels (docs/deployment.md)
 SAMPLER_CORRECTED_WARN = 0.05
-SAMPLER_FIELDS = (
-    "sampler_logprob_diff",
-    "sampler_logprob_diff_max",
-    "sampler_kl",
-    "sampler_corrected_fraction",
-)
 
 
 def sampler_drift(lake: Lake, step: int) -> dict:
@@ -210,7 +204,7 @@ def sampler_drift(lake: Lake, step: int) -> dict:
     {"measured", "drifting", and the step's sampler numbers}. A step without them (another policy,
     or an update that trained no token) is not measured, and not drifting."""
     rows = lake.read("train_metrics", step=step).to_pylist() if lake.has("train_metrics", step=step) else []
-    got = {k: rows[0].get(k) for k in SAMPLER_FIELDS} if rows else dict.fromkeys(SAMPLER_FIELDS)
+    got = {k: rows[0].get(k) for k in SAMPLER_METRICS} if rows else dict.fromkeys(SAMPLER_METRICS)
     got = {k: v if isinstance(v, (int, float)) and math.isfinite(v) else None for k, v in got.items()}
     measured = got["sampler_corrected_fraction"] is not None
     return {

@@ -72,6 +72,7 @@ LAYERS = {
         "test_neural",
         "test_settings",
         "test_levers",
+        "test_passk",
     ),
     "steps": (
         "test_loop",

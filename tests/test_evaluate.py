@@ -52,6 +52,14 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         mine = duckdb.sql(f"select {key} from '{out}' order by all").fetchall()
         kept = lake.sql(f"select {key} from eval_rollouts where step = {step} order by all").to_pylist()
         assert len(mine) == 8 and mine == [tuple(r.values()) for r in kept]
+        # solved in one attempt, in either of two and in both: the lake's view of the same episodes
+        view = lake.sql(f"select * from heldout_pass_at_k where step = {step} order by split, k").to_pylist()
+        got_rel = [(split, r) for split, rows in got["reliability"].items() for r in rows]
+        assert [(split, r["k"], r["tasks"]) for split, r in got_rel] == [
+            (r["split"], r["k"], r["tasks"]) for r in view
+        ]
+        estimates = [r[m] for r in view for m in ("pass_at_k", "pass_hat_k")]
+        assert [r[m] for _, r in got_rel for m in ("pass_at_k", "pass_hat_k")] == pytest.approx(estimates)
         # by environment: each one's tasks, weakest first, adding up to the split's score
         for r in got["splits"]:
             envs = [e for e in got["by_env"] if e["split"] == r["split"]]
@@ -75,7 +83,15 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         "±",
         "se",
         "recorded",
+        "solved",
+        "pass@2",
+        "pass^2",
     ]
+    rel = {split: {r["k"]: r for r in rows} for split, rows in got["reliability"].items()}  # step 0's
+    for line in out[2:4]:
+        split, *_, solved, any2, all2 = line.split()
+        shown = (rel[split][1]["pass_at_k"], rel[split][2]["pass_at_k"], rel[split][2]["pass_hat_k"])
+        assert [float(x) for x in (solved, any2, all2)] == pytest.approx(shown, abs=5e-5)
     # `envsched status` names the kept checkpoints and what to do with them
     assert main(["--lake", str(lake.root), "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoints"] == [0, 1]

@@ -252,6 +252,12 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
         event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))
         meta = event.asset_materialization.metadata
     assert {"heldout_seen", "heldout_seen_se", "heldout_unseen", "heldout_unseen_se"} <= set(meta)
+    # and each split's share solved, in any and in all of its attempts (one greedy episode a task)
+    view = lake.sql("select * from heldout_pass_at_k where step = 1").to_pylist()
+    assert {r["split"]: r["k"] for r in view} == {"seen": 1, "unseen": 1}
+    for r in view:
+        for key in ("solved", "pass_at_1", "pass_hat_1"):
+            assert meta[f"heldout_{r['split']}_{key}"].value == pytest.approx(r["pass_at_k"])
     # the non-blocking check ran with the step (a warning, never a halt)
     check = dg.AssetCheckKey(dg.AssetKey("training_step"), "heldout_holds")
     with dg.DagsterInstance.get() as instance:

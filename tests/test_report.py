@@ -15,6 +15,7 @@ import pytest
 
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.compare import episode_difference, steps_to_reach
+from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.report import (
     COLOURS,
     MIN_GROUPS,
@@ -235,6 +236,30 @@ def test_a_run_is_compared_with_another_schedulers_run_in_another_lake(two_runs,
     # the held-out table puts random's per-environment reward beside this run's
     for r in summary["heldout_by_env"]:
         assert r["difference"] == pytest.approx(r["mean_reward"] - r["random mean_reward"])
+    # solved over repeated attempts at the last evaluation, random's beside, from both runs' episodes
+    rel = summary["heldout_reliability"]
+    assert rel["step"] == 2 and {(r["split"], r["k"]) for r in rel["rows"]} == {
+        (split, k)
+        for split in ("seen", "unseen")
+        for k in (1, 2, 4, 8)  # 8 episodes a task
+    }
+    ours, theirs = heldout_reliability(mine, 2)["splits"], heldout_reliability(rand, 2)["splits"]
+    for r in rel["rows"]:
+        a = next(x for x in ours[r["split"]] if x["k"] == r["k"])
+        b = next(x for x in theirs[r["split"]] if x["k"] == r["k"])
+        assert r["tasks"] == a["tasks"] and r["pass^k"].startswith(f"{a['pass_hat_k']:.4f}")
+        diff = a["pass_at_k"] - b["pass_at_k"]
+        assert r["random pass@k"].startswith(f"{b['pass_at_k']:.4f} ({diff:+.4f}")
+        assert (" ± " in r["random pass@k"]) == (r["k"] < 8)  # no error at k = the episodes a task has
+    chart = next(
+        c for c in charts_of((out / "index.html").read_text()) if c["title"].startswith("Held-out solved")
+    )
+    assert {s["name"] for s in chart["series"]} == {
+        f"{who}: {split} {what}"
+        for who in ("this run (envsched (the paper's constants))", "random")
+        for split in ("seen", "unseen")
+        for what in ("pass@k", "pass^k")
+    }
     charts = charts_of((out / "index.html").read_text())
     names = {s["name"]: s["color"] for c in charts for s in c.get("series", [])}
     assert names["random"] == COLOURS["random"] and names["random: heldout_unseen"] == COLOURS["random"]

@@ -59,3 +59,24 @@ SELECT step, split, env_id, count(DISTINCT task_id) AS tasks, count(*) AS episod
 FROM eval_rollouts
 GROUP BY step, split, env_id
 ORDER BY step, split, env_id;
+
+-- Held-out success over repeated attempts, per step, split and k (1 up to the episodes a task has):
+-- pass_at_k, the chance that at least one of k attempts solves a task, and pass_hat_k, that all k
+-- do (tau-bench's pass^k); each the unbiased estimate from a task's n episodes of which c solved it
+-- (reward 1), 1 - C(n-c, k) / C(n, k) and C(c, k) / C(n, k), averaged over the tasks with n >= k.
+-- Standard errors: `envsched evaluate`, `envsched report` (envsched_pipeline/analysis/passk.py).
+CREATE VIEW heldout_pass_at_k AS
+WITH per_task AS (
+    SELECT step, split, task_id, count(*) AS n,
+           sum(CASE WHEN reward >= 1 - 1e-9 THEN 1 ELSE 0 END) AS c
+    FROM eval_rollouts
+    GROUP BY step, split, task_id
+), per_k AS (
+    SELECT step, split, task_id, n, c, unnest(range(1, n + 1)) AS k FROM per_task
+)
+SELECT step, split, k, count(*) AS tasks,
+       avg(1 - list_product(list_transform(range(k), lambda i: (n - c - i)::DOUBLE / (n - i)))) AS pass_at_k,
+       avg(list_product(list_transform(range(k), lambda i: (c - i)::DOUBLE / (n - i)))) AS pass_hat_k
+FROM per_k
+GROUP BY step, split, k
+ORDER BY step, split, k;

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from envsched_pipeline.analysis.passk import episodes_by_split
 from envsched_pipeline.core.loop import partner
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
@@ -152,14 +153,7 @@ def aligned(a: dict[str, list], b: dict[str, list], key: str) -> tuple[list[int]
 # ---------------------------------------------------------------------------- held-out
 def _episodes(lake: Lake, step: int, split: str) -> dict[str, np.ndarray]:
     """Task id -> its evaluation episodes' rewards at ``step`` (empty when the lake keeps none)."""
-    if step not in lake.steps("eval_rollouts"):
-        return {}
-    rows = lake.read("eval_rollouts", step=step, columns=["split", "task_id", "reward"]).to_pylist()
-    by: dict[str, list[float]] = {}
-    for r in rows:
-        if r["split"] == split:
-            by.setdefault(r["task_id"], []).append(float(r["reward"]))
-    return {t: np.array(v) for t, v in by.items()}
+    return {t: np.array(v) for t, v in episodes_by_split(lake, step).get(split, {}).items()}
 
 
 def _sampling_var(episodes: dict[str, np.ndarray]) -> float:

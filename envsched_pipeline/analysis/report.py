@@ -35,6 +35,7 @@ from envsched_pipeline.analysis.compare import (
     recorded_against,
     relation,
 )
+from envsched_pipeline.analysis.passk import compare_reliability, heldout_reliability
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.analysis.seeds import mark
 from envsched_pipeline.graph.store import load_graph
@@ -463,6 +464,13 @@ def build_report(
                 r[f"{o['name']} mean_reward"] = b
                 r["difference"] = None if b is None else r["mean_reward"] - b
 
+    # solved in one attempt, in any of k and in all k at the last evaluation, beside each other run's
+    # at that step (analysis.passk); a chart of both against k
+    reliability = heldout_reliability(lake)
+    rel_rows = reliability_rows(reliability, others)
+    if rel_rows:
+        charts.append(reliability_chart(reliability, others, run_name, run_colour))
+
     config = {
         "run id": spec.run_id,
         "pool": spec.pool,
@@ -488,9 +496,10 @@ def build_report(
         "verdicts": verdicts,
         "top_tasks": top,
         "heldout_by_env": by_env,
+        "heldout_reliability": {"step": reliability["step"], "rows": rel_rows},
         "charts": [c["title"] for c in charts],
     }
-    page = _page(config, base_note, verdicts, charts, top, spec, by_env)
+    page = _page(config, base_note, verdicts, charts, top, spec, by_env, (reliability["step"], rel_rows))
     index = out_dir / "index.html"
     index.write_text(page)
     (out_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))
@@ -505,6 +514,82 @@ def _by_benchmark(ev: dict[str, list]) -> dict[str, tuple[list, list]]:
         xs.append(st)
         ys.append(sc)
     return dict(sorted(out.items()))
+
+
+def _theirs(reliability: dict, others: list[dict]) -> list[tuple[str, dict]]:
+    """Each other run's pass@k rows at this run's last evaluation step, where it kept episodes."""
+    step = reliability["step"]
+    return [
+        (o["name"], heldout_reliability(o["lake"], step)["splits"])
+        for o in others
+        if step is not None and step in o["lake"].steps("eval_rollouts")
+    ]
+
+
+def reliability_rows(reliability: dict, others: list[dict]) -> list[dict]:
+    """The report's table of pass@k and pass^k (each with its standard error) per split and k, and
+    beside each other run's: its value, the difference with its standard error and a verdict."""
+    theirs = _theirs(reliability, others)
+    out = []
+    for split, rows in reliability["splits"].items():
+        for r in rows:
+            row = {"split": split, "k": r["k"], "tasks": r["tasks"]}
+            for name, label in (("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")):
+                se = r[f"{name}_se"]
+                row[label] = f"{r[name]:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+            for other, splits in theirs:
+                cmp = {c["k"]: c for c in compare_reliability(rows, splits.get(split, []))}.get(r["k"])
+                for name, label in (("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")):
+                    if cmp is None:
+                        row[f"{other} {label}"] = "—"
+                        continue
+                    se = cmp[f"{name}_diff_se"]
+                    row[f"{other} {label}"] = f"{cmp[f'other_{name}']:.4f} ({cmp[f'{name}_diff']:+.4f}" + (
+                        f" ± {se:.4f}, {VERDICT_WORD[cmp[f'{name}_better']]})" if se is not None else ")"
+                    )
+            out.append(row)
+    return out
+
+
+def reliability_chart(reliability: dict, others: list[dict], run_name: str, run_colour: str) -> dict:
+    """pass@k (solid) and pass^k (dashed) against k, per split, for this run and each other run."""
+    series = []
+    runs = [(run_name, run_colour, 2.6, reliability["splits"])]
+    by_name = {o["name"]: o for o in others}
+    runs += [(n, colour(by_name[n]["spec"].scheduler), 1.6, sp) for n, sp in _theirs(reliability, others)]
+    for name, col, width, splits in runs:
+        for split, rows in splits.items():
+            for key, label, dash in (("pass_at_k", "pass@k", 0), ("pass_hat_k", "pass^k", 1)):
+                series.append(
+                    {
+                        "name": f"{name}: {split} {label}",
+                        "color": col,
+                        "width": width if split == "seen" else width * 0.6,
+                        "dash": dash,
+                        "x": [r["k"] for r in rows],
+                        "y": [r[key] for r in rows],
+                    }
+                )
+    return {
+        "kind": "line",
+        "title": f"Held-out solved in any of k attempts (pass@k) and in all k (pass^k), step {reliability['step']}",
+        "xlabel": "k (attempts at a task)",
+        "series": series,
+    }
+
+
+def _reliability_section(step: int | None, rows: list[dict]) -> str:
+    """The pass@k table at the run's last evaluation (neural and LM policies)."""
+    if not rows:
+        return ""
+    return (
+        f"<section><h2>Held-out over repeated attempts (step {step})</h2><p class='hint'>pass@k: the "
+        "share of tasks solved (reward 1) in at least one of k attempts; pass^k: in all k (reliability); "
+        "unbiased estimates from each task's evaluation episodes, ± the episodes' own standard error "
+        "(none at k = the episodes a task has). Beside another run's: its value, (the difference ± its "
+        "standard error, verdict at 1.96 of them). In SQL: <code>select * from heldout_pass_at_k</code>."
+        "</p>" + _table(rows) + "</section>"
+    )
 
 
 def _heldout_section(by_env: list[dict]) -> str:
@@ -542,6 +627,7 @@ def _page(
     top: list[dict],
     spec,
     by_env: list[dict] = (),
+    reliability: tuple[int | None, list[dict]] = (None, []),
 ) -> str:
     sim = (
         "<p class='note'><b>The policy is the simulated learner</b> (docs/algorithm.md §8): a model of "
@@ -599,6 +685,7 @@ font-size:12px;display:none;white-space:nowrap;z-index:2}}
 {chart_divs}
 <section><h2>Most informative tasks (observed in at least {MIN_GROUPS} groups)</h2>{_table(top)}</section>
 {_heldout_section(by_env)}
+{_reliability_section(*reliability)}
 <script id="charts" type="application/json">{data}</script>
 <script>{_JS}</script>
 </body></html>

@@ -13,6 +13,7 @@ from envsched_pipeline.analysis.bench import ORACLE_CANDIDATES, UNSEEN_ENVS, pro
 from envsched_pipeline.analysis.catalog import BASELINE, comparisons, describe, find_lakes, parent_of
 from envsched_pipeline.analysis.catalog import table as catalog_table
 from envsched_pipeline.analysis.explain import explain_lines, explain_step
+from envsched_pipeline.analysis.passk import reliability, split_episodes
 from envsched_pipeline.analysis.replay import replay
 from envsched_pipeline.analysis.report import build_report, verdict_lines
 from envsched_pipeline.analysis.seeds import compare_seeds, mark, markdown_table, seed_table, write_comparison
@@ -496,16 +497,26 @@ def cmd_evaluate(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(episodes, out)
         print(f"wrote {episodes.num_rows} episodes to {out}", file=sys.stderr)
+    # solved in one attempt, in any of k and in all k (analysis.passk), from the same episodes
+    res["reliability"] = {split: reliability(eps) for split, eps in split_episodes(episodes).items()}
     if args.json:
         print(dumps(res, indent=2))
         return 0
     print(f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})")
-    print(f"  {'split':<8} {'tasks':>6} {'samples':>8} {'held-out':>9} {'± se':>8} {'recorded':>9}")
+    k = max((r["samples"] for r in res["splits"]), default=1)
+    print(
+        f"  {'split':<8} {'tasks':>6} {'samples':>8} {'held-out':>9} {'± se':>8} {'recorded':>9} "
+        f"{'solved':>7} {f'pass@{k}':>7} {f'pass^{k}':>7}"
+    )
     for r in res["splits"]:
         recorded = res["recorded"].get(r["split"])
         shown = f"{recorded:.4f}" if recorded is not None else "-"
+        rel = {x["k"]: x for x in res["reliability"].get(r["split"], [])}
+        cells = ((1, "pass_at_k"), (k, "pass_at_k"), (k, "pass_hat_k"))  # solved, pass@k, pass^k
+        solved = [f"{rel[j][name]:.4f}" if j in rel else "-" for j, name in cells]
         print(
-            f"  {r['split']:<8} {r['tasks']:>6} {r['samples']:>8} {r['mean']:>9.4f} {r['se']:>8.4f} {shown:>9}"
+            f"  {r['split']:<8} {r['tasks']:>6} {r['samples']:>8} {r['mean']:>9.4f} {r['se']:>8.4f} {shown:>9} "
+            + " ".join(f"{x:>7}" for x in solved)
         )
     if args.by_env:
         print("by environment, weakest first:")

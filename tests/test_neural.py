@@ -417,6 +417,15 @@ def test_bench_json_on_the_neural_learner(tmp_path, capsys):
     paired = doc["paired_vs_random"]["envsched"]["heldout_unseen_final"]
     m, r = doc["schedulers"]["envsched"], doc["schedulers"]["random"]
     assert paired["n"] == 1 and paired["per_seed"] == [m["heldout_unseen_final"] - r["heldout_unseen_final"]]
+    # held-out over repeated attempts at the last evaluation, from its episodes (analysis.passk)
+    last = doc["series"]["random"]["evals"][-1]
+    for kind in ("seen", "unseen"):
+        assert r[f"heldout_{kind}_final_pass_all"] <= r[f"heldout_{kind}_final_solved"]
+        assert r[f"heldout_{kind}_final_solved"] <= r[f"heldout_{kind}_final_pass_any"]
+        assert r[f"heldout_{kind}_final_solved_se"] > 0
+        assert f"{kind}_pass_at" not in last  # by k: in each run's record, not averaged in the series
+        d = doc["paired_vs_random"]["envsched"][f"heldout_{kind}_final_pass_all"]
+        assert d["per_seed"] == [m[f"heldout_{kind}_final_pass_all"] - r[f"heldout_{kind}_final_pass_all"]]
 
 
 def test_a_larger_unseen_split_adds_environments_and_leaves_the_run_as_it_was(tmp_path, capsys):

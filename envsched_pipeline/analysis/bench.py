@@ -37,6 +37,7 @@ from threadpoolctl import threadpool_info
 from envs.isolation import die_with_parent
 from envs.registry import load_synthetic, unseen_validation
 from envsched_pipeline.analysis.headroom import history_ceiling, history_features
+from envsched_pipeline.analysis.passk import reliability
 from envsched_pipeline.analysis.trace import TraceWriter
 from envsched_pipeline.graph.topk import build_graph
 from envsched_pipeline.rollouts import flat_kinds, informative
@@ -82,6 +83,13 @@ METRICS = (
     "distinct_tasks",
     "max_task_picks",
     "step_seconds",
+)
+# the neural learner's held-out over repeated attempts at the last evaluation (final_passk): in the
+# table where every run of a scheduler has them, and paired against random's
+PASSK_METRICS = tuple(
+    f"heldout_{kind}_final_{m}"
+    for kind in ("seen", "unseen")
+    for m in ("solved", "solved_se", "pass_any", "pass_all")
 )
 UNSEEN_ENVS = 12  # environments of the unseen held-out split (one per domain of the unseen family)
 VALIDATION_SAMPLES = 8  # episodes per validation-slice task (scheduler_config.validation_every)
@@ -357,6 +365,7 @@ def run_one(
                             for by in ("by_env", "by_task")
                             if by in ev[k]
                         },
+                        **passk_fields(ev),
                     }
                 )
                 if log and learner != "simulated":
@@ -568,6 +577,48 @@ def _mean_probe(rows: list[dict]) -> dict:
     return out
 
 
+PASSK_KEYS = tuple(
+    f"{kind}_{name}{se}"
+    for kind in ("seen", "unseen")
+    for name in ("pass_at", "pass_hat")
+    for se in ("", "_se")
+)
+
+
+def passk_fields(ev: dict) -> dict:
+    """An evaluation's pass@k and pass^k per held-out kind with their standard errors (analysis.passk),
+    each a dict k -> value (``seen_pass_at``, ``seen_pass_at_se``, ``seen_pass_hat``, ...), where the
+    learner gives each task's episodes (``task_rewards``: the neural learner's)."""
+    out = {}
+    for kind in ("seen", "unseen"):
+        if "task_rewards" not in ev.get(kind, {}):
+            continue
+        rows = reliability(ev[kind]["task_rewards"])
+        for name in ("pass_at_k", "pass_hat_k"):
+            stem = f"{kind}_{name.removesuffix('_k')}"
+            out[stem] = {str(r["k"]): r[name] for r in rows}
+            out[f"{stem}_se"] = {str(r["k"]): r[f"{name}_se"] for r in rows}
+    return out
+
+
+def final_passk(last: dict) -> dict:
+    """The last evaluation's share solved in one attempt (``heldout_{kind}_final_solved``, with its
+    error), in any of K and in all K (``_pass_any``, ``_pass_all``; K: the episodes a task had, in
+    ``heldout_passk_k``), where it has ``passk_fields`` (the neural learner)."""
+    out = {}
+    for kind in ("seen", "unseen"):
+        at, hat = last.get(f"{kind}_pass_at"), last.get(f"{kind}_pass_hat")
+        if not at:
+            continue
+        most = max(at, key=int)
+        out[f"heldout_{kind}_final_solved"] = at["1"]
+        out[f"heldout_{kind}_final_solved_se"] = last[f"{kind}_pass_at_se"]["1"]
+        out[f"heldout_{kind}_final_pass_any"] = at[most]
+        out[f"heldout_{kind}_final_pass_all"] = hat[most]
+        out["heldout_passk_k"] = int(most)
+    return out
+
+
 def breadth(picks_per_task: np.ndarray, informative_per_env: np.ndarray) -> dict:
     """Useful breadth of a run: environments with >= 1 informative group, the effective number of
     environments over informative groups (exp of the entropy of their distribution), distinct tasks
@@ -627,6 +678,7 @@ def summarize(series: dict, random_best: float | None, random_final: dict | None
         "heldout_unseen_initial_se": first["unseen_se"],
         "heldout_unseen_final": last["unseen_mean"],
         "heldout_unseen_final_se": last["unseen_se"],
+        **final_passk(last),
         "heldout_seen_auc": float(np.mean([e["seen_mean"] for e in later])),
         "heldout_unseen_auc": float(np.mean([e["unseen_mean"] for e in later])),
         # how far the last evaluation fell below the best earlier one (0 when it is the best): a
@@ -1101,6 +1153,9 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
                 agg[m] = float(np.mean(vals)) if vals and all(v is not None for v in vals) else None
             else:
                 agg[m] = float(np.mean(vals))
+        for m in PASSK_METRICS:  # records made before these were measured lack them
+            if all(m in summaries[(n, s)] for s in mine):
+                agg[m] = float(np.mean([summaries[(n, s)][m] for s in mine]))
         agg["batch_variance_sd"] = float(np.std([summaries[(n, s)]["batch_variance"] for s in mine]))
         agg["seeds"] = len(mine)
         out["schedulers"][n] = agg
@@ -1119,7 +1174,8 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
             {
                 k: float(np.mean([r["evals"][j][k] for r in runs]))
                 for k in runs[0]["evals"][j]
-                if not k.endswith(("_by_env", "_by_task"))  # per environment or task: in each run's record
+                # per environment or task, and pass@k by k: in each run's record
+                if not k.endswith(("_by_env", "_by_task")) and k not in PASSK_KEYS
             }
             for j in range(len(runs[0]["evals"]))
         ]
@@ -1139,7 +1195,10 @@ def aggregate(names: list[str], seeds: list[int], results: dict, setup: dict) ->
                 "heldout_unseen_auc",
                 "batch_variance",
                 "zero_variance_fraction",
+                *(m for m in PASSK_METRICS if not m.endswith("_se")),
             ):
+                if not all(m in summaries[(x, s)] for x in (n, "random") for s in paired):
+                    continue
                 d = np.array([summaries[(n, s)][m] - summaries[("random", s)][m] for s in paired])
                 diff[m] = {
                     "mean": float(d.mean()),

@@ -777,8 +777,9 @@ class NeuralLearner:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, tasks: list[dict], samples: int, seed: int, episodes: bool = False) -> dict:
         """Expected reward over ``tasks`` (mean of task means over ``samples`` sampled episodes
-        each) and its standard error from the within-task sampling noise; with ``episodes``, also
-        each episode's reward (``rewards``, tasks x samples) and details (``details``)."""
+        each) and its standard error from the within-task sampling noise, each task's episodes'
+        rewards (``task_rewards``, for pass@k); with ``episodes``, also each episode's reward
+        (``rewards``, tasks x samples) and details (``details``)."""
         if not tasks:
             return {"mean": float("nan"), "se": float("nan"), "tasks": 0}
         # r: the verifiers' reward, never the overrun penalty
@@ -791,6 +792,7 @@ class NeuralLearner:
             **summarize(r),
             "by_env": {e: float(np.mean(v)) for e, v in sorted(by_env.items())},
             "by_task": {t["task_id"]: float(m) for t, m in zip(tasks, task_means, strict=True)},
+            "task_rewards": {t["task_id"]: row.tolist() for t, row in zip(tasks, r, strict=True)},
             **({"rewards": r, "details": self._details(traces, r, capped, samples)} if episodes else {}),
         }
 

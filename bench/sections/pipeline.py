@@ -81,6 +81,7 @@ def run_pair(seed: int, steps: int, eval_every: int) -> dict:
 def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int, report_dir: Path) -> dict:
     """The record of two finished runs (``lakes``: "the form" and "random"), from the report of the
     form against random, with each run's wall time and its trainer's own seconds."""
+    from envsched_pipeline.analysis.passk import heldout_reliability  # the step service: this section only
     from envsched_pipeline.analysis.report import build_report  # the step service: this section only
 
     index = build_report(lakes["the form"], report_dir, log=print, against=[lakes["random"]])
@@ -99,6 +100,8 @@ def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int
         "trainer_seconds": trainer,
         "verdicts": summary["verdicts"],
         "heldout_by_env": summary["heldout_by_env"],
+        # each run's pass@k and pass^k with their errors at its last evaluation (analysis.passk)
+        "heldout_reliability": {name: heldout_reliability(lake) for name, lake in lakes.items()},
         "config": summary["config"],
     }
 

@@ -18,6 +18,7 @@ from scipy import stats
 from envs.registry import load_synthetic
 from envsched_pipeline.analysis.ablation import compare_rows, table_cells, table_markdown
 from envsched_pipeline.analysis.compare import changed_settings, heldout_verdicts
+from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.seeds import (
     MAX_SEEDS,
     compare_seeds,
@@ -234,6 +235,22 @@ def test_held_out_from_episodes_splits_the_spread_into_sampling_and_the_runs_luc
     assert v["luck_share"] == pytest.approx(max(var - sampling, 0) / var)
     advice = "more seeds: more evaluation episodes would not" if v["luck_share"] >= 0.5 else "--eval-samples"
     assert advice in v["text"]
+    # solved in one attempt, and in all 8 (pass^8), at the last common evaluation, over seeds
+    for split in ("seen", "unseen"):
+        once = next(v for v in res["verdicts"] if v["key"] == f"heldout_{split}_solved")
+        every = next(v for v in res["verdicts"] if v["key"] == f"heldout_{split}_pass_all")
+        assert once["kind"] == every["kind"] == "reliability" and "all 8 attempts (pass^k)" in every["text"]
+        rel = [
+            (heldout_reliability(a, 1)["splits"][split], heldout_reliability(b, 1)["splits"][split])
+            for a, b in zip(runs, rand, strict=True)
+        ]
+        assert once["per_seed"] == pytest.approx([x[0]["pass_at_k"] - y[0]["pass_at_k"] for x, y in rel])
+        assert once["pair_se"] == pytest.approx(
+            [math.hypot(x[0]["pass_at_k_se"], y[0]["pass_at_k_se"]) for x, y in rel]
+        )
+        assert every["per_seed"] == pytest.approx([x[-1]["pass_hat_k"] - y[-1]["pass_hat_k"] for x, y in rel])
+        assert all(math.isnan(se) for se in every["pair_se"]) and every["sampling_sd"] is None  # k = n
+        assert once["sampling_sd"] == pytest.approx(math.sqrt(np.mean(np.square(once["pair_se"]))))
 
 
 def test_what_a_clear_answer_would_take_at_the_measured_spread():

@@ -32,6 +32,7 @@ from envsched_pipeline.analysis.compare import (
     relation,
     short_label,
 )
+from envsched_pipeline.analysis.passk import compare_reliability, heldout_reliability
 from envsched_pipeline.analysis.plots import _series, seeds_plot
 from envsched_pipeline.analysis.spread import every_seed_needs
 from envsched_pipeline.errors import ConfigError, EnvschedError
@@ -244,6 +245,10 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake], effect: float |
         if len(have) >= 2:
             verdicts.append(_heldout_verdict(have, bench, name, other))
             verdicts.append(_curve_verdict(have, bench, name, other))
+    for key in sorted({k for p in pairs for k in p["reliability"]}):  # solved once, solved every time
+        have = [p for p in pairs if key in p["reliability"]]
+        if len(have) >= 2:
+            verdicts.append(_reliability_verdict(have, key, name, other))
     if effect is not None:
         for v in verdicts:
             if v["kind"] != "per_step":
@@ -286,6 +291,7 @@ def _pair(r: dict, o: dict, other: str) -> dict:
         }
     changed = changed_settings(r["spec"].policy_config, o["spec"].policy_config, "--against")
     return {
+        "reliability": _reliability(r["lake"], o["lake"]),
         "seed": r["spec"].seed,
         "run_lake": str(r["lake"].root),
         "against_lake": str(o["lake"].root),
@@ -428,6 +434,61 @@ def _curve_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict
         f"per pair), over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} (s.e. over seeds; "
         f"95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {relation(v['better'], other, ('above', 'below'))}. "
         f"Above {other} in {v['above']} of {v['n']} seeds."
+    )
+    return v
+
+
+def _reliability(a: Lake, b: Lake) -> dict:
+    """At the last evaluation both runs kept episodes of: each split's difference in the share solved
+    in one attempt (``heldout_<split>_solved``) and in all of the most attempts both have
+    (``heldout_<split>_pass_all``, pass^k), with its sampling standard error (NaN where a task has
+    no more episodes than k: no jackknife); analysis.passk."""
+    common = sorted(set(a.steps("eval_rollouts")) & set(b.steps("eval_rollouts")))
+    if not common:
+        return {}
+    step = common[-1]
+    mine, theirs = heldout_reliability(a, step)["splits"], heldout_reliability(b, step)["splits"]
+    out = {}
+    for split in sorted(set(mine) & set(theirs)):
+        rows = compare_reliability(mine[split], theirs[split])
+        if not rows:
+            continue
+        for key, row, est in (("solved", rows[0], "pass_at_k"), ("pass_all", rows[-1], "pass_hat_k")):
+            se = row[f"{est}_diff_se"]
+            out[f"heldout_{split}_{key}"] = {
+                "step": step,
+                "k": row["k"],
+                "run": row[est],
+                "against": row[f"other_{est}"],
+                "diff": row[f"{est}_diff"],
+                "se": math.nan if se is None else se,
+            }
+    return out
+
+
+def _reliability_verdict(pairs: list[dict], key: str, name: str, other: str) -> dict:
+    """Held-out solved in one attempt, or in every one of k (pass^k), at each pair's last common
+    evaluation, judged over seeds."""
+    h = [p["reliability"][key] for p in pairs]
+    v = over_seeds(np.array([x["diff"] for x in h]), np.array([x["se"] for x in h]))
+    split = key.split("_")[1]
+    ks = "/".join(str(k) for k in sorted({x["k"] for x in h}))
+    what = "solved in one attempt" if key.endswith("_solved") else f"solved in all {ks} attempts (pass^k)"
+    v.update(
+        metric=f"Held-out {split}: {what} (each pair's last common evaluation)",
+        kind="reliability",
+        key=key,
+        pair_se=[x["se"] for x in h],
+        better_is="higher",
+        seeds=[p["seed"] for p in pairs],
+        run=float(np.mean([x["run"] for x in h])),
+        against=float(np.mean([x["against"] for x in h])),
+        wins=v["above"],
+    )
+    v["text"] = (
+        f"{split} held-out {what}, over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} "
+        f"(s.e. over seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): "
+        f"{relation(v['better'], other, ('above', 'below'))}. Above {other} in {v['above']} of {v['n']} seeds."
     )
     return v
 

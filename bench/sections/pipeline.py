@@ -106,6 +106,38 @@ def pair_record(lakes: dict, walls: dict, seed: int, steps: int, eval_every: int
     }
 
 
+def reliability_rows(recs: list[dict]) -> list[str]:
+    """Held-out over repeated attempts, for the records that keep it (``heldout_reliability``, from
+    the 2026-12-07 thirty-ninth session on): each seed's share of tasks solved in one attempt and in
+    all K (pass^K, K the episodes a task had), the form's and random's, at the last evaluation."""
+    have = [r for r in recs if r.get("heldout_reliability")]
+    if not have:
+        return []
+    rows = [
+        "Held-out over repeated attempts (`envsched_pipeline/analysis/passk.py`), where the record keeps it: the "
+        "share of tasks solved (reward 1) in one attempt and in all K of a task's evaluation episodes (pass^K), "
+        "the form's against random's at the last evaluation (± the form's sampling error at one attempt):",
+        "",
+        "| seed | held-out | K | solved: the form | random | difference | pass^K: the form | random | difference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rec in have:
+        rel = rec["heldout_reliability"]
+        for kind in ("seen", "unseen"):
+            a, b = rel["the form"]["splits"].get(kind), rel["random"]["splits"].get(kind)
+            if not a or not b:
+                continue
+            k = min(a[-1]["k"], b[-1]["k"])
+            at = {r["k"]: r for r in a}
+            bt = {r["k"]: r for r in b}
+            rows.append(
+                f"| {rec['seed']} | {kind} | {k} | {at[1]['pass_at_k']:.4f} ± {at[1]['pass_at_k_se']:.4f} | "
+                f"{bt[1]['pass_at_k']:.4f} | {at[1]['pass_at_k'] - bt[1]['pass_at_k']:+.4f} | "
+                f"{at[k]['pass_hat_k']:.4f} | {bt[k]['pass_hat_k']:.4f} | {at[k]['pass_hat_k'] - bt[k]['pass_hat_k']:+.4f} |"
+            )
+    return [*rows, ""]
+
+
 def over_seeds_rows(recs: list[dict]) -> list[str]:
     """The seeds' verdicts judged together, as `envsched compare` judges runs in lakes (the same
     statistics, :func:`envsched_pipeline.analysis.seeds.over_seeds`, on the records' per-seed
@@ -220,6 +252,7 @@ def section_pipeline_neural(
                 f"{(wall - tr) / steps:.2f} |"
             )
     over = over_seeds_rows(recs)
+    solved = reliability_rows(recs)
     dates = sorted({r["recorded"] for r in recs})
     machines = sorted({r["machine"] for r in recs})
     write_section(
@@ -246,6 +279,7 @@ def section_pipeline_neural(
                 *rows,
                 "",
                 *over,
+                *solved,
                 "The paper's count (the first evaluation at which the form scored at least random's best):",
                 "",
                 *reach,

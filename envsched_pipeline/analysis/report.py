@@ -467,9 +467,11 @@ def build_report(
     # solved in one attempt, in any of k and in all k at the last evaluation, beside each other run's
     # at that step (analysis.passk); a chart of both against k
     reliability = heldout_reliability(lake)
-    rel_rows = reliability_rows(reliability, others)
+    theirs = _theirs(reliability, others)
+    rel_rows = reliability_rows(reliability, theirs)
     if rel_rows:
-        charts.append(reliability_chart(reliability, others, run_name, run_colour))
+        colours = {o["name"]: colour(o["spec"].scheduler) for o in others}
+        charts.append(reliability_chart(reliability, theirs, colours, run_name, run_colour))
 
     config = {
         "run id": spec.run_id,
@@ -526,19 +528,23 @@ def _theirs(reliability: dict, others: list[dict]) -> list[tuple[str, dict]]:
     ]
 
 
-def reliability_rows(reliability: dict, others: list[dict]) -> list[dict]:
+def reliability_rows(reliability: dict, theirs: list[tuple[str, dict]]) -> list[dict]:
     """The report's table of pass@k and pass^k (each with its standard error) per split and k, and
-    beside each other run's: its value, the difference with its standard error and a verdict."""
-    theirs = _theirs(reliability, others)
+    beside each other run's (``theirs``: :func:`_theirs`): its value, the difference with its
+    standard error and a verdict."""
     out = []
     for split, rows in reliability["splits"].items():
+        compared = {
+            other: {c["k"]: c for c in compare_reliability(rows, splits.get(split, []))}
+            for other, splits in theirs
+        }
         for r in rows:
             row = {"split": split, "k": r["k"], "tasks": r["tasks"]}
             for name, label in (("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")):
                 se = r[f"{name}_se"]
                 row[label] = f"{r[name]:.4f}" + (f" ± {se:.4f}" if se is not None else "")
-            for other, splits in theirs:
-                cmp = {c["k"]: c for c in compare_reliability(rows, splits.get(split, []))}.get(r["k"])
+            for other, _ in theirs:
+                cmp = compared[other].get(r["k"])
                 for name, label in (("pass_at_k", "pass@k"), ("pass_hat_k", "pass^k")):
                     if cmp is None:
                         row[f"{other} {label}"] = "—"
@@ -551,12 +557,16 @@ def reliability_rows(reliability: dict, others: list[dict]) -> list[dict]:
     return out
 
 
-def reliability_chart(reliability: dict, others: list[dict], run_name: str, run_colour: str) -> dict:
-    """pass@k (solid) and pass^k (dashed) against k, per split, for this run and each other run."""
+def reliability_chart(
+    reliability: dict, theirs: list[tuple[str, dict]], colours: dict[str, str], run_name: str, run_colour: str
+) -> dict:
+    """pass@k (solid) and pass^k (dashed) against k, per split, for this run and each other run
+    (``theirs``, drawn in ``colours`` by name)."""
     series = []
-    runs = [(run_name, run_colour, 2.6, reliability["splits"])]
-    by_name = {o["name"]: o for o in others}
-    runs += [(n, colour(by_name[n]["spec"].scheduler), 1.6, sp) for n, sp in _theirs(reliability, others)]
+    runs = [
+        (run_name, run_colour, 2.6, reliability["splits"]),
+        *((n, colours[n], 1.6, sp) for n, sp in theirs),
+    ]
     for name, col, width, splits in runs:
         for split, rows in splits.items():
             for key, label, dash in (("pass_at_k", "pass@k", 0), ("pass_hat_k", "pass^k", 1)):

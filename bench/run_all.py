@@ -36,6 +36,7 @@ from sections.lag import section_pipeline_lag, section_select_lag  # noqa: E402
 from sections.levers import section_levers  # noqa: E402
 from sections.neural import section_neural, section_neural_seeds  # noqa: E402
 from sections.oracle import section_headroom, section_oracle  # noqa: E402
+from sections.passk import section_neural_passk  # noqa: E402
 from sections.peak import section_peak, section_peak_overrun  # noqa: E402
 from sections.pipeline import section_pipeline_neural  # noqa: E402
 from sections.records import recorded_variants  # noqa: E402
@@ -82,7 +83,7 @@ def main() -> int:
         default="schedulers,rho,cost,priors,replay,graph,pools,backends,latency,incremental,sim_sweep,neural,"
         "select_lag,pipeline_lag,step_views,lake_requests,lake_bytes,event_log,state_keep,pipeline_neural,neural_seeds,neural_denominator,neural_dualclip,neural_overrun,neural_overrun_seeds,neural_headroom,"
         "neural_oracle,neural_unseen_split,neural_patterns,neural_draws,neural_avx2,neural_levers,neural_within_run,neural_valslice,neural_infcap,neural_peak,neural_peak_overrun,kernels,neural_traces,neural_forced_stop,neural_noforced,"
-        "neural_noforced_seeds,neural_cliphigher",
+        "neural_noforced_seeds,neural_cliphigher,neural_passk",
     )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
@@ -163,6 +164,12 @@ def main() -> int:
             "neural-overrun-avx2",
             "overrun-learner runs of random, the recommended form and its success-peak variant on one "
             "AVX2-only machine (section neural_peak_overrun)",
+        ),
+        (
+            "--neural-passk-runs",
+            "neural-noforced-passk",
+            "default-learner runs of random and the recommended form re-run with each held-out task's "
+            "episodes kept, for pass@k and pass^k (section neural_passk)",
         ),
         (
             "--neural-updates-runs",
@@ -332,6 +339,8 @@ def main() -> int:
         section_cliphigher(
             args.neural_cliphigher_runs, args.neural_noforced_runs, args.neural_seeds, args.steps
         )
+    if "neural_passk" in sections:
+        section_neural_passk(args.neural_passk_runs, args.neural_noforced_runs, args.steps)
     print(f"wrote {RESULTS}")
     return 0
 

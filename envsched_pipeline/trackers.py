@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from envsched_pipeline.analysis.passk import episodes_by_split, headline_reliability
 from envsched_pipeline.errors import ConfigError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import SAMPLER_METRICS, RunSpec
@@ -76,6 +77,8 @@ def step_metrics(lake: Lake, step: int) -> dict[str, float]:
             else f"eval/{b}"
         )
         out[key] = r.get("score")
+    # held-out solved in one attempt, in any of K and in all K, where the step kept its episodes
+    out.update(headline_reliability(episodes_by_split(lake, step)))
     tm = lake.read("train_metrics", step=step).to_pylist()
     if tm:
         out["trainer_s"] = tm[0].get("seconds")

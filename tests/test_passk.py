@@ -12,12 +12,15 @@ import pytest
 from envsched_pipeline.analysis.passk import (
     compare_reliability,
     default_ks,
+    episodes_by_split,
+    headline_reliability,
     heldout_reliability,
     pass_at_k,
     pass_hat_k,
     reliability,
 )
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.trackers import step_metrics
 from trainer.heldout import summarize
 
 
@@ -151,4 +154,15 @@ def test_the_lakes_view_gives_the_same_estimates_as_python(tmp_path):
                 assert r["pass_at_k"] == pytest.approx(np.mean([a for a, _ in counted]))
                 assert r["pass_hat_k"] == pytest.approx(np.mean([b for _, b in counted]))
     assert heldout_reliability(lake)["step"] == 5  # the last evaluation by default
+    # flat for a step's metadata (training_step) and the trackers: solved once, in any and in all of 6
+    flat = headline_reliability(episodes_by_split(lake, 5))
+    last = {s: rows[-1] for s, rows in heldout_reliability(lake, 5)["splits"].items()}
+    for split in ("seen", "unseen"):
+        assert (
+            flat[f"heldout_{split}_solved"] == heldout_reliability(lake, 5)["splits"][split][0]["pass_at_k"]
+        )
+        assert flat[f"heldout_{split}_pass_at_6"] == last[split]["pass_at_k"] and last[split]["k"] == 6
+        assert flat[f"heldout_{split}_pass_hat_6"] == last[split]["pass_hat_k"]
+    assert {k: v for k, v in step_metrics(lake, 5).items() if k.startswith("heldout_")} == pytest.approx(flat)
+    assert headline_reliability(episodes_by_split(lake, 3)) == {}  # a step that did not evaluate
     assert heldout_reliability(Lake(tmp_path / "empty")) == {"step": None, "splits": {}}

@@ -82,6 +82,21 @@ def reliability(episodes: Mapping[str, Sequence[float]], ks: Sequence[int] | Non
     return out
 
 
+def headline_reliability(episodes: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, float]:
+    """Each held-out split's share solved in one attempt, in any of K and in all K (K: the most
+    episodes a task has), flat for a step's metadata and trackers: ``heldout_<split>_solved``,
+    ``heldout_<split>_pass_at_<K>``, ``heldout_<split>_pass_hat_<K>``."""
+    out = {}
+    for split, eps in sorted(episodes.items()):
+        rows = reliability(eps)
+        if rows:
+            first, last = rows[0], rows[-1]
+            out[f"heldout_{split}_solved"] = first["pass_at_k"]
+            out[f"heldout_{split}_pass_at_{last['k']}"] = last["pass_at_k"]
+            out[f"heldout_{split}_pass_hat_{last['k']}"] = last["pass_hat_k"]
+    return out
+
+
 def episodes_by_split(lake: Lake, step: int) -> dict[str, dict[str, list[float]]]:
     """The evaluation episodes' rewards at ``step``: split -> task id -> rewards (empty when the lake
     keeps none at that step)."""

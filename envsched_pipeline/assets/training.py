@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from envsched_pipeline.analysis.passk import reliability, split_episodes
+from envsched_pipeline.analysis.passk import headline_reliability, split_episodes
 from envsched_pipeline.analysis.plots import statistics_trends, training_curves, yield_calibration_plot
 from envsched_pipeline.analysis.rollouts_view import render, samples
 from envsched_pipeline.assets._common import guard, materialized, plot_md
@@ -83,7 +83,7 @@ def _step_views(context, lk, step: int) -> dict:
             )
         if lk.has("eval_rollouts", step=step):  # the worst held-out episode of each split
             table = lk.read("eval_rollouts", step=step)
-            out.update(reliability_metadata(split_episodes(table)))
+            out.update(headline_reliability(split_episodes(table)))
             held = table.to_pylist()
             ev_tasks = {
                 t["task_id"]: t
@@ -102,20 +102,6 @@ def _step_views(context, lk, step: int) -> dict:
             )
     except Exception as exc:  # noqa: BLE001 - a rendering problem must not fail the step
         context.log.warning(f"sample rollouts could not be rendered: {exc}")
-    return out
-
-
-def reliability_metadata(episodes: dict[str, dict[str, list[float]]]) -> dict[str, float]:
-    """Each held-out split's share solved in one attempt, in any of K and in all K (K: the episodes
-    a task has; analysis.passk), as numbers the asset's plots chart over the steps."""
-    out = {}
-    for split, eps in sorted(episodes.items()):
-        rows = reliability(eps)
-        if rows:
-            first, last = rows[0], rows[-1]
-            out[f"heldout_{split}_solved"] = first["pass_at_k"]
-            out[f"heldout_{split}_pass_at_{last['k']}"] = last["pass_at_k"]
-            out[f"heldout_{split}_pass_hat_{last['k']}"] = last["pass_hat_k"]
     return out
 
 

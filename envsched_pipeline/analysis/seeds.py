@@ -333,23 +333,30 @@ def _per_step_verdict(pairs: list[dict], key: str, label: str, better: str, name
     return v
 
 
-def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict:
-    h = [p["heldout"][bench] for p in pairs]
+def _last_evaluation_verdict(pairs: list[dict], h: list[dict], metric: str, kind: str, key: str) -> dict:
+    """``over_seeds`` of each pair's difference at its last common evaluation (``h``: per pair, the
+    difference, its sampling standard error and both runs' values), labelled as a verdict."""
     v = over_seeds(np.array([x["diff"] for x in h]), np.array([x["se"] for x in h]))
-    reached = [x["reached_at"] for x in h]
     v.update(
-        metric=f"Held-out {bench} (each pair's last common evaluation)",
-        kind="heldout",
-        key=bench,
+        metric=metric,
+        kind=kind,
+        key=key,
         pair_se=[x["se"] for x in h],
         better_is="higher",
         seeds=[p["seed"] for p in pairs],
         run=float(np.mean([x["run"] for x in h])),
         against=float(np.mean([x["against"] for x in h])),
         wins=v["above"],
-        reached=sum(r is not None for r in reached),
-        reached_median=_median_step(reached),
     )
+    return v
+
+
+def _heldout_verdict(pairs: list[dict], bench: str, name: str, other: str) -> dict:
+    h = [p["heldout"][bench] for p in pairs]
+    metric = f"Held-out {bench} (each pair's last common evaluation)"
+    v = _last_evaluation_verdict(pairs, h, metric, "heldout", bench)
+    reached = [x["reached_at"] for x in h]
+    v.update(reached=sum(r is not None for r in reached), reached_median=_median_step(reached))
     text = (
         f"{bench} over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} (s.e. over "
         f"seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): {relation(v['better'], other, ('above', 'below'))}. "
@@ -470,21 +477,11 @@ def _reliability_verdict(pairs: list[dict], key: str, name: str, other: str) -> 
     """Held-out solved in one attempt, or in every one of k (pass^k), at each pair's last common
     evaluation, judged over seeds."""
     h = [p["reliability"][key] for p in pairs]
-    v = over_seeds(np.array([x["diff"] for x in h]), np.array([x["se"] for x in h]))
     split = key.split("_")[1]
     ks = "/".join(str(k) for k in sorted({x["k"] for x in h}))
     what = "solved in one attempt" if key.endswith("_solved") else f"solved in all {ks} attempts (pass^k)"
-    v.update(
-        metric=f"Held-out {split}: {what} (each pair's last common evaluation)",
-        kind="reliability",
-        key=key,
-        pair_se=[x["se"] for x in h],
-        better_is="higher",
-        seeds=[p["seed"] for p in pairs],
-        run=float(np.mean([x["run"] for x in h])),
-        against=float(np.mean([x["against"] for x in h])),
-        wins=v["above"],
-    )
+    metric = f"Held-out {split}: {what} (each pair's last common evaluation)"
+    v = _last_evaluation_verdict(pairs, h, metric, "reliability", key)
     v["text"] = (
         f"{split} held-out {what}, over {v['n']} seeds: {name} minus {other} {v['mean']:+.4f} ± {v['se']:.4f} "
         f"(s.e. over seeds; 95% t interval [{v['ci'][0]:+.4f}, {v['ci'][1]:+.4f}]): "

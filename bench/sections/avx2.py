@@ -12,7 +12,7 @@ from envsched_pipeline.analysis.plots import draws_plot
 from envsched_pipeline.analysis.spread import every_seed_chance, every_seed_needs, several_draws
 from sections.common import BESIDE_ORACLE, COMPARED, HERE, write_section
 from sections.draws import by_draw
-from sections.records import mean_se_wins, record_of, recorded_seeds, seed_span
+from sections.records import mean_se_wins, record_of, recorded_kw, recorded_seeds, seed_span
 
 KINDS = ("seen", "unseen")
 LABELS = ("records (AVX-512)", "draw 1 (AVX-512)", "re-run on AVX2")
@@ -28,8 +28,7 @@ def section_avx2(runs: str, base_runs: str, draws_runs: str, steps: int) -> None
     if len(seeds) < 3:
         print(f"neural_avx2: {len(seeds)} seeds with random and the form re-run; section left as it was")
         return
-    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
-    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
+    kw = recorded_kw(seeds, steps)
     out = run_benchmark(names, cache_dir=runs, **kw)
     here = {n: {s: r for s, r in out["per_seed"].get(n, {}).items() if s in seeds} for n in names}
     # the best-mean target compares every row over the seeds they all have

@@ -9,7 +9,7 @@ import numpy as np
 
 from envsched_pipeline.analysis.bench import run_benchmark
 from sections.common import BESIDE_ORACLE
-from sections.records import mean_se_wins, recorded_seeds, t_half
+from sections.records import mean_se_wins, recorded_kw, recorded_seeds, t_half
 
 KINDS = ("seen", "unseen")
 
@@ -107,9 +107,7 @@ def paired_with_form(
     seeds = sorted(set(recorded_seeds(runs, form)) & set(recorded_seeds(runs, variant)))
     if not seeds:
         return None
-    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True}
-    kw["learner_config"] = dict(learner_config or {})
-    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
+    kw = recorded_kw(seeds, steps, learner_config)
     out = run_benchmark([form, variant], cache_dir=runs, **kw)
     per = out["per_seed"]
     here = run_benchmark(["random"], cache_dir=runs, **kw)["per_seed"].get("random", {})

@@ -11,7 +11,7 @@ import numpy as np
 from envsched_pipeline.analysis.bench import first_departure, provenance_text, run_benchmark
 from envsched_pipeline.analysis.plots import _plt, write_png
 from sections.common import BESIDE_ORACLE, HERE, write_section
-from sections.records import record_of, recorded_seeds, seed_span, t_half
+from sections.records import record_of, recorded_kw, recorded_seeds, seed_span, t_half
 
 KINDS = ("seen", "unseen")
 # (summary field, what the row says); the K of pass_any / pass_all is the episodes a task had
@@ -32,9 +32,7 @@ def section_neural_passk(runs: str, base_runs: str, steps: int) -> None:
     if len(seeds) < 2:
         print(f"neural_passk: {len(seeds)} seeds with random and the form in {runs}; section left as it was")
         return
-    kw = {"steps": steps, "learner": "neural", "eval_every": 50, "recorded_only": True, "learner_config": {}}
-    kw |= {"seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1, "log": lambda _m: None}
-    out = run_benchmark(["random", form], cache_dir=runs, **kw)
+    out = run_benchmark(["random", form], cache_dir=runs, **recorded_kw(seeds, steps))
     per = {n: {s: out["per_seed"][n][s] for s in seeds} for n in ("random", form)}
     k = per["random"][seeds[0]]["heldout_passk_k"]
     repeats = [(n, s) for n in ("random", form) for s in seeds if repeats_record(base_runs, runs, n, s)]

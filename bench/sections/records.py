@@ -116,6 +116,21 @@ def records_keeping(runs: str | Path, name: str, field: str = "unseen_by_env") -
     return out
 
 
+def recorded_kw(seeds: list[int], steps: int, learner_config: dict | None = None) -> dict:
+    """``run_benchmark``'s keywords for a table read from the neural learner's records of ``seeds``
+    (held-out every 50 steps; nothing is run)."""
+    return {
+        "steps": steps,
+        "learner": "neural",
+        "eval_every": 50,
+        "recorded_only": True,
+        "learner_config": dict(learner_config or {}),
+        "seed": seeds[0],
+        "seeds": seeds[-1] - seeds[0] + 1,
+        "log": lambda _m: None,
+    }
+
+
 def record_of(runs: str | Path, name: str, seed: int) -> dict | None:
     """The one record of ``name`` at ``seed`` in ``runs`` (None if there is none)."""
     found = sorted(Path(runs).glob(f"{name}-s{seed}-*.json"))

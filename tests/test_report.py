@@ -251,15 +251,23 @@ def test_a_run_is_compared_with_another_schedulers_run_in_another_lake(two_runs,
         diff = a["pass_at_k"] - b["pass_at_k"]
         assert r["random pass@k"].startswith(f"{b['pass_at_k']:.4f} ({diff:+.4f}")
         assert (" ± " in r["random pass@k"]) == (r["k"] < 8)  # no error at k = the episodes a task has
-    chart = next(
-        c for c in charts_of((out / "index.html").read_text()) if c["title"].startswith("Held-out solved")
-    )
+    drawn = charts_of((out / "index.html").read_text())
+    chart = next(c for c in drawn if c["title"].startswith("Held-out solved in any of k"))
+    who = ("this run (envsched (the paper's constants))", "random")
     assert {s["name"] for s in chart["series"]} == {
-        f"{who}: {split} {what}"
-        for who in ("this run (envsched (the paper's constants))", "random")
-        for split in ("seen", "unseen")
-        for what in ("pass@k", "pass^k")
+        f"{w}: {split} {what}" for w in who for split in ("seen", "unseen") for what in ("pass@k", "pass^k")
     }
+    # and at every evaluation: solved once and in all 8, each run's from its own episodes
+    trend = {s["name"]: s for c in drawn if c["title"].endswith("over the steps") for s in c["series"]}
+    for w, lk in zip(who, (mine, rand), strict=True):
+        for split in ("seen", "unseen"):
+            view = lk.sql(
+                f"select * from heldout_pass_at_k where split = '{split}' order by step"
+            ).to_pylist()
+            once, every = trend[f"{w}: {split} solved once"], trend[f"{w}: {split} pass^K"]
+            assert once["x"] == every["x"] == lk.steps("eval_rollouts") == [0, 2]
+            assert once["y"] == pytest.approx([r["pass_at_k"] for r in view if r["k"] == 1])
+            assert every["y"] == pytest.approx([r["pass_hat_k"] for r in view if r["k"] == 8])
     charts = charts_of((out / "index.html").read_text())
     names = {s["name"]: s["color"] for c in charts for s in c.get("series", [])}
     assert names["random"] == COLOURS["random"] and names["random: heldout_unseen"] == COLOURS["random"]

@@ -472,6 +472,10 @@ def build_report(
     if rel_rows:
         colours = {o["name"]: colour(o["spec"].scheduler) for o in others}
         charts.append(reliability_chart(reliability, theirs, colours, run_name, run_colour))
+        trend = [(run_name, run_colour, 2.6, lake)] + [
+            (o["name"], colours[o["name"]], 1.6, o["lake"]) for o in others
+        ]
+        charts.append(solved_over_steps(trend))
 
     config = {
         "run id": spec.run_id,
@@ -584,6 +588,45 @@ def reliability_chart(
         "kind": "line",
         "title": f"Held-out solved in any of k attempts (pass@k) and in all k (pass^k), step {reliability['step']}",
         "xlabel": "k (attempts at a task)",
+        "series": series,
+    }
+
+
+SOLVED_QUERY = """
+    select step, split, k, pass_at_k, pass_hat_k from heldout_pass_at_k p
+    where k = 1 or k = (select max(k) from heldout_pass_at_k q where q.step = p.step and q.split = p.split)
+    order by split, step, k
+"""
+
+
+def solved_over_steps(runs: list[tuple[str, str, float, Lake]]) -> dict:
+    """Each run's held-out share solved in one attempt (solid) and in all K (pass^K, dashed) at every
+    evaluation, per split (``runs``: name, colour, line width, lake)."""
+    series = []
+    for name, col, width, lk in runs:
+        rows = lk.sql(SOLVED_QUERY).to_pylist()
+        for split in sorted({r["split"] for r in rows}):
+            mine = [r for r in rows if r["split"] == split]
+            most = {r["step"]: r["k"] for r in mine}  # the K of each evaluation
+            for label, dash, pick in (
+                ("solved once", 0, lambda r: r["k"] == 1),
+                ("pass^K", 1, lambda r, most=most: r["k"] == most[r["step"]]),
+            ):
+                pts = [r for r in mine if pick(r)]
+                series.append(
+                    {
+                        "name": f"{name}: {split} {label}",
+                        "color": col,
+                        "width": width if split == "seen" else width * 0.6,
+                        "dash": dash,
+                        "x": [r["step"] for r in pts],
+                        "y": [r["pass_at_k"] if label == "solved once" else r["pass_hat_k"] for r in pts],
+                    }
+                )
+    return {
+        "kind": "line",
+        "title": "Held-out solved in one attempt and in all K (pass^K), over the steps",
+        "xlabel": "step",
         "series": series,
     }
 

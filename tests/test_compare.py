@@ -236,6 +236,12 @@ def test_held_out_from_episodes_splits_the_spread_into_sampling_and_the_runs_luc
     advice = "more seeds: more evaluation episodes would not" if v["luck_share"] >= 0.5 else "--eval-samples"
     assert advice in v["text"]
     # solved in one attempt, and in all 8 (pass^8), at the last common evaluation, over seeds
+    assert [v["key"] for v in res["verdicts"] if v["kind"] == "reliability"] == [
+        "heldout_seen_solved",
+        "heldout_seen_pass_all",
+        "heldout_unseen_solved",
+        "heldout_unseen_pass_all",
+    ]
     for split in ("seen", "unseen"):
         once = next(v for v in res["verdicts"] if v["key"] == f"heldout_{split}_solved")
         every = next(v for v in res["verdicts"] if v["key"] == f"heldout_{split}_pass_all")

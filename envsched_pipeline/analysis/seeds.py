@@ -245,7 +245,10 @@ def compare_seeds(runs: Sequence[Lake], against: Sequence[Lake], effect: float |
         if len(have) >= 2:
             verdicts.append(_heldout_verdict(have, bench, name, other))
             verdicts.append(_curve_verdict(have, bench, name, other))
-    for key in sorted({k for p in pairs for k in p["reliability"]}):  # solved once, solved every time
+    keys = {k for p in pairs for k in p["reliability"]}
+    for key in sorted(
+        keys, key=lambda k: (k.split("_")[1], k.endswith("_pass_all"))
+    ):  # once, then every time
         have = [p for p in pairs if key in p["reliability"]]
         if len(have) >= 2:
             verdicts.append(_reliability_verdict(have, key, name, other))

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from envsched_pipeline.analysis.compare import compare_reliability
 from envsched_pipeline.analysis.passk import (
-    compare_reliability,
     default_ks,
     episodes_by_split,
     headline_reliability,

@@ -151,6 +151,31 @@ def aligned(a: dict[str, list], b: dict[str, list], key: str) -> tuple[list[int]
 
 
 # ---------------------------------------------------------------------------- held-out
+def compare_reliability(mine: list[dict], theirs: list[dict]) -> list[dict]:
+    """Two independent runs' rows of one split side by side at the k both have: each estimate's
+    difference, its standard error (the two runs' combined) and verdict (``better`` True / False
+    past 1.96 standard errors, else None; None without an error)."""
+    by_k = {r["k"]: r for r in theirs}
+    out = []
+    for r in mine:
+        o = by_k.get(r["k"])
+        if o is None:
+            continue
+        row = {"k": r["k"]}
+        for name in ("pass_at_k", "pass_hat_k"):
+            diff = r[name] - o[name]
+            se = None
+            if r[f"{name}_se"] is not None and o[f"{name}_se"] is not None:
+                se = math.hypot(r[f"{name}_se"], o[f"{name}_se"])
+            better = None
+            if se is not None and abs(diff) > Z95 * se:
+                better = diff > 0
+            row.update({name: r[name], f"other_{name}": o[name], f"{name}_diff": diff})
+            row.update({f"{name}_diff_se": se, f"{name}_better": better})
+        out.append(row)
+    return out
+
+
 def _episodes(lake: Lake, step: int, split: str) -> dict[str, np.ndarray]:
     """Task id -> its evaluation episodes' rewards at ``step`` (empty when the lake keeps none)."""
     return {t: np.array(v) for t, v in episodes_by_split(lake, step).get(split, {}).items()}

@@ -8,7 +8,8 @@ episode solves its task when its reward reaches 1 (every check passed), as ``hel
 The standard error is the episodes' own noise, the tasks being a fixed set (as for the held-out
 mean, ``trainer.heldout.summarize``): a jackknife over each task's episodes, which needs k < n, so
 at k = n none is given. The lake's view ``heldout_pass_at_k`` (warehouse/views.sql) computes the
-same estimates in SQL.
+same estimates in SQL; two runs' estimates are set side by side by
+``analysis.compare.compare_reliability``, with the other run-against-run verdicts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from envsched_pipeline.lake import Lake
 
 SOLVED_AT = 1 - 1e-9  # an episode's reward from which it solved its task (heldout_by_env's solved)
-Z95 = 1.96
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -128,28 +128,3 @@ def heldout_reliability(lake: Lake, step: int | None = None) -> dict:
         "step": int(step),
         "splits": {s: reliability(eps) for s, eps in sorted(episodes_by_split(lake, step).items())},
     }
-
-
-def compare_reliability(mine: list[dict], theirs: list[dict]) -> list[dict]:
-    """Two independent runs' rows of one split side by side at the k both have: each estimate's
-    difference, its standard error (the two runs' combined) and verdict (``better`` True / False
-    past 1.96 standard errors, else None; None without an error)."""
-    by_k = {r["k"]: r for r in theirs}
-    out = []
-    for r in mine:
-        o = by_k.get(r["k"])
-        if o is None:
-            continue
-        row = {"k": r["k"]}
-        for name in ("pass_at_k", "pass_hat_k"):
-            diff = r[name] - o[name]
-            se = None
-            if r[f"{name}_se"] is not None and o[f"{name}_se"] is not None:
-                se = math.hypot(r[f"{name}_se"], o[f"{name}_se"])
-            better = None
-            if se is not None and abs(diff) > Z95 * se:
-                better = diff > 0
-            row.update({name: r[name], f"other_{name}": o[name], f"{name}_diff": diff})
-            row.update({f"{name}_diff_se": se, f"{name}_better": better})
-        out.append(row)
-    return out

@@ -30,12 +30,13 @@ from envsched_pipeline.analysis.compare import (
     VERDICT_WORD,
     against_runs,
     aligned,
+    compare_reliability,
     heldout_verdicts,
     interval_text,
     recorded_against,
     relation,
 )
-from envsched_pipeline.analysis.passk import compare_reliability, heldout_reliability
+from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.analysis.seeds import mark
 from envsched_pipeline.graph.store import load_graph

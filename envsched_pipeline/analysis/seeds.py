@@ -28,11 +28,12 @@ from envsched_pipeline.analysis.compare import (
     against_runs,
     aligned,
     changed_settings,
+    compare_reliability,
     heldout_verdicts,
     relation,
     short_label,
 )
-from envsched_pipeline.analysis.passk import compare_reliability, heldout_reliability
+from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.plots import _series, seeds_plot
 from envsched_pipeline.analysis.spread import every_seed_needs
 from envsched_pipeline.errors import ConfigError, EnvschedError

@@ -189,6 +189,23 @@ def best_record(lake: Lake) -> dict | None:
         return None
 
 
+def best_evaluated(lake: Lake) -> dict | None:
+    """The evaluated step with the best held-out score, the mean over its splits (the earlier step at
+    a tie, as a language model's kept best): ``{"step", "score", "heldout_<split>": score}``, or
+    None before the first evaluation."""
+    rows = lake.sql(
+        "select step, benchmark, score from evals where benchmark like 'heldout_%' order by step, benchmark"
+    ).to_pylist()
+    by_step: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by_step.setdefault(int(r["step"]), {})[r["benchmark"]] = float(r["score"])
+    if not by_step:
+        return None
+    mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}
+    step = max(sorted(mean), key=lambda t: mean[t])  # the first of the best at a tie
+    return {"step": step, "score": mean[step], **by_step[step]}
+
+
 REMOTE_SCHEMES = ("s3://",)
 # link(2) refused because the filesystem has no hard links (not because the name exists)
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}

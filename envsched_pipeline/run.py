@@ -23,7 +23,9 @@ RUN_FILE = "run.json"
 POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external")
 # the policies whose per-step checkpoints the lake drops (step 0's, every KEEP_EVERY-th and the
 # newest two stay) and whose steps record a checkpoint digest, so a dropped one can be made again
-REMADE_CHECKPOINTS = ("simulated", "neural")
+# (trainer.remake), and the file each one's checkpoint of a step is (checkpoints/step=<t>/<file>)
+CHECKPOINT_FILES = {"simulated": "policy.json", "neural": "neural.pt"}
+REMADE_CHECKPOINTS = tuple(CHECKPOINT_FILES)
 # the policies with weights of their own that `envsched evaluate` scores from a checkpoint
 EVALUATED_POLICIES = ("neural", "hf-tiny", "hf", "vllm")
 TRAINERS = ("subprocess", "external")

@@ -18,7 +18,7 @@ def neural_run(tmp_path, monkeypatch, capsys):
     pool = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
     assert main(["--lake", str(lake.root), *pool]) == 0
     train = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "4", "--group-size", "2"]
-    train += ["--steps", "2", "--eval-every", "1", "--eval-tasks", "2", "--eval-samples", "2"]
+    train += ["--steps", "4", "--eval-every", "1", "--eval-tasks", "2", "--eval-samples", "2"]
     assert main(["--lake", str(lake.root), *train]) == 0
     capsys.readouterr()
     return lake
@@ -34,10 +34,20 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
     before = sorted(lake.root.rglob("*"))
     evals = lake.sql("select * from evals where benchmark like 'heldout_%'").to_pylist()
     recorded = {(e["step"], e["benchmark"][8:], k): e[k] for e in evals for k in ("score", "se")}
-    for flags, step in (((), 1), (("--step", "0"), 0)):  # the newest kept by default
+    # the lake keeps steps 0, 2 and 3's checkpoints (step 0's and the newest two): step 1's is made
+    # again from step 0's, in memory, and scores as the run recorded, episode for episode
+    assert sorted(lake.artifact_steps("checkpoints")) == [0, 2, 3]
+    for flags, step in (((), 3), (("--step", "0"), 0), (("--step", "1"), 1)):  # the newest kept by default
         out = lake.root.parent / f"episodes-{step}.parquet"
         got = evaluated(lake, capsys, *flags, "--episodes", str(out))
-        assert got["step"] == step and got["checkpoint"].endswith(f"checkpoints/step={step}/neural.pt")
+        if step == 1:
+            made = dict(got["made_again"])
+            assert made.pop("seconds") > 0 and made == {"after": 1, "from": 0, "remade": [1]}
+            assert got["checkpoint"].startswith("not kept: made again from step 0's checkpoint, 1 step(s)")
+        else:
+            assert got["made_again"] is None
+            assert got["checkpoint"].endswith(f"checkpoints/step={step}/neural.pt")
+        assert got["step"] == step
         scores = {
             (step, r["split"], k): r[m] for r in got["splits"] for k, m in (("score", "mean"), ("se", "se"))
         }
@@ -66,6 +76,19 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
             assert [e["mean"] for e in envs] == sorted(e["mean"] for e in envs)
             assert sum(e["tasks"] for e in envs) == r["tasks"] and {e["episodes"] for e in envs} <= {2, 4}
             assert sum(e["tasks"] * e["mean"] for e in envs) / r["tasks"] == pytest.approx(r["mean"])
+    # the best held-out policy: the evaluated step with the best mean over the splits, the earlier
+    # at a tie, read or made again as any other step's
+    means = {}
+    for e in evals:
+        means.setdefault(e["step"], []).append(e["score"])
+    top = max(sum(v) / len(v) for v in means.values())
+    best = min(t for t, v in means.items() if sum(v) / len(v) == top)
+    got = evaluated(lake, capsys, "--best")
+    assert got["step"] == best and (got["made_again"] is None) == (best != 1)
+    assert got["recorded"] == {k[1]: v for k, v in recorded.items() if k[0] == best and k[2] == "score"}
+    assert {r["split"]: r["mean"] for r in got["splits"]} == pytest.approx(
+        {k[1]: v for k, v in recorded.items() if k[0] == best and k[2] == "score"}
+    )
     # more samples from another seed: the same tasks, another look
     again = evaluated(lake, capsys, "--step", "1", "--samples", "12", "--seed", "7")
     assert [(r["tasks"], r["samples"]) for r in again["splits"]] == [(2, 12), (2, 12)]
@@ -94,18 +117,54 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         assert [float(x) for x in (solved, any2, all2)] == pytest.approx(shown, abs=5e-5)
     # `envsched status` names the kept checkpoints and what to do with them
     assert main(["--lake", str(lake.root), "status", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["checkpoints"] == [0, 1]
+    st = json.loads(capsys.readouterr().out)
+    assert st["checkpoints"] == [0, 2, 3]
+    assert st["best_heldout"] == {
+        "step": best,
+        "score": pytest.approx(top),
+        **{
+            f"heldout_{k[1]}": pytest.approx(v)
+            for k, v in recorded.items()
+            if k[0] == best and k[2] == "score"
+        },
+        "policy": None if best == 1 else str(lake.root / f"checkpoints/step={best}/neural.pt"),
+    }
     assert main(["--lake", str(lake.root), "status"]) == 0
-    assert "  policy kept after steps: 0, 1 (2 kept; `envsched evaluate --step K` scores one again" in (
-        capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert (
+        "  policy kept after steps: 0, 2, 3 (3 kept; `envsched evaluate --step K` scores one again "
+        "(another step's is made again first)" in text
+    )
+    shown = ", ".join(f"{split} {st['best_heldout'][f'heldout_{split}']:.4f}" for split in ("seen", "unseen"))
+    where = (
+        "its checkpoint was dropped; `envsched evaluate --best` makes it again"
+        if best == 1
+        else f"policy in {lake.root}/checkpoints/step={best}/neural.pt"
+    )
+    assert (
+        f"  best held-out so far: step {best}, score {top:.4f} (the mean over the splits evaluated: {shown}); {where}"
+        in text
+    )
+    # a best policy whose checkpoint the lake dropped (step 1's, its held-out record raised to the
+    # top here): status says so, and --best makes it again and scores it as the run first did
+    rows = lake.read("evals", step=1).to_pylist()
+    lake.write(
+        "evals", [{**r, "score": 1.0} if r["benchmark"].startswith("heldout_") else r for r in rows], step=1
+    )
+    assert main(["--lake", str(lake.root), "status"]) == 0
+    assert (
+        "  best held-out so far: step 1, score 1.0000 (the mean over the splits evaluated: seen 1.0000, unseen "
+        "1.0000); its checkpoint was dropped; `envsched evaluate --best` makes it again"
+        in capsys.readouterr().out
+    )
+    got = evaluated(lake, capsys, "--best")
+    assert got["step"] == 1 and got["made_again"]["remade"] == [1]
+    assert {r["split"]: r["mean"] for r in got["splits"]} == pytest.approx(
+        {k[1]: v for k, v in recorded.items() if k[0] == 1 and k[2] == "score"}
     )
     # refused in one line, naming what to ask for instead
     for flags, says in (
-        (
-            ["--step", "5"],
-            "--step 5: the neural learner's checkpoint after that step is not kept; these are: 0, 1",
-        ),
-        (["--best"], "--best: the neural learner keeps a checkpoint per step; name one with --step"),
+        (["--step", "5"], "--step 5: the run has not trained step 5 (its steps: 0..3)"),
         (["--samples", "5000"], "policy_config.eval_samples"),
     ):
         assert main(["--lake", str(lake.root), "evaluate", *flags]) == 2

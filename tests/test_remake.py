@@ -19,8 +19,7 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, start_run
 from tests.test_report import neural_run
 from tests.test_state_keep import one_step
-from trainer.remake import remake
-from trainer.step import CHECKPOINT_FILES
+from trainer.remake import _redo, remake
 
 STEPS = 11
 BY_STEP = [("step", "ascending"), ("task_id", "ascending"), ("rollout", "ascending")]
@@ -188,4 +187,4 @@ def test_a_checkpoint_made_again_across_a_settings_change_uses_each_steps_settin
 
 
 def test_every_learner_whose_checkpoints_the_lake_drops_can_have_one_made_again():
-    assert set(CHECKPOINT_FILES) == set(REMADE_CHECKPOINTS)
+    assert set(_redo) == set(REMADE_CHECKPOINTS)

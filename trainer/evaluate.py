@@ -1,12 +1,12 @@
 """Held-out evaluation of a trained policy outside training (``envsched evaluate``).
 
-The policy after step K, from its checkpoint (the neural learner's of any kept step; a language
-model's periodic ones, ``latest``, or ``best``), on the pool's held-out split: unseen tasks of the
-training environments (``seen``) and tasks of environments never trained on (``unseen``), each the
-mean over tasks of the mean reward of ``samples`` episodes, with the standard error from the
-within-task sampling noise. With the run's own settings it samples as the run's evaluation at that
-step did, so it repeats the recorded score; more samples or tasks, or another sampling seed, give a
-second look. Nothing is written to the lake.
+The policy after step K, from its checkpoint (the neural learner's of any trained step, one the lake
+dropped made again from the kept one before it; a language model's periodic ones, ``latest``, or
+``best``), on the pool's held-out split: unseen tasks of the training environments (``seen``) and
+tasks of environments never trained on (``unseen``), each the mean over tasks of the mean reward of
+``samples`` episodes, with the standard error from the within-task sampling noise. With the run's
+own settings it samples as the run's evaluation at that step did, so it repeats the recorded score;
+more samples or tasks, or another sampling seed, give a second look. Nothing is written to the lake.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, best_evaluated
 from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
 from trainer.step import CHECKPOINT_FILES, checkpoint_rel
 
@@ -32,13 +32,15 @@ def evaluate(
     log=print,
 ) -> dict:
     """The held-out scores of the policy after ``step`` (default: the newest kept) or of the best
-    one (``best``, language models): ``{"policy", "step", "checkpoint", "splits": [{"split",
-    "tasks", "samples", "mean", "se"}], "recorded": {split: score}, "by_env": [...]
-    (:func:`by_environment`), "episodes": table}`` (the episodes in the lake's ``eval_rollouts``
-    columns). ``samples`` and ``tasks``
-    replace the run's evaluation settings, ``seed`` its sampling seed (the tasks chosen stay the
-    run's). A StepError names what is missing: a policy without weights, a pool without a held-out
-    split, a step whose checkpoint is not kept (and the steps that are)."""
+    one (``best``: a language model's kept copy; the neural learner's best evaluated step):
+    ``{"policy", "step", "checkpoint", "splits": [{"split", "tasks", "samples", "mean", "se"}],
+    "recorded": {split: score}, "by_env": [...] (:func:`by_environment`), "episodes": table,
+    "made_again"}`` (the episodes in the lake's ``eval_rollouts`` columns; ``made_again``: how a
+    neural checkpoint the lake dropped was made again, in memory, None when it was read).
+    ``samples`` and ``tasks`` replace the run's evaluation settings, ``seed`` its sampling seed (the
+    tasks chosen stay the run's). A StepError names what is missing: a policy without weights, a
+    pool without a held-out split, a step not trained, a language model's checkpoint not kept (and
+    the steps that are)."""
     spec = require_run(lake)
     if spec.trainer == "external" or spec.policy not in EVALUATED_POLICIES:
         outside = " (an outside trainer's run)" if spec.trainer == "external" else ""
@@ -46,15 +48,13 @@ def evaluate(
             f"the run's policy is {spec.policy!r}{outside}: envsched evaluates the policies it trains "
             f"({', '.join(EVALUATED_POLICIES)}); an outside trainer records its own (ExternalRun.log_eval)"
         )
-    if best and spec.policy == "neural":
-        raise StepError("--best: the neural learner keeps a checkpoint per step; name one with --step")
     if not lake.read("eval_tasks", pool=spec.pool).num_rows:
         raise StepError(f"pool {spec.pool!r} has no held-out split (eval_tasks) to evaluate on")
     given = {k: v for k, v in {"eval_samples": samples, "eval_tasks": tasks}.items() if v is not None}
     asked = replace(spec, policy_config={**spec.policy_config, **given})
     asked.policy_settings().validate(asked.policy)  # --samples / --tasks within their bounds
     if spec.policy == "neural":
-        return _neural(lake, asked, step, seed, log)
+        return _neural(lake, asked, step, best, seed, log)
     return _language_model(lake, asked, step, best, seed, log)
 
 
@@ -98,7 +98,10 @@ def by_environment(episodes: pa.Table) -> list[dict]:
     return sorted(rows, key=lambda r: (r["split"], r["mean"], r["env_id"]))
 
 
-def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict], episodes) -> dict:
+def _result(
+    spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict], episodes, made: dict | None = None
+) -> dict:
+    """``made``: how a dropped checkpoint was made again (trainer.remake.made_again), None when read."""
     return {
         "policy": spec.policy,
         "step": step,
@@ -107,20 +110,48 @@ def _result(spec: RunSpec, lake: Lake, step: int, where: str, splits: list[dict]
         "recorded": _recorded(lake, step),
         "by_env": by_environment(episodes),
         "episodes": episodes,
+        "made_again": made,
     }
 
 
-def _neural(lake: Lake, spec: RunSpec, step: int | None, seed: int | None, log) -> dict:
+def _neural(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log) -> dict:
     from trainer.neural.runner import (  # torch: the learner's own
         EVAL_SAMPLES,
         heldout_evaluation,
         load_learner,
+        new_learner,
     )
+    from trainer.remake import made_again  # the learner's steps run again: torch, as above
 
     name = CHECKPOINT_FILES["neural"]
     kept = [s for s in sorted(lake.artifact_steps("checkpoints")) if lake.exists(checkpoint_rel(s, name))]
-    step = _choose(step, kept, "neural learner's checkpoint")
-    learner = load_learner(lake, spec, step + 1, log)  # the one the step after it starts from
+    if best:
+        record = best_evaluated(lake)
+        if record is None:
+            raise StepError("--best: the run has no held-out evaluation yet to pick the best policy by")
+        step = int(record["step"])
+    elif step is None:
+        step = _choose(step, kept, "neural learner's checkpoint")
+    made = None
+    if step in kept:
+        learner = load_learner(lake, spec, step + 1, log)  # the one the step after it starts from
+        where = lake.where(checkpoint_rel(step, name))
+    else:
+        trained = lake.steps("train_metrics")
+        if step not in trained:
+            raise StepError(
+                f"--step {step}: the run has not trained step {step}"
+                + (f" (its steps: {trained[0]}..{trained[-1]})" if trained else "")
+            )
+        # the lake keeps step 0's checkpoint, every KEEP_EVERY-th and the newest two: any other is made
+        # again from the kept one before it, in memory (nothing is written)
+        data, made = made_again(lake, step, log)
+        learner = new_learner(lake, spec)
+        learner.load_bytes(data)
+        where = (
+            f"not kept: made again from step {made['from']}'s checkpoint, {len(made['remade'])} step(s) "
+            f"each matching the digest it recorded, {made['seconds']:.1f} s"
+        )
     try:
         results, episodes = heldout_evaluation(lake, spec, learner, step, seed=seed)
     finally:
@@ -130,7 +161,7 @@ def _neural(lake: Lake, spec: RunSpec, step: int | None, seed: int | None, log) 
         {"split": split, "tasks": res["tasks"], "samples": samples, "mean": res["mean"], "se": res["se"]}
         for split, res in results.items()
     ]
-    return _result(spec, lake, step, lake.where(checkpoint_rel(step, name)), splits, episodes)
+    return _result(spec, lake, step, where, splits, episodes, made)
 
 
 def _language_model(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log) -> dict:

@@ -35,6 +35,17 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     """Write the checkpoint of step ``after`` again, made from the nearest kept checkpoint before it
     and checked step by step against the digests the steps recorded. Returns what was done
     (``remade``: the steps made again; empty when the checkpoint is there)."""
+    data, done = made_again(lake, after, log)
+    if done["remade"]:
+        lake.write_bytes(checkpoint_rel(after, CHECKPOINT_FILES[require_run(lake).policy]), data)
+    return done
+
+
+def made_again(lake: Lake, after: int, log=print) -> tuple[bytes, dict]:
+    """The checkpoint of step ``after`` (its bytes) and what was done to have it: read where the lake
+    keeps it, else made again from the nearest kept checkpoint before it, each step checked against
+    the digest it recorded. Nothing is written (``envsched evaluate`` scores a dropped checkpoint
+    this way while the run goes on)."""
     spec = require_run(lake)
     if spec.policy not in CHECKPOINT_FILES:
         raise StepError(
@@ -44,7 +55,9 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     name = CHECKPOINT_FILES[spec.policy]
     kept = lake.artifact_steps("checkpoints", name)
     if after in kept:
-        return {"after": after, "from": after, "remade": [], "seconds": 0.0}
+        data = lake.read_bytes(checkpoint_rel(after, name))
+        if data is not None:
+            return data, {"after": after, "from": after, "remade": [], "seconds": 0.0}
     base = max((s for s in kept if s < after), default=None)
     if base is None:
         raise StepError(
@@ -73,10 +86,10 @@ def remake(lake: Lake, after: int, log=print) -> dict:
                     f"checkpoint, every {lake_module.KEEP_EVERY}th and the newest two"
                 )
             log(f"  step {s}: the checkpoint made again matches ({s - base}/{after - base})")
-        lake.write_bytes(checkpoint_rel(after, name), _bytes(learner))
+        data = _bytes(learner)
     finally:
         _close(learner)
-    return {
+    return data, {
         "after": after,
         "from": base,
         "remade": list(range(base + 1, after + 1)),

@@ -39,7 +39,7 @@ from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.lease import STALE_SECONDS, step_lock
 from envsched_pipeline.rollouts import write_step_result
-from envsched_pipeline.run import RunSpec, require_run, step_rng
+from envsched_pipeline.run import CHECKPOINT_FILES, RunSpec, require_run, step_rng
 from trainer import world
 from trainer.grpo import group_advantages
 from trainer.realenv import corrupt, episode_rows, tool_names_of
@@ -48,10 +48,6 @@ from trainer.simulated import SimLearnerConfig, SimulatedLearner
 # a training step whose lock is held waits this long for the holder to finish or go stale (a
 # crashed pod's lock on another machine goes stale after STALE_SECONDS): its retry then runs
 TRAIN_LOCK_WAIT = STALE_SECONDS + 30.0
-
-
-# each learner of run.REMADE_CHECKPOINTS and the file of its per-step checkpoint folder
-CHECKPOINT_FILES = {"simulated": "policy.json", "neural": "neural.pt"}
 
 
 def checkpoint_rel(step: int, name: str) -> str:

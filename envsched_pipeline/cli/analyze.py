@@ -40,7 +40,7 @@ from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.gates import GATES, halted, resume
 from envsched_pipeline.core.loop import explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
-from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run, steps_of
+from envsched_pipeline.run import EVALUATED_POLICIES, REMADE_CHECKPOINTS, RunSpec, require_run, steps_of
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
 
 F = HelpFormatter
@@ -108,10 +108,15 @@ def add_parser(sub) -> None:
         "--step",
         type=INDEX,
         default=None,
-        help="the step whose policy to evaluate (default: the newest kept)",
+        help="the step whose policy to evaluate (default: the newest kept); a neural step whose "
+        "checkpoint the lake dropped is made again from the kept one before it (its steps run again, "
+        "each checked against the checkpoint digest it recorded)",
     )
     which.add_argument(
-        "--best", action="store_true", help="the best held-out policy the run kept (language models)"
+        "--best",
+        action="store_true",
+        help="the best held-out policy: a language model's kept copy; the neural learner's evaluated "
+        "step with the best mean held-out score (the earlier at a tie)",
     )
     ev.add_argument("--samples", type=COUNT, default=None, help="episodes per task (default: the run's)")
     ev.add_argument("--tasks", type=COUNT, default=None, help="tasks per split (default: the run's)")
@@ -396,15 +401,24 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         shown = ", ".join(map(str, kept[-12:]))
         uses = "`envsched rewind --to K+1` goes back to one"
         if spec["policy"] in EVALUATED_POLICIES and spec.get("trainer") != "external":
-            uses = "`envsched evaluate --step K` scores one again, " + uses
+            again = " (another step's is made again first)" if spec["policy"] in REMADE_CHECKPOINTS else ""
+            uses = f"`envsched evaluate --step K` scores one again{again}, " + uses
         lines.append(
             f"  policy kept after steps: {'..., ' * (len(kept) > 12)}{shown} ({len(kept)} kept; {uses})"
         )
     if st["best_heldout"]:
         b = st["best_heldout"]
+        splits = ", ".join(
+            f"{k.removeprefix('heldout_')} {v:.4f}" for k, v in b.items() if k.startswith("heldout_")
+        )
+        where = (  # the neural learner keeps no copy of its own: the step's checkpoint, or none
+            f"policy in {b['policy']}"
+            if b["policy"]
+            else "its checkpoint was dropped; `envsched evaluate --best` makes it again"
+        )
         lines.append(
             f"  best held-out so far: step {b.get('step')}, score {b.get('score', float('nan')):.4f} (the mean "
-            f"over the splits evaluated); policy in {b['policy']}"
+            f"over the splits evaluated{': ' + splits if splits else ''}); {where}"
         )
     rows = step_summary(lake)[-last:] if done else []
     if rows:

@@ -7,9 +7,9 @@ import math
 
 from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halted
 from envsched_pipeline.errors import EnvschedError, LakeError
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_evaluated, best_record
 from envsched_pipeline.lease import holders
-from envsched_pipeline.run import SAMPLER_METRICS, load_run
+from envsched_pipeline.run import CHECKPOINT_FILES, SAMPLER_METRICS, load_run
 
 
 def _done(lake: Lake, external: bool) -> tuple[set, set, set]:
@@ -106,10 +106,23 @@ def partner(path: str) -> dict:
 
 
 def best_heldout(lake: Lake) -> dict | None:
-    """The step whose policy scored best on held-out so far (language-model runs), its scores and
-    where the policy is saved; None before the first evaluation."""
+    """The step whose policy scored best on held-out so far, its scores (``score``: the mean over the
+    splits evaluated; ``heldout_<split>``: each split's) and where its policy is: a language model's
+    kept copy (``checkpoints/best``); for the neural learner, which keeps no copy of its own, the
+    best evaluated step (:func:`best_evaluated`) with its checkpoint's place where the lake still
+    keeps it (``policy``; None when `envsched evaluate --best` makes it again). None before the
+    first evaluation."""
     record = best_record(lake)
-    return None if record is None else {**record, "policy": str(lake.local / BEST_CHECKPOINT / "policy")}
+    if record is not None:
+        return {**record, "policy": str(lake.local / BEST_CHECKPOINT / "policy")}
+    spec = load_run(lake)
+    if spec is None or spec.policy != "neural" or spec.trainer == "external":
+        return None
+    best = best_evaluated(lake)
+    if best is None:
+        return None
+    rel = Lake.artifact_rel("checkpoints", best["step"], CHECKPOINT_FILES["neural"])
+    return {**best, "policy": lake.where(rel) if lake.exists(rel) else None}
 
 
 def next_action(lake: Lake) -> tuple[str, int] | None:

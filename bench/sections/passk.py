@@ -52,6 +52,7 @@ def section_neural_passk(runs: str, base_runs: str, steps: int) -> None:
                 f"{d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(len(d)):.4f} [{d.mean() - half:+.4f}, "
                 f"{d.mean() + half:+.4f}] | {(d > 0).sum()}/{len(d)} |"
             )
+    rivals, shared, rival_rows = rivals_table(runs, form, steps)
     png = Path(passk_plot(runs, form, seeds, HERE / "neural_passk.png"))
     write_section(
         "neural_passk",
@@ -73,10 +74,72 @@ def section_neural_passk(runs: str, base_runs: str, steps: int) -> None:
                 *rows,
                 "",
                 f"![pass@k and pass^k]({png.name})",
+                *(
+                    [
+                        "",
+                        f"Against the strongest rivals of the tables above ({', '.join(rivals)}), re-run the same "
+                        f"way at seeds {seed_span(shared)}: the form's paired difference from each scheduler, "
+                        f"the same measures ({rival_repeats(base_runs, runs, rivals, shared)}). Whether the "
+                        "form's gain in tasks solved is its own or any variance-seeking schedule's:",
+                        "",
+                        *rival_rows,
+                    ]
+                    if rivals
+                    else []
+                ),
             ]
         ),
         after="neural_noforced_seeds",
     )
+
+
+RIVALS = ("greso", "mopps")  # the rows closest to the form's on the default learner's tables
+
+
+def rivals_table(runs: str, form: str, steps: int) -> tuple[list[str], list[int], list[str]]:
+    """The form against random and each rival re-run in ``runs`` (at the seeds all of them share):
+    (the rivals there, the seeds, the table's rows); no rows when fewer than two seeds are shared."""
+    rivals = [n for n in RIVALS if recorded_seeds(runs, n)]
+    names = ["random", *rivals, form]
+    shared = sorted(set.intersection(*(set(recorded_seeds(runs, n)) for n in names)))
+    if not rivals or len(shared) < 2:
+        return [], shared, []
+    out = run_benchmark(names, cache_dir=runs, **recorded_kw(shared, steps))
+    per = {n: {s: out["per_seed"][n][s] for s in shared} for n in names}
+    k = per[form][shared[0]]["heldout_passk_k"]
+    rows = [
+        "| held-out | measure | "
+        + " | ".join(n if n != form else "the form" for n in names)
+        + " | "
+        + " | ".join(f"the form - {n} [95% t] (seeds above)" for n in names[:-1])
+        + " |",
+        "|---|---|" + "---|" * (2 * len(names) - 1),
+    ]
+    for kind in KINDS:
+        for field, what in ROWS:
+            key = f"heldout_{kind}_{field}"
+            got = {n: np.array([per[n][s][key] for s in shared]) for n in names}
+            cells = []
+            for n in names[:-1]:
+                d = got[form] - got[n]
+                half = t_half(d)
+                cells.append(
+                    f"{d.mean():+.4f} [{d.mean() - half:+.4f}, {d.mean() + half:+.4f}] ({(d > 0).sum()}/{len(d)})"
+                )
+            rows.append(
+                f"| {kind} | {what.replace('K', str(k))} | "
+                + " | ".join(f"{got[n].mean():.4f}" for n in names)
+                + " | "
+                + " | ".join(cells)
+                + " |"
+            )
+    return rivals, shared, rows
+
+
+def rival_repeats(base_runs: str, runs: str, rivals: list[str], seeds: list[int]) -> str:
+    """How many of the rivals' re-runs repeat their records, in words."""
+    same = sum(repeats_record(base_runs, runs, n, s) for n in rivals for s in seeds)
+    return f"{same} of {len(rivals) * len(seeds)} of these re-runs repeat their records step for step"
 
 
 def repeats_record(base_runs: str, runs: str, name: str, seed: int) -> bool:

@@ -132,8 +132,8 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
     assert main(["--lake", str(lake.root), "status"]) == 0
     text = capsys.readouterr().out
     assert (
-        "  policy kept after steps: 0, 2, 3 (3 kept; `envsched evaluate --step K` scores one again "
-        "(another step's is made again first)" in text
+        "  policy kept after steps: 0, 2, 3 (3 kept; `envsched evaluate --step K` scores the policy after any "
+        "step K (one not kept is made again), `envsched rewind --to K+1` goes back to one)" in text
     )
     shown = ", ".join(f"{split} {st['best_heldout'][f'heldout_{split}']:.4f}" for split in ("seen", "unseen"))
     where = (

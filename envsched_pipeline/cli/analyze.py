@@ -401,8 +401,11 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         shown = ", ".join(map(str, kept[-12:]))
         uses = "`envsched rewind --to K+1` goes back to one"
         if spec["policy"] in EVALUATED_POLICIES and spec.get("trainer") != "external":
-            again = " (another step's is made again first)" if spec["policy"] in REMADE_CHECKPOINTS else ""
-            uses = f"`envsched evaluate --step K` scores one again{again}, " + uses
+            uses = (
+                "`envsched evaluate --step K` scores the policy after any step K (one not kept is made again), "
+                if spec["policy"] in REMADE_CHECKPOINTS
+                else "`envsched evaluate --step K` scores one again, "
+            ) + uses
         lines.append(
             f"  policy kept after steps: {'..., ' * (len(kept) > 12)}{shown} ({len(kept)} kept; {uses})"
         )

@@ -89,6 +89,49 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
     assert {r["split"]: r["mean"] for r in got["splits"]} == pytest.approx(
         {k[1]: v for k, v in recorded.items() if k[0] == best and k[2] == "score"}
     )
+    # several steps' policies, one after the other: the run's curve scored again (steps 0 and 3 read,
+    # 1 made again), each as its own evaluation gives it; `evaluated` names every step the run evaluated
+    out = lake.root.parent / "episodes-curve.parquet"
+    curve = evaluated(lake, capsys, "--steps", "3,0,1", "--episodes", str(out))
+    assert [c["step"] for c in curve] == [3, 0, 1]
+    assert [c["made_again"] is not None for c in curve] == [False, False, True]
+    for c in curve:
+        assert {r["split"]: r["mean"] for r in c["splits"]} == pytest.approx(
+            {k[1]: v for k, v in recorded.items() if k[0] == c["step"] and k[2] == "score"}
+        )
+    assert duckdb.sql(f"select step, count(*) from '{out}' group by step order by step").fetchall() == [
+        (0, 8),
+        (1, 8),
+        (3, 8),
+    ]
+    assert [c["step"] for c in evaluated(lake, capsys, "--steps", "evaluated")] == [0, 1, 2, 3]
+    assert main(["--lake", str(lake.root), "evaluate", "--steps", "0,2"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[-4].startswith("held-out over the steps") and text[-3].split() == [
+        "step",
+        "seen",
+        "±",
+        "se",
+        "recorded",
+        "unseen",
+        "±",
+        "se",
+        "recorded",
+    ]
+    shown = [line.split() for line in text[-2:]]
+    assert [int(c[0]) for c in shown] == [0, 2]
+    for cells in shown:
+        want = {k[1:]: v for k, v in recorded.items() if k[0] == int(cells[0])}
+        assert [float(cells[j]) for j in (1, 3, 4, 5, 7, 8)] == pytest.approx(
+            [want[("seen", m)] for m in ("score", "se", "score")]
+            + [want[("unseen", m)] for m in ("score", "se", "score")],
+            abs=5e-5,
+        )
+    # a step that cannot be scored is named before any is scored
+    assert main(["--lake", str(lake.root), "evaluate", "--steps", "1,7,9"]) == 2
+    err = capsys.readouterr().err
+    assert "--steps: the policy after step(s) 7, 9 cannot be scored; these can: 0..3" in err
+    assert "evaluating" not in err
     # more samples from another seed: the same tasks, another look
     again = evaluated(lake, capsys, "--step", "1", "--samples", "12", "--seed", "7")
     assert [(r["tasks"], r["samples"]) for r in again["splits"]] == [(2, 12), (2, 12)]

@@ -12,6 +12,7 @@ more samples or tasks, or another sampling seed, give a second look. Nothing is 
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pyarrow as pa
@@ -56,6 +57,52 @@ def evaluate(
     if spec.policy == "neural":
         return _neural(lake, asked, step, best, seed, log)
     return _language_model(lake, asked, step, best, seed, log)
+
+
+def evaluable_steps(lake: Lake) -> list[int]:
+    """The steps whose policy :func:`evaluate` can score: every step a neural run trained (a
+    checkpoint the lake dropped is made again), a language model's kept checkpoints."""
+    spec = require_run(lake)
+    if spec.policy == "neural":
+        return lake.steps("train_metrics")
+    if spec.policy not in EVALUATED_POLICIES:
+        return []
+    from trainer.policy_step import kept_checkpoints  # torch: a language model's checkpoints, as above
+
+    return sorted({s for s, _ in kept_checkpoints(lake)})
+
+
+def evaluated_steps(lake: Lake) -> list[int]:
+    """The steps the run evaluated (its ``heldout_*`` records), in order; a StepError when none."""
+    rows = lake.sql(
+        "select distinct step from evals where benchmark like 'heldout_%' order by step"
+    ).to_pylist()
+    if not rows:
+        raise StepError("--steps evaluated: the run has not evaluated a step yet")
+    return [int(r["step"]) for r in rows]
+
+
+def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> list[dict]:
+    """:func:`evaluate` of the policy after each of ``steps`` in turn (the same ``settings``: samples,
+    tasks, seed), every step checked before the first is scored: a StepError names those that
+    cannot be (not trained, or a language model's checkpoint not kept) and those that can."""
+    can = evaluable_steps(lake)
+    missing = [s for s in steps if s not in set(can)]
+    if missing:
+        shown = (
+            f"{can[0]}..{can[-1]}"
+            if can and can == list(range(can[0], can[-1] + 1))
+            else ", ".join(map(str, can[-12:]))
+        )
+        raise StepError(
+            f"--steps: the policy after step(s) {', '.join(map(str, missing))} cannot be scored; "
+            f"these can: {shown or 'none yet'}"
+        )
+    out = []
+    for i, step in enumerate(steps, start=1):
+        log(f"evaluating the policy after step {step} ({i}/{len(steps)})")
+        out.append(evaluate(lake, step=step, log=log, **settings))
+    return out
 
 
 def _recorded(lake: Lake, step: int) -> dict:

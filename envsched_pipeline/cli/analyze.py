@@ -20,6 +20,7 @@ from envsched_pipeline.analysis.seeds import compare_seeds, mark, markdown_table
 from envsched_pipeline.analysis.trace import query_traces, summarize_traces, trace_tables
 from envsched_pipeline.cli.common import (
     COUNT,
+    EVALUATED,
     GROUP,
     INDEX,
     HelpFormatter,
@@ -31,6 +32,7 @@ from envsched_pipeline.cli.common import (
     lake_of,
     names,
     sql_error,
+    step_list,
     writable_dir,
     writable_file,
     write_output,
@@ -111,6 +113,15 @@ def add_parser(sub) -> None:
         help="the step whose policy to evaluate (default: the newest kept); a neural step whose "
         "checkpoint the lake dropped is made again from the kept one before it (its steps run again, "
         "each checked against the checkpoint digest it recorded)",
+    )
+    which.add_argument(
+        "--steps",
+        type=step_list,
+        default=None,
+        metavar="LIST",
+        help="the policies after several steps, one after the other, e.g. 49,99,149,199, or "
+        f"`{EVALUATED}` (every step the run evaluated): a run's held-out curve scored again, e.g. "
+        "with more --samples; every step is checked before the first is scored",
     )
     which.add_argument(
         "--best",
@@ -494,53 +505,89 @@ def cmd_explain(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from trainer.evaluate import evaluate  # torch: only when a policy is evaluated
+    from trainer.evaluate import evaluate, evaluate_steps, evaluated_steps  # torch: only when evaluating
 
     lake = lake_of(args).require()
     out = writable_file("--episodes", args.episodes) if args.episodes else None  # before any work
-    res = evaluate(
-        lake,
-        step=args.step,
-        best=args.best,
-        samples=args.samples,
-        tasks=args.tasks,
-        seed=args.seed,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
-    )
-    episodes = res.pop("episodes")
-    if out is not None:
-        import pyarrow.parquet as pq  # only when the episodes are written
+    settings = {"samples": args.samples, "tasks": args.tasks, "seed": args.seed}
 
+    def log(message: str) -> None:  # progress on stderr: stdout holds the table or the JSON
+        print(message, file=sys.stderr, flush=True)
+
+    if args.steps is not None:
+        steps = evaluated_steps(lake) if args.steps == EVALUATED else args.steps
+        results = evaluate_steps(lake, steps, log=log, **settings)
+    else:
+        results = [evaluate(lake, step=args.step, best=args.best, log=log, **settings)]
+    episodes = [res.pop("episodes") for res in results]
+    if out is not None:
+        import pyarrow as pa  # only when the episodes are written
+        import pyarrow.parquet as pq  # as above
+
+        table = pa.concat_tables(episodes, promote_options="default")
         out.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(episodes, out)
-        print(f"wrote {episodes.num_rows} episodes to {out}", file=sys.stderr)
-    # solved in one attempt, in any of k and in all k (analysis.passk), from the same episodes
-    res["reliability"] = {split: reliability(eps) for split, eps in split_episodes(episodes).items()}
+        pq.write_table(table, out)
+        print(f"wrote {table.num_rows} episodes to {out}", file=sys.stderr)
+    for res, eps in zip(results, episodes, strict=True):
+        # solved in one attempt, in any of k and in all k (analysis.passk), from the same episodes
+        res["reliability"] = {split: reliability(e) for split, e in split_episodes(eps).items()}
     if args.json:
-        print(dumps(res, indent=2))
+        print(dumps(results if args.steps is not None else results[0], indent=2))
         return 0
-    print(f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})")
+    for res in results:
+        print("\n".join(evaluation_lines(res, args.by_env)))
+    if len(results) > 1:
+        print("\n".join(curve_lines(results)))
+    return 0
+
+
+def evaluation_lines(res: dict, by_env: bool) -> list[str]:
+    """One evaluation (``trainer.evaluate.evaluate``'s result) as the table `envsched evaluate` prints."""
     k = max((r["samples"] for r in res["splits"]), default=1)
-    print(
+    lines = [
+        f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})",
         f"  {'split':<8} {'tasks':>6} {'samples':>8} {'held-out':>9} {'± se':>8} {'recorded':>9} "
-        f"{'solved':>7} {f'pass@{k}':>7} {f'pass^{k}':>7}"
-    )
+        f"{'solved':>7} {f'pass@{k}':>7} {f'pass^{k}':>7}",
+    ]
     for r in res["splits"]:
         recorded = res["recorded"].get(r["split"])
         shown = f"{recorded:.4f}" if recorded is not None else "-"
         rel = {x["k"]: x for x in res["reliability"].get(r["split"], [])}
         cells = ((1, "pass_at_k"), (k, "pass_at_k"), (k, "pass_hat_k"))  # solved, pass@k, pass^k
         solved = [f"{rel[j][name]:.4f}" if j in rel else "-" for j, name in cells]
-        print(
+        lines.append(
             f"  {r['split']:<8} {r['tasks']:>6} {r['samples']:>8} {r['mean']:>9.4f} {r['se']:>8.4f} {shown:>9} "
             + " ".join(f"{x:>7}" for x in solved)
         )
-    if args.by_env:
-        print("by environment, weakest first:")
-        print(f"  {'split':<8} {'environment':<28} {'tasks':>6} {'episodes':>9} {'held-out':>9}")
+    if by_env:
+        lines.append("by environment, weakest first:")
+        lines.append(f"  {'split':<8} {'environment':<28} {'tasks':>6} {'episodes':>9} {'held-out':>9}")
         for r in res["by_env"]:
-            print(f"  {r['split']:<8} {r['env_id']:<28} {r['tasks']:>6} {r['episodes']:>9} {r['mean']:>9.4f}")
-    return 0
+            lines.append(
+                f"  {r['split']:<8} {r['env_id']:<28} {r['tasks']:>6} {r['episodes']:>9} {r['mean']:>9.4f}"
+            )
+    return lines
+
+
+def curve_lines(results: list[dict]) -> list[str]:
+    """The held-out scores of several steps' policies, one line a step (a run's curve, scored again)."""
+    splits = [r["split"] for r in results[0]["splits"]]
+    lines = [
+        "held-out over the steps (each split: the score ± its standard error, then the one the run recorded):",
+        "  " + f"{'step':>6}" + "".join(f" {s + ' ± se':>17} {'recorded':>9}" for s in splits),
+    ]
+    for res in results:
+        by = {r["split"]: r for r in res["splits"]}
+        cells = []
+        for s in splits:
+            r, rec = by.get(s), res["recorded"].get(s)
+            cells.append(
+                (f"{r['mean']:.4f} ± {r['se']:.4f}" if r else "-").rjust(17)
+                + " "
+                + (f"{rec:.4f}" if rec is not None else "-").rjust(9)
+            )
+        lines.append("  " + f"{res['step']:>6} " + " ".join(cells))
+    return lines
 
 
 def cmd_report(args) -> int:

@@ -70,6 +70,19 @@ def at_least(minimum: int):
 
 
 COUNT, INDEX, GROUP = at_least(1), at_least(0), at_least(2)  # counts, seeds/steps/indices, G
+EVALUATED = "evaluated"  # `envsched evaluate --steps evaluated`: every step the run evaluated
+
+
+def step_list(text: str) -> list[int] | str:
+    """``--steps``: steps as ``0,49,99`` (each >= 0, in the order given, none twice) or ``evaluated``."""
+    if text.strip() == EVALUATED:
+        return EVALUATED
+    steps = [INDEX(part.strip()) for part in text.split(",") if part.strip()]
+    if not steps:
+        raise argparse.ArgumentTypeError(f"no step in {text!r}: give e.g. 0,49,99 or {EVALUATED}")
+    if len(set(steps)) != len(steps):
+        raise argparse.ArgumentTypeError(f"a step is named twice in {text!r}")
+    return steps
 
 
 def lake_of(args: argparse.Namespace) -> Lake:

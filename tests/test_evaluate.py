@@ -4,6 +4,7 @@ the scores it recorded, more samples or another seed look again, and nothing is 
 
 import json
 
+import dagster as dg
 import duckdb
 import pytest
 
@@ -83,6 +84,11 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         means.setdefault(e["step"], []).append(e["score"])
     top = max(sum(v) / len(v) for v in means.values())
     best = min(t for t, v in means.items() if sum(v) / len(v) == top)
+    with dg.DagsterInstance.get() as instance:  # the last step's materialization names it in the UI
+        meta = instance.get_latest_materialization_event(
+            dg.AssetKey("training_step")
+        ).asset_materialization.metadata
+    assert (meta["heldout_best_step"].value, meta["heldout_best_score"].value) == (best, pytest.approx(top))
     got = evaluated(lake, capsys, "--best")
     assert got["step"] == best and (got["made_again"] is None) == (best != 1)
     assert got["recorded"] == {k[1]: v for k, v in recorded.items() if k[0] == best and k[2] == "score"}

@@ -252,6 +252,12 @@ def test_held_out_episodes_in_the_rollout_viewer_and_their_setting_on_resume(min
         event = instance.get_latest_materialization_event(dg.AssetKey("training_step"))
         meta = event.asset_materialization.metadata
     assert {"heldout_seen", "heldout_seen_se", "heldout_unseen", "heldout_unseen_se"} <= set(meta)
+    # and the best held-out policy so far, the one `envsched status` names
+    best = status(lake)["best_heldout"]
+    assert (meta["heldout_best_step"].value, meta["heldout_best_score"].value) == (
+        best["step"],
+        best["score"],
+    )
     # and each split's share solved, in any and in all of its attempts (one greedy episode a task)
     view = lake.sql("select * from heldout_pass_at_k where step = 1").to_pylist()
     assert {r["split"]: r["k"] for r in view} == {"seen": 1, "unseen": 1}

@@ -7,6 +7,7 @@ from envsched_pipeline.analysis.plots import statistics_trends, training_curves,
 from envsched_pipeline.analysis.rollouts_view import render, samples
 from envsched_pipeline.assets._common import guard, materialized, plot_md
 from envsched_pipeline.core.gates import check_manifest, halt, halt_message
+from envsched_pipeline.core.loop import best_heldout
 from envsched_pipeline.core.statistics import statistics_step
 from envsched_pipeline.orchestration.metadata import scalar_metadata
 from envsched_pipeline.orchestration.partitions import step_of, training_steps
@@ -65,6 +66,11 @@ def _step_views(context, lk, step: int) -> dict:
             out[name] = float(e["score"])
             if e.get("se") is not None:
                 out[f"{name}_se"] = float(e["se"])
+    if any(k.startswith("heldout_") for k in out):  # which policy to keep, so far: `evaluate --best`'s
+        best = best_heldout(lk)
+        if best is not None:
+            out["heldout_best_step"] = int(best["step"])
+            out["heldout_best_score"] = float(best["score"])
     try:
         spec = require_run(lk)
         rows = lk.read("rollouts", step=step).to_pylist()

@@ -227,8 +227,9 @@ def test_a_policy_without_weights_of_its_own_is_refused(tmp_path, monkeypatch, c
     assert main(["--lake", str(lake), *["pool", "create", "synthetic", "--name", "mini", "--envs", "2"]]) == 0
     assert main(["--lake", str(lake), *train, "--pool", "mini"]) == 0
     capsys.readouterr()
-    assert main(["--lake", str(lake), "evaluate"]) == 2
-    assert (
-        "the run's policy is 'simulated': envsched evaluates the policies it trains"
-        in capsys.readouterr().err
-    )
+    for flags in ([], ["--steps", "0"], ["--best"]):
+        assert main(["--lake", str(lake), "evaluate", *flags]) == 2
+        assert (
+            "the run's policy is 'simulated': envsched evaluates the policies it trains"
+            in capsys.readouterr().err
+        )

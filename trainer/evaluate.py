@@ -42,13 +42,7 @@ def evaluate(
     tasks chosen stay the run's). A StepError names what is missing: a policy without weights, a
     pool without a held-out split, a step not trained, a language model's checkpoint not kept (and
     the steps that are)."""
-    spec = require_run(lake)
-    if spec.trainer == "external" or spec.policy not in EVALUATED_POLICIES:
-        outside = " (an outside trainer's run)" if spec.trainer == "external" else ""
-        raise StepError(
-            f"the run's policy is {spec.policy!r}{outside}: envsched evaluates the policies it trains "
-            f"({', '.join(EVALUATED_POLICIES)}); an outside trainer records its own (ExternalRun.log_eval)"
-        )
+    spec = evaluated_run(lake)
     if not lake.read("eval_tasks", pool=spec.pool).num_rows:
         raise StepError(f"pool {spec.pool!r} has no held-out split (eval_tasks) to evaluate on")
     given = {k: v for k, v in {"eval_samples": samples, "eval_tasks": tasks}.items() if v is not None}
@@ -59,14 +53,23 @@ def evaluate(
     return _language_model(lake, asked, step, best, seed, log)
 
 
+def evaluated_run(lake: Lake) -> RunSpec:
+    """The lake's run, when its policy is one envsched evaluates; else a StepError saying why not."""
+    spec = require_run(lake)
+    if spec.trainer == "external" or spec.policy not in EVALUATED_POLICIES:
+        outside = " (an outside trainer's run)" if spec.trainer == "external" else ""
+        raise StepError(
+            f"the run's policy is {spec.policy!r}{outside}: envsched evaluates the policies it trains "
+            f"({', '.join(EVALUATED_POLICIES)}); an outside trainer records its own (ExternalRun.log_eval)"
+        )
+    return spec
+
+
 def evaluable_steps(lake: Lake) -> list[int]:
     """The steps whose policy :func:`evaluate` can score: every step a neural run trained (a
     checkpoint the lake dropped is made again), a language model's kept checkpoints."""
-    spec = require_run(lake)
-    if spec.policy == "neural":
+    if evaluated_run(lake).policy == "neural":
         return lake.steps("train_metrics")
-    if spec.policy not in EVALUATED_POLICIES:
-        return []
     from trainer.policy_step import kept_checkpoints  # torch: a language model's checkpoints, as above
 
     return sorted({s for s, _ in kept_checkpoints(lake)})

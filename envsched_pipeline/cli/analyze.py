@@ -147,7 +147,11 @@ def add_parser(sub) -> None:
     ev.add_argument(
         "--by-env", action="store_true", help="each held-out environment's score too, weakest first"
     )
-    ev.add_argument("--json", action="store_true", help="the scores as JSON (by environment included)")
+    ev.add_argument(
+        "--json",
+        action="store_true",
+        help="the scores as JSON (by environment included; a list of them with --steps)",
+    )
     ev.set_defaults(func=cmd_evaluate)
 
     rp = sub.add_parser("report", help="HTML report with plots of the lake's run", formatter_class=F)

@@ -43,7 +43,12 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         got = evaluated(lake, capsys, *flags, "--episodes", str(out))
         if step == 1:
             made = dict(got["made_again"])
-            assert made.pop("seconds") > 0 and made == {"after": 1, "from": 0, "remade": [1]}
+            assert made.pop("seconds") > 0 and made == {
+                "after": 1,
+                "from": 0,
+                "from_kept": True,
+                "remade": [1],
+            }
             assert got["checkpoint"].startswith("not kept: made again from step 0's checkpoint, 1 step(s)")
         else:
             assert got["made_again"] is None
@@ -211,6 +216,19 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
     assert {r["split"]: r["mean"] for r in got["splits"]} == pytest.approx(
         {k[1]: v for k, v in recorded.items() if k[0] == 1 and k[2] == "score"}
     )
+    # two dropped checkpoints in a row (step 2's gone too): scored in turn, each is made again from
+    # the one before it, step 2's from step 1's policy made again just before, not twice from step 0's
+    (lake.root / "checkpoints/step=2/neural.pt").unlink()
+    curve = evaluated(lake, capsys, "--steps", "2,1")
+    assert [(c["step"], c["made_again"]["from"], c["made_again"]["remade"]) for c in curve] == [
+        (2, 1, [2]),
+        (1, 0, [1]),
+    ]
+    assert curve[0]["checkpoint"].startswith("not kept: made again from step 1's policy, 1 step(s)")
+    for c in curve:
+        assert {r["split"]: r["mean"] for r in c["splits"]} == pytest.approx(
+            {k[1]: v for k, v in recorded.items() if k[0] == c["step"] and k[2] == "score"}
+        )
     # refused in one line, naming what to ask for instead
     for flags, says in (
         (["--step", "5"], "--step 5: the run has not trained step 5 (its steps: 0..3)"),

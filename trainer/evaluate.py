@@ -31,6 +31,7 @@ def evaluate(
     tasks: int | None = None,
     seed: int | None = None,
     log=print,
+    known: dict[int, bytes] | None = None,
 ) -> dict:
     """The held-out scores of the policy after ``step`` (default: the newest kept) or of the best
     one (``best``: a language model's kept copy; the neural learner's best evaluated step):
@@ -41,7 +42,8 @@ def evaluate(
     ``samples`` and ``tasks`` replace the run's evaluation settings, ``seed`` its sampling seed (the
     tasks chosen stay the run's). A StepError names what is missing: a policy without weights, a
     pool without a held-out split, a step not trained, a language model's checkpoint not kept (and
-    the steps that are)."""
+    the steps that are). ``known``: neural checkpoints made again so far, by step, which a dropped
+    one is made again from where nearer than a kept one, and which it joins (:func:`evaluate_steps`)."""
     spec = evaluated_run(lake)
     if not lake.read("eval_tasks", pool=spec.pool).num_rows:
         raise StepError(f"pool {spec.pool!r} has no held-out split (eval_tasks) to evaluate on")
@@ -49,7 +51,7 @@ def evaluate(
     asked = replace(spec, policy_config={**spec.policy_config, **given})
     asked.policy_settings().validate(asked.policy)  # --samples / --tasks within their bounds
     if spec.policy == "neural":
-        return _neural(lake, asked, step, best, seed, log)
+        return _neural(lake, asked, step, best, seed, log, known)
     return _language_model(lake, asked, step, best, seed, log)
 
 
@@ -101,11 +103,11 @@ def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> l
             f"--steps: the policy after step(s) {', '.join(map(str, missing))} cannot be scored; "
             f"these can: {shown or 'none yet'}"
         )
-    out = []
-    for i, step in enumerate(steps, start=1):
+    done, known = {}, {}  # earliest first: a dropped checkpoint is made again from the nearest one
+    for i, step in enumerate(sorted(steps), start=1):
         log(f"evaluating the policy after step {step} ({i}/{len(steps)})")
-        out.append(evaluate(lake, step=step, log=log, **settings))
-    return out
+        done[step] = evaluate(lake, step=step, log=log, known=known, **settings)
+    return [done[step] for step in steps]
 
 
 def _recorded(lake: Lake, step: int) -> dict:
@@ -164,7 +166,9 @@ def _result(
     }
 
 
-def _neural(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log) -> dict:
+def _neural(
+    lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int | None, log, known: dict | None
+) -> dict:
     from trainer.neural.runner import (  # torch: the learner's own
         EVAL_SAMPLES,
         heldout_evaluation,
@@ -195,12 +199,15 @@ def _neural(lake: Lake, spec: RunSpec, step: int | None, best: bool, seed: int |
             )
         # the lake keeps step 0's checkpoint, every KEEP_EVERY-th and the newest two: any other is made
         # again from the kept one before it, in memory (nothing is written)
-        data, made = made_again(lake, step, log)
+        data, made = made_again(lake, step, log, known)
+        if known is not None:
+            known[step] = data
         learner = new_learner(lake, spec)
         learner.load_bytes(data)
+        source = f"step {made['from']}'s checkpoint" if made["from_kept"] else f"step {made['from']}'s policy"
         where = (
-            f"not kept: made again from step {made['from']}'s checkpoint, {len(made['remade'])} step(s) "
-            f"each matching the digest it recorded, {made['seconds']:.1f} s"
+            f"not kept: made again from {source}, {len(made['remade'])} step(s) each matching the digest "
+            f"it recorded, {made['seconds']:.1f} s"
         )
     try:
         results, episodes = heldout_evaluation(lake, spec, learner, step, seed=seed)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -41,11 +42,17 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     return done
 
 
-def made_again(lake: Lake, after: int, log=print) -> tuple[bytes, dict]:
+def made_again(
+    lake: Lake, after: int, log=print, known: Mapping[int, bytes] | None = None
+) -> tuple[bytes, dict]:
     """The checkpoint of step ``after`` (its bytes) and what was done to have it: read where the lake
-    keeps it, else made again from the nearest kept checkpoint before it, each step checked against
-    the digest it recorded. Nothing is written (``envsched evaluate`` scores a dropped checkpoint
-    this way while the run goes on)."""
+    keeps it, else made again from the nearest checkpoint before it, kept or in ``known`` (steps'
+    checkpoints already made again, by step), each step checked against the digest it recorded.
+    Nothing is written (``envsched evaluate`` scores a dropped checkpoint this way while the run goes
+    on)."""
+    known = known or {}
+    if after in known:
+        return known[after], {"after": after, "from": after, "from_kept": False, "remade": [], "seconds": 0.0}
     spec = require_run(lake)
     if spec.policy not in CHECKPOINT_FILES:
         raise StepError(
@@ -57,19 +64,24 @@ def made_again(lake: Lake, after: int, log=print) -> tuple[bytes, dict]:
     if after in kept:
         data = lake.read_bytes(checkpoint_rel(after, name))
         if data is not None:
-            return data, {"after": after, "from": after, "remade": [], "seconds": 0.0}
-    base = max((s for s in kept if s < after), default=None)
+            return data, {"after": after, "from": after, "from_kept": True, "remade": [], "seconds": 0.0}
+    base = max((s for s in {*kept, *known} if s < after), default=None)
     if base is None:
         raise StepError(
             f"no {spec.policy} checkpoint before step {after} is in the lake to make it again from"
         )
     digests = _recorded(lake, range(base + 1, after + 1))
     t0 = time.perf_counter()
-    log(f"making the policy after step {after} again from step {base}'s checkpoint ({_steps(after - base)})")
+    source = (
+        f"step {base}'s checkpoint" if base in kept else f"the policy after step {base}, made again before"
+    )
+    log(f"making the policy after step {after} again from {source} ({_steps(after - base)})")
     changes = config_changes(lake)
     pool = set(lake.read("tasks", pool=spec.pool, columns=["task_id"]).column("task_id").to_pylist())
     now = spec_at(spec, changes, base + 1)
-    learner = _learner(lake, now, lake.read_bytes(checkpoint_rel(base, name)))
+    learner = _learner(
+        lake, now, known[base] if base in known else lake.read_bytes(checkpoint_rel(base, name))
+    )
     try:
         for s in range(base + 1, after + 1):
             at = spec_at(spec, changes, s)  # the policy settings in force at the step
@@ -92,6 +104,7 @@ def made_again(lake: Lake, after: int, log=print) -> tuple[bytes, dict]:
     return data, {
         "after": after,
         "from": base,
+        "from_kept": base in kept,
         "remade": list(range(base + 1, after + 1)),
         "seconds": time.perf_counter() - t0,
     }

@@ -3,6 +3,7 @@ neural learner here; the language models' in tests/test_heldout.py): the run's o
 the scores it recorded, more samples or another seed look again, and nothing is written."""
 
 import json
+from collections import Counter
 
 import dagster as dg
 import duckdb
@@ -229,9 +230,25 @@ def test_a_neural_checkpoint_repeats_its_recorded_scores_and_looks_again_when_as
         assert {r["split"]: r["mean"] for r in c["splits"]} == pytest.approx(
             {k[1]: v for k, v in recorded.items() if k[0] == c["step"] and k[2] == "score"}
         )
+    # a transfer evaluation: another pool's held-out split (a pool the lake holds), nothing recorded
+    # beside it; its tasks are that pool's
+    other = ["pool", "create", "synthetic", "--name", "mini2", "--envs", "3", "--tasks-per-env", "3"]
+    other += ["--seed", "5", "--heldout-tasks", "1", "--heldout-envs", "1"]
+    assert main(["--lake", str(lake.root), *other]) == 0
+    capsys.readouterr()
+    got = evaluated(lake, capsys, "--step", "3", "--pool", "mini2", "--tasks", "200")
+    assert (got["pool"], got["own_pool"], got["recorded"]) == ("mini2", False, {})
+    theirs, ours = (
+        Counter(r["split"] for r in lake.read("eval_tasks", pool=name).to_pylist())
+        for name in ("mini2", "mini")
+    )
+    assert theirs != ours and {r["split"]: r["tasks"] for r in got["splits"]} == theirs
+    assert main(["--lake", str(lake.root), "evaluate", "--step", "3", "--pool", "mini2"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", on pool mini2's held-out split")
     # refused in one line, naming what to ask for instead
     for flags, says in (
         (["--step", "5"], "--step 5: the run has not trained step 5 (its steps: 0..3)"),
+        (["--pool", "nope"], "--pool nope: no such pool in"),
         (["--samples", "5000"], "policy_config.eval_samples"),
     ):
         assert main(["--lake", str(lake.root), "evaluate", *flags]) == 2

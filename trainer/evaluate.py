@@ -32,6 +32,7 @@ def evaluate(
     seed: int | None = None,
     log=print,
     known: dict[int, bytes] | None = None,
+    pool: str | None = None,
 ) -> dict:
     """The held-out scores of the policy after ``step`` (default: the newest kept) or of the best
     one (``best``: a language model's kept copy; the neural learner's best evaluated step):
@@ -43,16 +44,28 @@ def evaluate(
     tasks chosen stay the run's). A StepError names what is missing: a policy without weights, a
     pool without a held-out split, a step not trained, a language model's checkpoint not kept (and
     the steps that are). ``known``: neural checkpoints made again so far, by step, which a dropped
-    one is made again from where nearer than a kept one, and which it joins (:func:`evaluate_steps`)."""
+    one is made again from where nearer than a kept one, and which it joins (:func:`evaluate_steps`).
+    ``pool``: another pool of the lake whose held-out split to score the policy on (a transfer
+    evaluation; the result's ``pool`` names it, ``own_pool`` is False and ``recorded`` is empty:
+    the run recorded its own pool's scores)."""
     spec = evaluated_run(lake)
-    if not lake.read("eval_tasks", pool=spec.pool).num_rows:
-        raise StepError(f"pool {spec.pool!r} has no held-out split (eval_tasks) to evaluate on")
+    on = pool or spec.pool
+    if on != spec.pool and not lake.read("tasks", pool=on, columns=["task_id"]).num_rows:
+        raise StepError(
+            f"--pool {on}: no such pool in {lake.root} (`envsched pool create` or `envsched pool import` "
+            "adds one, `envsched pool list` shows them)"
+        )
+    if not lake.read("eval_tasks", pool=on).num_rows:
+        raise StepError(f"pool {on!r} has no held-out split (eval_tasks) to evaluate on")
     given = {k: v for k, v in {"eval_samples": samples, "eval_tasks": tasks}.items() if v is not None}
-    asked = replace(spec, policy_config={**spec.policy_config, **given})
+    asked = replace(spec, pool=on, policy_config={**spec.policy_config, **given})
     asked.policy_settings().validate(asked.policy)  # --samples / --tasks within their bounds
     if spec.policy == "neural":
-        return _neural(lake, asked, step, best, seed, log, known)
-    return _language_model(lake, asked, step, best, seed, log)
+        res = _neural(lake, asked, step, best, seed, log, known)
+    else:
+        res = _language_model(lake, asked, step, best, seed, log)
+    own = on == spec.pool
+    return {**res, "pool": on, "own_pool": own, "recorded": res["recorded"] if own else {}}
 
 
 def evaluated_run(lake: Lake) -> RunSpec:
@@ -89,7 +102,7 @@ def evaluated_steps(lake: Lake) -> list[int]:
 
 def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> list[dict]:
     """:func:`evaluate` of the policy after each of ``steps`` in turn (the same ``settings``: samples,
-    tasks, seed), every step checked before the first is scored: a StepError names those that
+    tasks, seed, pool), every step checked before the first is scored: a StepError names those that
     cannot be (not trained, or a language model's checkpoint not kept) and those that can."""
     can = evaluable_steps(lake)
     missing = [s for s in steps if s not in set(can)]

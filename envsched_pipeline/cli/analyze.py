@@ -129,6 +129,13 @@ def add_parser(sub) -> None:
         help="the best held-out policy: a language model's kept copy; the neural learner's evaluated "
         "step with the best mean held-out score (the earlier at a tie)",
     )
+    ev.add_argument(
+        "--pool",
+        default=None,
+        help="score the policy on another pool's held-out split instead of the run's (a pool in the lake: "
+        "`envsched pool create` / `import` adds one): a transfer evaluation, with nothing recorded to "
+        "show beside it",
+    )
     ev.add_argument("--samples", type=COUNT, default=None, help="episodes per task (default: the run's)")
     ev.add_argument("--tasks", type=COUNT, default=None, help="tasks per split (default: the run's)")
     ev.add_argument(
@@ -513,7 +520,7 @@ def cmd_evaluate(args) -> int:
 
     lake = lake_of(args).require()
     out = writable_file("--episodes", args.episodes) if args.episodes else None  # before any work
-    settings = {"samples": args.samples, "tasks": args.tasks, "seed": args.seed}
+    settings = {"samples": args.samples, "tasks": args.tasks, "seed": args.seed, "pool": args.pool}
 
     def log(message: str) -> None:  # progress on stderr: stdout holds the table or the JSON
         print(message, file=sys.stderr, flush=True)
@@ -549,7 +556,8 @@ def evaluation_lines(res: dict, by_env: bool) -> list[str]:
     """One evaluation (``trainer.evaluate.evaluate``'s result) as the table `envsched evaluate` prints."""
     k = max((r["samples"] for r in res["splits"]), default=1)
     lines = [
-        f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})",
+        f"{res['policy']} policy after step {res['step']} ({res['checkpoint']})"
+        + ("" if res["own_pool"] else f", on pool {res['pool']}'s held-out split"),
         f"  {'split':<8} {'tasks':>6} {'samples':>8} {'held-out':>9} {'± se':>8} {'recorded':>9} "
         f"{'solved':>7} {f'pass@{k}':>7} {f'pass^{k}':>7}",
     ]

@@ -168,8 +168,8 @@ def main() -> int:
         (
             "--neural-passk-runs",
             "neural-noforced-passk",
-            "default-learner runs of random and the recommended form re-run with each held-out task's "
-            "episodes kept, for pass@k and pass^k (section neural_passk)",
+            "default-learner runs of random, the recommended form and other schedulers re-run with each "
+            "held-out task's episodes kept, for pass@k and pass^k (section neural_passk)",
         ),
         (
             "--neural-updates-runs",

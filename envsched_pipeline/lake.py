@@ -189,16 +189,22 @@ def best_record(lake: Lake) -> dict | None:
         return None
 
 
-def best_evaluated(lake: Lake) -> dict | None:
-    """The evaluated step with the best held-out score, the mean over its splits (the earlier step at
-    a tie, as a language model's kept best): ``{"step", "score", "heldout_<split>": score}``, or
-    None before the first evaluation."""
+def heldout_scores(lake: Lake) -> dict[int, dict[str, float]]:
+    """The held-out scores the run recorded, by step (in order): ``{step: {"heldout_<split>": score}}``."""
     rows = lake.sql(
         "select step, benchmark, score from evals where benchmark like 'heldout_%' order by step, benchmark"
     ).to_pylist()
     by_step: dict[int, dict[str, float]] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), {})[r["benchmark"]] = float(r["score"])
+    return by_step
+
+
+def best_evaluated(lake: Lake) -> dict | None:
+    """The evaluated step with the best held-out score, the mean over its splits (the earlier step at
+    a tie, as a language model's kept best): ``{"step", "score", "heldout_<split>": score}``, or
+    None before the first evaluation."""
+    by_step = heldout_scores(lake)
     if not by_step:
         return None
     mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}

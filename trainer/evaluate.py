@@ -18,7 +18,7 @@ from dataclasses import replace
 import pyarrow as pa
 
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, best_evaluated
+from envsched_pipeline.lake import Lake, best_evaluated, heldout_scores
 from envsched_pipeline.run import EVALUATED_POLICIES, RunSpec, require_run
 from trainer.step import CHECKPOINT_FILES, checkpoint_rel
 
@@ -92,12 +92,10 @@ def evaluable_steps(lake: Lake) -> list[int]:
 
 def evaluated_steps(lake: Lake) -> list[int]:
     """The steps the run evaluated (its ``heldout_*`` records), in order; a StepError when none."""
-    rows = lake.sql(
-        "select distinct step from evals where benchmark like 'heldout_%' order by step"
-    ).to_pylist()
-    if not rows:
+    steps = list(heldout_scores(lake))
+    if not steps:
         raise StepError("--steps evaluated: the run has not evaluated a step yet")
-    return [int(r["step"]) for r in rows]
+    return steps
 
 
 def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> list[dict]:
@@ -105,7 +103,8 @@ def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> l
     tasks, seed, pool), every step checked before the first is scored: a StepError names those that
     cannot be (not trained, or a language model's checkpoint not kept) and those that can."""
     can = evaluable_steps(lake)
-    missing = [s for s in steps if s not in set(can)]
+    allowed = set(can)
+    missing = [s for s in steps if s not in allowed]
     if missing:
         shown = (
             f"{can[0]}..{can[-1]}"
@@ -125,10 +124,9 @@ def evaluate_steps(lake: Lake, steps: Sequence[int], log=print, **settings) -> l
 
 def _recorded(lake: Lake, step: int) -> dict:
     """The held-out scores the run recorded after ``step``, by split."""
-    rows = lake.sql(
-        f"select benchmark, score from evals where step = {int(step)} and benchmark like 'heldout_%'"
-    ).to_pylist()
-    return {r["benchmark"].removeprefix("heldout_"): r["score"] for r in rows}
+    return {
+        name.removeprefix("heldout_"): score for name, score in heldout_scores(lake).get(step, {}).items()
+    }
 
 
 def _choose(step: int | None, kept: list[int], what: str) -> int:
@@ -191,7 +189,7 @@ def _neural(
     from trainer.remake import made_again  # the learner's steps run again: torch, as above
 
     name = CHECKPOINT_FILES["neural"]
-    kept = [s for s in sorted(lake.artifact_steps("checkpoints")) if lake.exists(checkpoint_rel(s, name))]
+    kept = lake.artifact_steps("checkpoints", name)  # one listing, as made_again reads it
     if best:
         record = best_evaluated(lake)
         if record is None:

@@ -233,7 +233,20 @@ def test_a_run_is_compared_with_another_schedulers_run_in_another_lake(two_runs,
         first = min((s for s, x in mine_scores.items() if x >= v["reach"]["best"]), default=None)
         assert v["reach"]["reached_at"] == first
         assert v["text"] in printed
-    # the held-out table puts random's per-environment reward beside this run's
+    # the best held-out step of each run (the mean over the splits), from its recorded scores, named
+    # in the Run table as `envsched status` names it
+    page = (out / "index.html").read_text()
+    for lk, mark, entry in (
+        (mine, "best held-out", summary["best_heldout"]),
+        (rand, "best held-out (random)", summary["against"][0]["best_heldout"]),
+    ):
+        scores = {}
+        for e in lk.read("evals").to_pylist():
+            scores.setdefault(e["step"], []).append(e["score"])
+        means = {t: np.mean(v) for t, v in scores.items()}
+        step = min(t for t in means if means[t] == max(means.values()))
+        assert entry["step"] == step and entry["score"] == pytest.approx(means[step])
+        assert f"<td>{mark}</td><td>step {step}, score {means[step]:.4f} (the mean" in page
     for r in summary["heldout_by_env"]:
         assert r["difference"] == pytest.approx(r["mean_reward"] - r["random mean_reward"])
     # solved over repeated attempts at the last evaluation, random's beside, from both runs' episodes

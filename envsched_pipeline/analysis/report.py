@@ -39,6 +39,7 @@ from envsched_pipeline.analysis.compare import (
 from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.analysis.seeds import mark
+from envsched_pipeline.core.loop import best_heldout, best_heldout_text
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake, json_safe
 from envsched_pipeline.run import require_run
@@ -491,17 +492,30 @@ def build_report(
         "steps": n_steps,
         "lake": str(lake.root),
     }
+    # the step whose policy scored best on held-out (what `envsched evaluate --best` scores), and each
+    # other run's beside it
+    best = {run_name: best_heldout(lake), **{o["name"]: best_heldout(o["lake"]) for o in others}}
+    for name, b in best.items():
+        if b is not None:
+            config["best held-out" if name == run_name else f"best held-out ({name})"] = best_heldout_text(b)
     summary = {
         "config": config,
         "baselines": {"note": base_note, "names": list(base_series) + [o["name"] for o in others]},
         "against": [
-            {"name": o["name"], "lake": str(o["lake"].root), "run_id": o["spec"].run_id, "notes": o["notes"]}
+            {
+                "name": o["name"],
+                "lake": str(o["lake"].root),
+                "run_id": o["spec"].run_id,
+                "notes": o["notes"],
+                "best_heldout": best[o["name"]],
+            }
             for o in others
         ],
         "not_compared": waiting,
         "means": {k: float(np.nanmean(np.asarray(s[k], float))) for k, _, _ in HEADLINES},
         "verdicts": verdicts,
         "top_tasks": top,
+        "best_heldout": best[run_name],
         "heldout_by_env": by_env,
         "heldout_reliability": {"step": reliability["step"], "rows": rel_rows},
         "charts": [c["title"] for c in charts],

@@ -40,7 +40,7 @@ from envsched_pipeline.cli.common import (
 from envsched_pipeline.cli.sql import print_table
 from envsched_pipeline.cli.train import header, row, training_columns
 from envsched_pipeline.core.gates import GATES, halted, resume
-from envsched_pipeline.core.loop import explain, next_action, status, step_summary
+from envsched_pipeline.core.loop import best_heldout_text, explain, next_action, status, step_summary
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import EVALUATED_POLICIES, REMADE_CHECKPOINTS, RunSpec, require_run, steps_of
 from envsched_pipeline.scheduler.variants import RECOMMENDED, VARIANTS, scheduler_label
@@ -432,19 +432,7 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
             f"  policy kept after steps: {'..., ' * (len(kept) > 12)}{shown} ({len(kept)} kept; {uses})"
         )
     if st["best_heldout"]:
-        b = st["best_heldout"]
-        splits = ", ".join(
-            f"{k.removeprefix('heldout_')} {v:.4f}" for k, v in b.items() if k.startswith("heldout_")
-        )
-        where = (  # the neural learner keeps no copy of its own: the step's checkpoint, or none
-            f"policy in {b['policy']}"
-            if b["policy"]
-            else "its checkpoint was dropped; `envsched evaluate --best` makes it again"
-        )
-        lines.append(
-            f"  best held-out so far: step {b.get('step')}, score {b.get('score', float('nan')):.4f} (the mean "
-            f"over the splits evaluated{': ' + splits if splits else ''}); {where}"
-        )
+        lines.append(f"  best held-out so far: {best_heldout_text(st['best_heldout'])}")
     rows = step_summary(lake)[-last:] if done else []
     if rows:
         training = training_columns(RunSpec.from_dict(spec))  # as `envsched train` prints it

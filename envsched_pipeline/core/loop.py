@@ -125,6 +125,23 @@ def best_heldout(lake: Lake) -> dict | None:
     return {**best, "policy": lake.where(rel) if lake.exists(rel) else None}
 
 
+def best_heldout_text(best: dict) -> str:
+    """:func:`best_heldout` in words, as `envsched status` and the report say it: the step, its mean
+    score and each split's, and where its policy is."""
+    splits = ", ".join(
+        f"{k.removeprefix('heldout_')} {v:.4f}" for k, v in best.items() if k.startswith("heldout_")
+    )
+    where = (  # the neural learner keeps no copy of its own: the step's checkpoint, or none
+        f"policy in {best['policy']}"
+        if best["policy"]
+        else "its checkpoint was dropped; `envsched evaluate --best` makes it again"
+    )
+    return (
+        f"step {best.get('step')}, score {best.get('score', float('nan')):.4f} (the mean over the "
+        f"splits evaluated{': ' + splits if splits else ''}); {where}"
+    )
+
+
 def next_action(lake: Lake) -> tuple[str, int] | None:
     """What the loop should do next: ("select", t), ("train", t), ("stats", t), ("wait", t)
     (an external trainer has not ingested step t yet), ("halted", t) (a gate failed: see

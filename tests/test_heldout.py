@@ -216,6 +216,33 @@ def test_a_language_model_run_evaluates_held_out_repeats_and_is_not_changed_by_i
         capsys.readouterr().err
     )
     assert sorted(a.root.rglob("*")) == held_before
+    # on another pool's held-out split (a transfer evaluation): that pool's tasks, every one of them,
+    # sampled as asked; nothing recorded beside it
+    other = ["pool", "create", "synthetic", "--name", "mini2", "--envs", "3", "--tasks-per-env", "3"]
+    other += ["--seed", "5", "--heldout-tasks", "1", "--heldout-envs", "1"]
+    assert main(["--lake", str(a.root), *other]) == 0
+    capsys.readouterr()
+    out = a.root.parent / "episodes-mini2.parquet"
+    flags = ["--pool", "mini2", "--tasks", "2", "--samples", "1", "--episodes", str(out), "--json"]
+    assert main(["--lake", str(a.root), "evaluate", *flags]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["pool"], got["own_pool"], got["recorded"], got["policy"]) == ("mini2", False, {}, "hf-tiny")
+    assert all(r["tasks"] == 2 and r["samples"] == 1 and 0 <= r["mean"] <= 1 for r in got["splits"])
+    # the tasks are drawn from that pool's split as a run on it would draw them, not from the run's
+    theirs, ours = (
+        {
+            split: sorted(r["task_id"] for r in rows)
+            for split, rows in heldout_tasks(
+                a.read("eval_tasks", pool=name).to_pylist(), status(a)["run"]["seed"], 2
+            ).items()
+        }
+        for name in ("mini2", "mini")
+    )
+    assert theirs != ours
+    scored = duckdb.sql(
+        f"select split, list(task_id order by task_id) from '{out}' group by split"
+    ).fetchall()
+    assert dict(scored) == theirs
     # the same run again, by a resident worker (one process keeps the model across steps): every
     # training and held-out episode repeats, token for token
     assert _episodes(runs["resident"], "rollouts") == _episodes(a, "rollouts")

@@ -36,9 +36,12 @@ def remake(lake: Lake, after: int, log=print) -> dict:
     """Write the checkpoint of step ``after`` again, made from the nearest kept checkpoint before it
     and checked step by step against the digests the steps recorded. Returns what was done
     (``remade``: the steps made again; empty when the checkpoint is there)."""
+    name = CHECKPOINT_FILES.get(require_run(lake).policy)
+    if name is not None and lake.exists(checkpoint_rel(after, name)):  # kept: nothing to make or read
+        return {"after": after, "from": after, "from_kept": True, "remade": [], "seconds": 0.0}
     data, done = made_again(lake, after, log)
     if done["remade"]:
-        lake.write_bytes(checkpoint_rel(after, CHECKPOINT_FILES[require_run(lake).policy]), data)
+        lake.write_bytes(checkpoint_rel(after, name), data)
     return done
 
 

@@ -168,7 +168,7 @@ def with_lr_horizon(spec: RunSpec) -> RunSpec:
 
 # held-out evaluation (trainer/heldout.py): what a run measures, not how it trains, so a resumed run
 # may change them without --allow-config-change (the change is still recorded)
-EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature")
+EVAL_SETTINGS = ("eval_every", "eval_tasks", "eval_samples", "eval_temperature", "eval_patience")
 # how a step runs, never what it trains (the same weights, to float rounding: tests/test_resident.py,
 # and for the update's memory settings tests/test_update_settings.py; checkpoints are written, not
 # read, by training): a resumed run may change them, as the held-out ones, without
@@ -296,6 +296,9 @@ class PolicyConfig:
     # LM policies: the evaluation's sampling temperature (default: the training one; 0 = greedy,
     # one episode per task)
     eval_temperature: float | None = None
+    # stop the run early once this many evaluations in a row have not beaten the best mean held-out
+    # score (core/gates.py, heldout_stall); 0 or unset = never
+    eval_patience: int | None = None
 
     USED_BY: typing.ClassVar[dict[str, tuple[str, ...]]] = {
         "simulated": (
@@ -324,6 +327,7 @@ class PolicyConfig:
             "eval_every",
             "eval_tasks",
             "eval_samples",
+            "eval_patience",
         ),
         "hf-tiny": LM_SETTINGS,
         "hf": LM_SETTINGS + ("model_path",),
@@ -449,6 +453,7 @@ POLICY_BOUNDS = {
     "eval_tasks": (1, True, BIG),
     "eval_samples": (1, True, 1024),
     "eval_temperature": (0, True, 100),
+    "eval_patience": (0, True, BIG),
 }
 
 

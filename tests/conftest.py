@@ -95,6 +95,7 @@ LAYERS = {
         "test_lr_schedule",
         "test_update_settings",
         "test_evaluate",
+        "test_early_stop",
         "test_sampler_correction",
     ),
     "dagster": ("test_dagster", "test_resident", "test_heldout"),

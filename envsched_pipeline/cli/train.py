@@ -26,6 +26,7 @@ from envsched_pipeline.cli.common import (
     not_a_url,
 )
 from envsched_pipeline.core.build import asked_run, check_open, new_run, open_run, scheduler_config
+from envsched_pipeline.core.gates import STALL_GATE, halt_message, halted
 from envsched_pipeline.core.loop import step_summary
 from envsched_pipeline.core.pools import ensure_pool, environment_kinds
 from envsched_pipeline.errors import ConfigError, EnvschedError
@@ -333,6 +334,13 @@ def add_parser(sub) -> None:
         help="LM policies: sampling temperature of the held-out episodes (default: the training one; "
         "0 = greedy, one episode per task)",
     )
+    g_held.add_argument(
+        "--eval-patience",
+        type=INDEX,
+        default=None,
+        help="stop the run early once N evaluations in a row have not beaten its best mean held-out "
+        "score (`envsched resume` trains on); 0 = never (the default; a resumed run may change it)",
+    )
     g_watch = t.add_argument_group("watching and comparing")
     g_watch.add_argument(
         "--report-to",
@@ -592,6 +600,9 @@ def _train(args, lake: Lake, spec: RunSpec, imported: bool, lease: Lease) -> int
     except Interrupted as stop:
         print(interrupted_line(stop, step_summary(lake), args.steps), file=sys.stderr, flush=True)
         return 130
+    record = halted(lake)
+    if record is not None and record["gate"] == STALL_GATE:  # stopped early, as --eval-patience asked
+        print(halt_message(record), flush=True)
     if spec.against:
         print(f"done in {time.perf_counter() - t0:.1f}s.", flush=True)
         return end_report(lake)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from envsched_pipeline.core.build import scheduler_config
 from envsched_pipeline.core.fold import selection_state
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record, heldout_scores
 from envsched_pipeline.rollouts import ERROR_CLASSES
 from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
@@ -27,6 +27,8 @@ from envsched_pipeline.scheduler import make_scheduler
 HALT_FILE = "halt.json"
 RETRIED_FILE = "retried_runs.json"  # failed attempts a resume answered (see retried_runs)
 REWIND_ARCHIVE = "rewind-to-step"  # a rewind's archive folder: archive/<this><step>-<ms>/
+STALL_GATE = "heldout_patience"  # the halt of a run stopped early (heldout_stall)
+PATIENCE_FILE = "patience.json"  # the step a resume after an early stop counts the patience from
 
 
 # ---------------------------------------------------------------------------- manifests
@@ -190,6 +192,56 @@ def check_rollouts(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
     return {"passed": not problems, "problems": problems, "rollouts": len(rollouts), **info}
 
 
+# ---------------------------------------------------------------------------- early stop
+def heldout_stall(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | None:
+    """Whether the run should stop early after ``step``: the run's ``eval_patience`` evaluations in a
+    row (up to ``step``) have not beaten the best mean held-out score before them (the earlier step
+    at a tie, as `envsched evaluate --best` takes it), counted after the best step and after the step
+    an `envsched resume` of an earlier stop went on from. ``{"patience", "best_step", "best_score",
+    "since", "evaluations"}`` when it should, else None (no patience set, an outside trainer's run)."""
+    spec = spec or require_run(lake)
+    patience = spec.policy_settings().eval_patience
+    if not patience or spec.trainer == "external":
+        return None
+    by_step = {t: v for t, v in heldout_scores(lake).items() if t <= step}
+    if not by_step:
+        return None
+    mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}
+    best = max(sorted(mean), key=lambda t: mean[t])
+    since = max(best, int((lake.read_json(PATIENCE_FILE) or {}).get("from", -1)))
+    after = [t for t in by_step if t > since]
+    if len(after) < patience:
+        return None
+    return {
+        "patience": patience,
+        "best_step": best,
+        "best_score": mean[best],
+        "since": since,
+        "evaluations": after,
+    }
+
+
+def stall_text(stall: dict) -> str:
+    """:func:`heldout_stall`'s verdict in one line."""
+    n = len(stall["evaluations"])
+    return (
+        f"held-out has not beaten step {stall['best_step']}'s mean score {stall['best_score']:.4f} in the "
+        f"{n} evaluation{'s' * (n != 1)} since step {stall['since']} (steps "
+        f"{', '.join(map(str, stall['evaluations']))}; eval_patience {stall['patience']})"
+    )
+
+
+def stop_if_stalled(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | None:
+    """After ``step``'s statistics: halt the run with :data:`STALL_GATE` when held-out has stalled
+    (:func:`heldout_stall`), unless ``step`` is the run's last (it ends there anyway). The halt
+    record, or None."""
+    spec = spec or require_run(lake)
+    stall = heldout_stall(lake, step, spec)
+    if stall is None or step >= spec.max_steps - 1:
+        return None
+    return halt(lake, step, STALL_GATE, [stall_text(stall)])
+
+
 # ---------------------------------------------------------------------------- halt
 def halt(
     lake: Lake, step: int, gate: str, problems: list[str], failed_runs: list[str] = (), canceled: bool = False
@@ -217,6 +269,12 @@ def halted(lake: Lake) -> dict | None:
 
 
 def halt_message(record: dict) -> str:
+    if record["gate"] == STALL_GATE:
+        return (
+            f"the run stopped early at step {record['step']}: {record['problems'][0]}. `envsched evaluate "
+            "--best` scores the best policy; `envsched resume` trains on (the patience counted again from "
+            f"step {record['step']}), or `envsched rewind --to K` redoes the run from step K"
+        )
     if record.get("canceled"):
         return (
             f"the run is halted at step {record['step']}: {record['problems'][0]}. `envsched resume` "
@@ -247,6 +305,15 @@ def resume(lake: Lake, redo: bool = False, failed_runs: list[str] | None = None)
     if record is None:
         return {"resumed": False, "reason": "the run is not halted"}
     step, gate = record["step"], record["gate"]
+    if gate == STALL_GATE:  # an early stop: nothing failed, so nothing to redo; train on from here
+        if redo:
+            raise StepError(
+                f"the run stopped early at step {step} (held-out stalled): nothing failed, so nothing to "
+                "redo; `envsched resume` trains on"
+            )
+        lake.write_json(PATIENCE_FILE, {"from": step})
+        lake.delete(HALT_FILE)
+        return {"resumed": True, "step": step, "redo": []}
     selection = gate == "manifest_is_valid" or gate.endswith("(select)")
     if redo:
         tables = (
@@ -352,6 +419,8 @@ def rewind(
                 moved["moved"].setdefault("local checkpoints", []).append(s)
     if record is not None:
         lake.delete(HALT_FILE)
+    if (lake.read_json(PATIENCE_FILE) or {}).get("from", -1) >= step:  # a resume of an undone step
+        lake.delete(PATIENCE_FILE)
     if answered_runs:
         lake.write_json(RETRIED_FILE, sorted(retried_runs(lake) | set(answered_runs)))
     return {

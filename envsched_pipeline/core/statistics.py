@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from envsched_pipeline.core.build import build_scheduler
 from envsched_pipeline.core.fold import DIGEST, apply, load_state, step_observations
-from envsched_pipeline.core.gates import check_rollouts, halt, halt_message
+from envsched_pipeline.core.gates import check_rollouts, halt, halt_message, stop_if_stalled
 from envsched_pipeline.core.state_store import save_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake
@@ -78,7 +78,10 @@ def statistics_step(lake: Lake, step: int) -> dict:
         step=step,
     )
     metrics = batch_metrics([np.asarray(g) for g in _group_rewards(rollouts)])
+    stopped = stop_if_stalled(lake, step, spec)  # held-out stalled for eval_patience evaluations
     return {
+        "stopped_early": stopped is not None,
+        **({"stop_reason": stopped["problems"][0]} if stopped else {}),
         "predicted_yield": pred_y,
         "realized_yield": realized,
         "tasks_updated": len(i),

@@ -125,7 +125,8 @@ def infra_errors_are_low(context: dg.AssetCheckExecutionContext, lake: LakeResou
     partitions_def=training_steps,
     description="Warns when a held-out score the step measured (neural and LM policies) fell below its best "
     "earlier score by more than two standard errors of the difference: the policy may be forgetting, or "
-    "overfitting the training tasks. `envsched status` names the best policy kept (LM policies).",
+    "overfitting the training tasks. `envsched status` names the best policy so far; `--eval-patience N` "
+    "stops the run after N evaluations in a row below it.",
 )
 def heldout_holds(context: dg.AssetCheckExecutionContext, lake: LakeResource) -> dg.AssetCheckResult:
     result = heldout_drops(lake.lake_for(context), step_of(context))

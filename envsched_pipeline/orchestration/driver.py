@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import dagster as dg
 
+from envsched_pipeline.core.gates import STALL_GATE, halted
 from envsched_pipeline.definitions import defs
 from envsched_pipeline.errors import DRIVER_REPORTS_FAILURES, StepError
 from envsched_pipeline.lake import Lake
@@ -141,6 +142,8 @@ def run_loop(
                 if asked is None:
                     return
                 if isinstance(asked, str):
+                    if (halted(lake) or {}).get("gate") == STALL_GATE:  # stopped early, as the run asked
+                        return
                     raise StepError(asked)
                 if asked.step >= target_steps:
                     return

@@ -200,11 +200,11 @@ def heldout_scores(lake: Lake) -> dict[int, dict[str, float]]:
     return by_step
 
 
-def best_evaluated(lake: Lake) -> dict | None:
+def best_evaluated(lake: Lake, upto: int | None = None) -> dict | None:
     """The evaluated step with the best held-out score, the mean over its splits (the earlier step at
     a tie, as a language model's kept best): ``{"step", "score", "heldout_<split>": score}``, or
-    None before the first evaluation."""
-    by_step = heldout_scores(lake)
+    None before the first evaluation. ``upto``: of the steps up to that one only."""
+    by_step = {t: v for t, v in heldout_scores(lake).items() if upto is None or t <= upto}
     if not by_step:
         return None
     mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}

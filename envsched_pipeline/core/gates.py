@@ -19,7 +19,7 @@ from collections.abc import Callable
 from envsched_pipeline.core.build import scheduler_config
 from envsched_pipeline.core.fold import selection_state
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_record, heldout_scores
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_evaluated, best_record, heldout_scores
 from envsched_pipeline.rollouts import ERROR_CLASSES
 from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
@@ -203,19 +203,17 @@ def heldout_stall(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | 
     patience = spec.policy_settings().eval_patience
     if not patience or spec.trainer == "external":
         return None
-    by_step = {t: v for t, v in heldout_scores(lake).items() if t <= step}
-    if not by_step:
+    best = best_evaluated(lake, upto=step)
+    if best is None:
         return None
-    mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}
-    best = max(sorted(mean), key=lambda t: mean[t])
-    since = max(best, int((lake.read_json(PATIENCE_FILE) or {}).get("from", -1)))
-    after = [t for t in by_step if t > since]
+    since = max(best["step"], int((lake.read_json(PATIENCE_FILE) or {}).get("from", -1)))
+    after = [t for t in heldout_scores(lake) if since < t <= step]
     if len(after) < patience:
         return None
     return {
         "patience": patience,
-        "best_step": best,
-        "best_score": mean[best],
+        "best_step": best["step"],
+        "best_score": best["score"],
         "since": since,
         "evaluations": after,
     }

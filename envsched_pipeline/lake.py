@@ -876,10 +876,17 @@ class Lake:
         """The folder of one step's artifacts of a kind (``state/step=12``)."""
         return f"{kind}/step={int(step)}"
 
-    def drop_superseded(self, kind: str, step: int, newest: int = 2) -> None:
+    def drop_superseded(self, kind: str, step: int, newest: int = 2, keep: Iterable[int] = ()) -> None:
         """After writing ``step``'s artifacts of ``kind``, drop the folder of the step they make
-        unneeded (:func:`superseded`: step 0's, every ``KEEP_EVERY``-th and the ``newest`` stay)."""
-        if (old := superseded(step, newest)) is not None:
+        unneeded (:func:`superseded`: step 0's, every ``KEEP_EVERY``-th, the ``newest`` and those of
+        the steps in ``keep`` stay)."""
+        if (old := superseded(step, newest)) is not None and old not in set(keep):
+            self.delete(self.artifact_folder(kind, old))
+
+    def drop_unkept(self, kind: str, old: int, step: int, newest: int = 2) -> None:
+        """Drop ``old``'s folder of ``kind``, kept past its time by :meth:`drop_superseded`'s ``keep``
+        (a best policy that ``step``'s has now beaten), unless :func:`superseded` would still keep it."""
+        if old <= step - newest and not kept_for_good(old):
             self.delete(self.artifact_folder(kind, old))
 
     def artifact_path(self, kind: str, step: int | None, name: str) -> Path:

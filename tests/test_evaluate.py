@@ -268,3 +268,33 @@ def test_a_policy_without_weights_of_its_own_is_refused(tmp_path, monkeypatch, c
             "the run's policy is 'simulated': envsched evaluates the policies it trains"
             in capsys.readouterr().err
         )
+
+
+def test_the_best_policy_keeps_its_checkpoint_while_it_is_the_best(tmp_path, monkeypatch, capsys):
+    """The lake keeps the neural learner's checkpoint of step 0, of every 20th step and of the newest
+    two, and besides them the best evaluated step's while it is the best: a best beaten later by
+    one more than a step after it gives its checkpoint up, so the run ends with one extra at most."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    lake = Lake(tmp_path / "lake")
+    pool = ["pool", "create", "synthetic", "--name", "mini", "--envs", "2", "--tasks-per-env", "3"]
+    assert main(["--lake", str(lake.root), *pool]) == 0
+    train = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "4", "--group-size", "2"]
+    train += ["--steps", "10", "--eval-every", "1", "--eval-tasks", "4", "--eval-samples", "4", "--seed", "2"]
+    assert main(["--lake", str(lake.root), *train]) == 0
+    capsys.readouterr()
+    means: dict[int, list[float]] = {}
+    for e in lake.sql("select * from evals where benchmark like 'heldout_%'").to_pylist():
+        means.setdefault(e["step"], []).append(e["score"])
+    mean = {t: sum(v) / len(v) for t, v in sorted(means.items())}
+    # the best so far after each step (the earlier at a tie), and the bests beaten two or more steps on
+    best_after, best = {}, None
+    for t, m in mean.items():
+        if best is None or m > mean[best]:
+            best = t
+        best_after[t] = best
+    beaten = {best_after[t - 1] for t in mean if t and best_after[t] == t and best_after[t - 1] <= t - 2}
+    assert beaten - {0} and best not in (0, 8, 9)  # this seed exercises both: kept, then given up
+    assert sorted(lake.artifact_steps("checkpoints")) == sorted({0, 8, 9, best})
+    got = evaluated(lake, capsys, "--best")
+    assert got["step"] == best and got["made_again"] is None
+    assert got["checkpoint"].endswith(f"checkpoints/step={best}/neural.pt")

@@ -208,7 +208,7 @@ def _neural(
                 f"--step {step}: the run has not trained step {step}"
                 + (f" (its steps: {trained[0]}..{trained[-1]})" if trained else "")
             )
-        # the lake keeps step 0's checkpoint, every KEEP_EVERY-th and the newest two: any other is made
+        # the lake keeps step 0's checkpoint, every KEEP_EVERY-th, the newest two and the best: any other is made
         # again from the kept one before it, in memory (nothing is written)
         data, made = made_again(lake, step, log, known)
         if known is not None:

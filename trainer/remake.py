@@ -1,7 +1,8 @@
 """Make again a policy checkpoint the lake no longer keeps (``python -m trainer.remake``).
 
 The simulated and neural learners keep the checkpoint of step 0, of every ``KEEP_EVERY``-th step
-and of the newest two (:func:`envsched_pipeline.lake.superseded`); each step records the digest of
+and of the newest two (:func:`envsched_pipeline.lake.superseded`; the neural learner's best held-out
+step's too, while it is the best); each step records the digest of
 the checkpoint it wrote (``checkpoint_digest`` in ``train_metrics``). Going back to a step after a
 dropped checkpoint (``envsched rewind``) first makes it again from the nearest kept one before it:
 

@@ -108,7 +108,8 @@ def partner(path: str) -> dict:
 def best_heldout(lake: Lake) -> dict | None:
     """The step whose policy scored best on held-out so far, its scores (``score``: the mean over the
     splits evaluated; ``heldout_<split>``: each split's) and where its policy is: a language model's
-    kept copy (``checkpoints/best``); for the neural learner, which keeps no copy of its own, the
+    kept copy (``checkpoints/best``); for the neural learner, whose lake keeps that step's checkpoint
+    while it is the best (a run from before that keep may have dropped it), the
     best evaluated step (:func:`best_evaluated`) with its checkpoint's place where the lake still
     keeps it (``policy``; None when `envsched evaluate --best` makes it again). None before the
     first evaluation."""
@@ -131,7 +132,7 @@ def best_heldout_text(best: dict) -> str:
     splits = ", ".join(
         f"{k.removeprefix('heldout_')} {v:.4f}" for k, v in best.items() if k.startswith("heldout_")
     )
-    where = (  # the neural learner keeps no copy of its own: the step's checkpoint, or none
+    where = (  # the neural learner's: the step's checkpoint, or none where an older run dropped it
         f"policy in {best['policy']}"
         if best["policy"]
         else "its checkpoint was dropped; `envsched evaluate --best` makes it again"

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, best_evaluated
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
@@ -149,7 +149,10 @@ def _neural_step(
     rewards = out["reward"]
     g = spec.group_size
     lake.write_bytes(_checkpoint(step), learner.state_bytes())
-    lake.drop_superseded("checkpoints", step)
+    # the best held-out policy so far keeps its checkpoint while it is the best (what `envsched status`
+    # names and `envsched evaluate --best` reads), as a language model keeps its `best` folder
+    best = best_evaluated(lake, upto=step - 1)
+    lake.drop_superseded("checkpoints", step, keep=[best["step"]] if best else [])
     n = len(task_ids)
     flags = [
         bool(
@@ -218,6 +221,9 @@ def _neural_step(
             {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
             for split, res in results.items()
         ]
+        mean = sum(res["mean"] for res in results.values()) / max(len(results), 1)
+        if best is not None and results and mean > best["score"]:  # beaten: its checkpoint goes
+            lake.drop_unkept("checkpoints", best["step"], step)
         for split, res in results.items():
             log(
                 f"held-out ({split} environments): {res['mean']:.4f} ± {res['se']:.4f} over {res['tasks']} tasks"

@@ -54,6 +54,12 @@ def test_a_run_stops_when_held_out_stalls_and_trains_on_after_resume(tmp_path, m
     assert (record["gate"], record["step"]) == (STALL_GATE, stop)
     assert f"the run stopped early at step {stop}" in out and "`envsched resume` trains on" in out
     assert tuple(status(lake)["next"]) == ("halted", stop)
+    best = min(t for t in scores if scores[t] == max(scores.values()))
+    count = status(lake)["patience"]  # and `envsched status` counts it
+    assert (count["best_step"], count["since"], count["stalled"]) == (best, best, True)
+    assert count["evaluations"] == [t for t in scores if t > best] and len(count["evaluations"]) == 2
+    assert main(["--lake", str(lake.root), "status"]) == 0
+    assert "early stop: 2 of 2 evaluations since step" in capsys.readouterr().out
     with dg.DagsterInstance.get() as instance:  # the step's statistics say why, in the UI
         meta = instance.get_latest_materialization_event(
             dg.AssetKey("reward_statistics")

@@ -433,6 +433,14 @@ def status_lines(lake, st: dict, last: int) -> list[str]:
         )
     if st["best_heldout"]:
         lines.append(f"  best held-out so far: {best_heldout_text(st['best_heldout'])}")
+    if st["patience"]:
+        p = st["patience"]
+        lines.append(
+            f"  early stop: {len(p['evaluations'])} of {p['patience']} evaluations since step {p['since']} "
+            f"without a better mean held-out (eval_patience {p['patience']}"
+            + ("; spent" if p["stalled"] else "")
+            + ")"
+        )
     rows = step_summary(lake)[-last:] if done else []
     if rows:
         training = training_columns(RunSpec.from_dict(spec))  # as `envsched train` prints it

@@ -193,12 +193,13 @@ def check_rollouts(lake: Lake, step: int, spec: RunSpec | None = None) -> dict:
 
 
 # ---------------------------------------------------------------------------- early stop
-def heldout_stall(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | None:
-    """Whether the run should stop early after ``step``: the run's ``eval_patience`` evaluations in a
-    row (up to ``step``) have not beaten the best mean held-out score before them (the earlier step
-    at a tie, as `envsched evaluate --best` takes it), counted after the best step and after the step
-    an `envsched resume` of an earlier stop went on from. ``{"patience", "best_step", "best_score",
-    "since", "evaluations"}`` when it should, else None (no patience set, an outside trainer's run)."""
+def patience_count(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | None:
+    """Where the run stands against its ``eval_patience`` after ``step``: the evaluations (up to
+    ``step``) that have not beaten the best mean held-out score before them (the earlier step at a
+    tie, as `envsched evaluate --best` takes it), counted after the best step and after the step an
+    `envsched resume` of an earlier stop went on from. ``{"patience", "best_step", "best_score",
+    "since", "evaluations", "stalled"}``; None with no patience set, before the first evaluation
+    and on an outside trainer's run."""
     spec = spec or require_run(lake)
     patience = spec.policy_settings().eval_patience
     if not patience or spec.trainer == "external":
@@ -208,15 +209,21 @@ def heldout_stall(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | 
         return None
     since = max(best["step"], int((lake.read_json(PATIENCE_FILE) or {}).get("from", -1)))
     after = [t for t in heldout_scores(lake) if since < t <= step]
-    if len(after) < patience:
-        return None
     return {
         "patience": patience,
         "best_step": best["step"],
         "best_score": best["score"],
         "since": since,
         "evaluations": after,
+        "stalled": len(after) >= patience,
     }
+
+
+def heldout_stall(lake: Lake, step: int, spec: RunSpec | None = None) -> dict | None:
+    """:func:`patience_count` when the run should stop early after ``step`` (its patience is spent),
+    else None."""
+    count = patience_count(lake, step, spec)
+    return count if count is not None and count["stalled"] else None
 
 
 def stall_text(stall: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halted
+from envsched_pipeline.core.gates import checkpointed_steps, halt_message, halted, patience_count
 from envsched_pipeline.errors import EnvschedError, LakeError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_evaluated, best_record
 from envsched_pipeline.lease import holders
@@ -74,6 +74,8 @@ def _status(lake: Lake) -> dict:
         "consistent": not problems,
         "problems": problems,
         "best_heldout": best_heldout(lake),
+        # the early stop's count (`--eval-patience`): evaluations since the best without a better one
+        "patience": patience_count(lake, stats[-1], spec) if spec and stats else None,
         # the steps after which the policy is on disk (none for a policy with no weights here)
         "checkpoints": sorted(checkpointed_steps(lake))
         if spec and spec.trainer != "external" and spec.policy != "openai"

@@ -2,7 +2,8 @@
 
 After each step's statistics, the step's numbers are logged under the step table's column names
 (``batch_variance``, ``zero_variance_fraction``, ``envs_touched``, ``mean_reward``, ``heldout_seen``,
-``heldout_unseen``, ``trainer_s``) plus the trainer's metrics (``loss``, ``grad_norm``,
+``heldout_unseen``, ``trainer_s``; at an evaluating step the best mean held-out so far,
+``heldout_best_score`` and ``heldout_best_step``) plus the trainer's metrics (``loss``, ``grad_norm``,
 ``clip_fraction``, ``approx_kl``, ``entropy``, ``response_length_mean``, ``tokens_per_second``, ...),
 with the run's config logged once. All three work offline: TensorBoard event files, W&B in offline
 mode, MLflow's local file store, under ``<lake>/trackers/`` unless a tracker's own environment
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from envsched_pipeline.analysis.passk import episodes_by_split, headline_reliability
 from envsched_pipeline.errors import ConfigError
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import Lake, best_evaluated
 from envsched_pipeline.run import SAMPLER_METRICS, RunSpec
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -77,6 +78,10 @@ def step_metrics(lake: Lake, step: int) -> dict[str, float]:
             else f"eval/{b}"
         )
         out[key] = r.get("score")
+    if "heldout_seen" in out or "heldout_unseen" in out:  # the best so far: what `evaluate --best` scores
+        best = best_evaluated(lake, upto=step)
+        if best is not None:
+            out["heldout_best_score"], out["heldout_best_step"] = best["score"], best["step"]
     # held-out solved in one attempt, in any of K and in all K, where the step kept its episodes
     out.update(headline_reliability(episodes_by_split(lake, step)))
     tm = lake.read("train_metrics", step=step).to_pylist()

@@ -18,8 +18,8 @@ from envsched_pipeline.analysis.ablation import compare_rows, table_markdown
 from envsched_pipeline.analysis.seeds import compare_seeds, seed_table
 from envsched_pipeline.cli import main
 from envsched_pipeline.cli.common import STOP_WITH_ENV, UsageError, stop_with_parent
-from envsched_pipeline.cli.sweep import Planned, comparable, portable
-from envsched_pipeline.core.gates import halt
+from envsched_pipeline.cli.sweep import Planned, comparable, finished, portable
+from envsched_pipeline.core.gates import STALL_GATE, halt
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import LATEST_REPORT, Lake
@@ -404,3 +404,17 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_run_that_stopped_early_is_finished_and_one_halted_otherwise_is_not(tmp_path):
+    """A run stopped early by its `--eval-patience` is done for the sweep (the same command does not
+    start it again), with the steps it holds; one halted by a failure has to run again."""
+    lake = Lake(tmp_path / "lake")
+    for t in range(3):
+        lake.write("statistics", [{"step": t, "task_id": "a"}], step=t)
+    r = Planned("random", 0, 5, str(lake.root), [], True, tmp_path / "log", str(lake.root))
+    assert finished(r) is None  # 3 of 5 steps, not halted: it goes on
+    halt(lake, 2, "train_job (train)", ["a test halted it"])
+    assert finished(r) is None
+    halt(lake, 2, STALL_GATE, ["held-out has not beaten step 0's mean score"])
+    assert finished(r) == 3

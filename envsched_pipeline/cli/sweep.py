@@ -43,7 +43,7 @@ from envsched_pipeline.cli.common import (
     writable_dir,
 )
 from envsched_pipeline.core.build import check_run
-from envsched_pipeline.core.gates import halted
+from envsched_pipeline.core.gates import STALL_GATE, halted
 from envsched_pipeline.errors import LakeError
 from envsched_pipeline.lake import Lake, atomic_write_bytes, local_dir_for
 from envsched_pipeline.run import RUN_FILE, load_run, resume_refusal, with_neural_defaults
@@ -528,10 +528,14 @@ def _stop(signum, frame) -> None:
 
 def finished(r: Planned) -> int | None:
     """The steps ``r``'s lake holds when they are as many as the sweep asks for or more and the run
-    is not halted (an earlier sweep finished it), else None: the run has to be started."""
+    is not halted, or when the run stopped early as its flags asked (`--eval-patience`): an earlier
+    sweep finished it. Else None: the run has to be started."""
     lake = Lake(r.lake)
     done = len(lake.steps("statistics"))
-    return done if done >= r.steps and halted(lake) is None else None
+    record = halted(lake)
+    if record is not None and record["gate"] == STALL_GATE:
+        return done
+    return done if done >= r.steps and record is None else None
 
 
 def start(r: Planned, env: dict) -> subprocess.Popen:

@@ -2,6 +2,8 @@
 step at which N evaluations in a row have not beaten its best mean held-out score, says so, and
 trains on after `envsched resume` with the patience counted again from there."""
 
+import json
+
 import dagster as dg
 
 from envsched_pipeline.cli import main
@@ -68,6 +70,11 @@ def test_a_run_stops_when_held_out_stalls_and_trains_on_after_resume(tmp_path, m
     # the same `envsched train` again stops at once, saying why; nothing failed, so nothing to redo
     assert main(["--lake", str(lake.root), *TRAIN]) == 0
     assert f"the run stopped early at step {stop}" in capsys.readouterr().out
+    # the run's report says where and why it stopped
+    assert main(["--lake", str(lake.root), "report", "--out", str(tmp_path / "rep")]) == 0
+    config = json.loads((tmp_path / "rep" / "summary.json").read_text())["config"]
+    assert config["stopped early"] == f"after step {stop}: {record['problems'][0]}"
+    capsys.readouterr()
     assert main(["--lake", str(lake.root), "resume", "--redo"]) == 2
     assert "nothing to redo" in capsys.readouterr().err
     assert lake.steps("train_metrics") == list(range(stop + 1)) and halted(lake) == record

@@ -39,6 +39,7 @@ from envsched_pipeline.analysis.compare import (
 from envsched_pipeline.analysis.passk import heldout_reliability
 from envsched_pipeline.analysis.plots import SCHEDULER_COLORS, _series, _series_each
 from envsched_pipeline.analysis.seeds import mark
+from envsched_pipeline.core.gates import STALL_GATE, halted
 from envsched_pipeline.core.loop import best_heldout, best_heldout_text
 from envsched_pipeline.graph.store import load_graph
 from envsched_pipeline.lake import Lake, json_safe
@@ -498,6 +499,9 @@ def build_report(
     for name, b in best.items():
         if b is not None:
             config["best held-out" if name == run_name else f"best held-out ({name})"] = best_heldout_text(b)
+    record = halted(lake)
+    if record is not None and record["gate"] == STALL_GATE:  # --eval-patience ended the run here
+        config["stopped early"] = f"after step {record['step']}: {record['problems'][0]}"
     summary = {
         "config": config,
         "baselines": {"note": base_note, "names": list(base_series) + [o["name"] for o in others]},

@@ -201,6 +201,7 @@ def test_every_setting_a_policy_reads_reaches_its_trainer():
     own |= {"lr_decay_steps", "lr_min_ratio", "eval_every", "eval_tasks", "eval_samples", "eval_temperature"}
     own |= {"overrun_penalty"}  # LM: the step's rewards (trainer/policy_step.py), not the update
     own |= {"keep_checkpoints"}  # LM: which checkpoints stay on disk (trainer/policy_step.py)
+    own |= {"eval_patience"}  # the loop's: when the run stops early (core/gates.py), not the trainer's
     lm = set(LM_SETTINGS) - own  # read by GRPOConfig (trainer/update.py)
     assert lm <= {f.name for f in dataclasses.fields(GRPOConfig)}, lm - {
         f.name for f in dataclasses.fields(GRPOConfig)

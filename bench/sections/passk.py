@@ -81,7 +81,9 @@ def section_neural_passk(runs: str, base_runs: str, steps: int) -> None:
                         f"({rival_repeats(base_runs, runs, rivals, shared)}): each one's means over the seeds "
                         "it shares with the form, and the form's paired difference from it. Whether the form's "
                         "gain in tasks solved is its own or any schedule's that seeks spread, and whether the "
-                        "paper's narrow ablation (exploit-only) buys reliability (pass^K) with its focus:",
+                        "paper's narrow ablation (exploit-only) buys reliability (pass^K) with its focus"
+                        + (" (`envsched`: the paper's constants)" if "envsched" in rivals else "")
+                        + ":",
                         *rival_rows,
                     ]
                     if rivals
@@ -93,8 +95,9 @@ def section_neural_passk(runs: str, base_runs: str, steps: int) -> None:
     )
 
 
-# the rows closest to the form's on the default learner's tables, and the paper's two ablations
-RIVALS = ("greso", "mopps", "exploit-only", "coverage-only")
+# the rows closest to the form's on the default learner's tables, the paper's two ablations, and the
+# rest of the ablation table (variance-greedy, the paper's constants, DPS)
+RIVALS = ("greso", "mopps", "exploit-only", "coverage-only", "variance-greedy", "envsched", "dps")
 
 
 def rivals_table(runs: str, form: str, steps: int) -> tuple[list[str], dict[str, list[int]], list[str]]:

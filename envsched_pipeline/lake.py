@@ -204,10 +204,20 @@ def best_evaluated(lake: Lake, upto: int | None = None) -> dict | None:
     """The evaluated step with the best held-out score, the mean over its splits (the earlier step at
     a tie, as a language model's kept best): ``{"step", "score", "heldout_<split>": score}``, or
     None before the first evaluation. ``upto``: of the steps up to that one only."""
-    by_step = {t: v for t, v in heldout_scores(lake).items() if upto is None or t <= upto}
+    return best_of(heldout_scores(lake), upto)
+
+
+def split_mean(scores: Mapping[str, float]) -> float:
+    """A step's held-out score: the mean of its splits' (what the best step is chosen by)."""
+    return sum(scores.values()) / len(scores)
+
+
+def best_of(by_step: Mapping[int, Mapping[str, float]], upto: int | None = None) -> dict | None:
+    """:func:`best_evaluated` of scores already read (:func:`heldout_scores`)."""
+    by_step = {t: v for t, v in by_step.items() if upto is None or t <= upto}
     if not by_step:
         return None
-    mean = {t: sum(v.values()) / len(v) for t, v in by_step.items()}
+    mean = {t: split_mean(v) for t, v in by_step.items()}
     step = max(sorted(mean), key=lambda t: mean[t])  # the first of the best at a tie
     return {"step": step, "score": mean[step], **by_step[step]}
 

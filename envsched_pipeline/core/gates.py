@@ -19,7 +19,7 @@ from collections.abc import Callable
 from envsched_pipeline.core.build import scheduler_config
 from envsched_pipeline.core.fold import selection_state
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_evaluated, best_record, heldout_scores
+from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_of, best_record, heldout_scores
 from envsched_pipeline.rollouts import ERROR_CLASSES
 from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
@@ -204,11 +204,12 @@ def patience_count(lake: Lake, step: int, spec: RunSpec | None = None) -> dict |
     patience = spec.policy_settings().eval_patience
     if not patience or spec.trainer == "external":
         return None
-    best = best_evaluated(lake, upto=step)
+    scores = heldout_scores(lake)  # read once: the best and the evaluations after it
+    best = best_of(scores, upto=step)
     if best is None:
         return None
     since = max(best["step"], int((lake.read_json(PATIENCE_FILE) or {}).get("from", -1)))
-    after = [t for t in heldout_scores(lake) if since < t <= step]
+    after = [t for t in scores if since < t <= step]
     return {
         "patience": patience,
         "best_step": best["step"],

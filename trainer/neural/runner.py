@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from envs.hack import flag_trajectory
 from envsched_pipeline.errors import StepError
-from envsched_pipeline.lake import Lake, best_evaluated
+from envsched_pipeline.lake import Lake, best_evaluated, split_mean
 from envsched_pipeline.rollouts import batch_metrics, table
 from envsched_pipeline.run import RunSpec, environment_kinds_problem, require_run
 from trainer.grpo import group_advantages
@@ -221,8 +221,8 @@ def _neural_step(
             {"step": step, "benchmark": f"heldout_{split}", "score": res["mean"], "se": res["se"]}
             for split, res in results.items()
         ]
-        mean = sum(res["mean"] for res in results.values()) / max(len(results), 1)
-        if best is not None and results and mean > best["score"]:  # beaten: its checkpoint goes
+        scores = {split: res["mean"] for split, res in results.items()}
+        if best is not None and scores and split_mean(scores) > best["score"]:  # the old best's goes
             lake.drop_unkept("checkpoints", best["step"], step)
         for split, res in results.items():
             log(

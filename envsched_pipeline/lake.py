@@ -106,7 +106,29 @@ def _kind_ok(arrow_type: pa.DataType, kind: str) -> bool:
     return True
 
 
+SYNC_ENV = "ENVSCHED_LAKE_FSYNC"
+
+
+def syncing() -> bool:
+    """Whether a local lake's writes are fsynced before they are renamed into place (the default).
+    ``$ENVSCHED_LAKE_FSYNC=0`` skips the fsyncs, for a throwaway lake (tests, a scratch run on
+    tmpfs): every file still appears whole or not at all to a process that reads it, and a killed
+    process loses nothing written before it died; only a machine that loses power can then lose
+    the newest writes, a rename without its file's bytes included."""
+    raw = os.environ.get(SYNC_ENV, "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise LakeError(f"${SYNC_ENV}: expected 1 (fsync every write, the default) or 0, got {raw!r}")
+    return raw == "1"
+
+
+def _fsync(fd: int) -> None:
+    if syncing():
+        os.fsync(fd)
+
+
 def _fsync_dir(path: Path) -> None:
+    if not syncing():
+        return
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -129,7 +151,7 @@ def _atomic_replace(path: Path, fill, place=os.replace) -> None:
     try:
         fill(tmp)
         with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
+            _fsync(fh.fileno())
         place(tmp, path)
         _fsync_dir(path.parent)
     finally:
@@ -328,7 +350,7 @@ class _LocalStore(_Store):
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            _fsync(fh.fileno())
         return True
 
     def glob(self, pattern: str) -> list[str]:
@@ -786,6 +808,7 @@ class Lake:
 
     def __init__(self, root: str | os.PathLike | None = None):
         raw = str(root or os.environ.get("ENVSCHED_LAKE") or DEFAULT_ROOT)
+        syncing()  # a bad $ENVSCHED_LAKE_FSYNC is refused before anything is written
         scheme = re.match(r"([A-Za-z][A-Za-z0-9+.\-]*)://", raw)
         if scheme and not raw.startswith(REMOTE_SCHEMES):  # never a local folder named "gs:"
             raise LakeError(

@@ -7,7 +7,7 @@ from envs.registry import load_synthetic
 from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.core.statistics import statistics_step
-from envsched_pipeline.lake import Lake
+from envsched_pipeline.lake import SYNC_ENV, Lake
 from envsched_pipeline.run import RunSpec, start_run
 from trainer.step import run_step
 
@@ -57,6 +57,10 @@ def dagster_home(tmp_path, monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # every lake a test writes is thrown away with its tmp_path: no fsync per write (about a tenth
+    # of the suite's time; the processes a test starts inherit it). The default, fsync on, is
+    # tested in test_lake.py; ENVSCHED_LAKE_FSYNC=1 make test runs the whole suite with it.
+    os.environ.setdefault(SYNC_ENV, "0")
 
 
 # Test layers: every test module belongs to one (`make test-unit`, ... ; `make test` runs all).

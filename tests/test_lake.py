@@ -28,6 +28,33 @@ def test_rewrite_replaces_partition_and_leaves_no_temp_files(tmp_path):
     assert leftovers == []
 
 
+def test_writes_are_fsynced_unless_the_lake_is_marked_throwaway(tmp_path, monkeypatch):
+    """Every write is fsynced (the file, then its folder after the rename) by default; with
+    $ENVSCHED_LAKE_FSYNC=0 (what the test suite sets) none is, and the write is whole all the same.
+    A value other than 0 or 1 is refused by name when the lake is opened, before anything is written."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    for value, expect in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv("ENVSCHED_LAKE_FSYNC", value)
+        synced.clear()
+        lake = Lake(tmp_path / f"lake{value}")
+        lake.write("rollouts", rollout_rows(0), step=0)
+        part = lake.root / "rollouts" / "step=0"
+        assert lake.read("rollouts", step=0).num_rows == 3 and os.listdir(part) == ["part-0.parquet"]
+        if expect:  # the temp file's bytes (renamed to part-0.parquet since), then the folder's entry
+            assert len(synced) == 2 and synced[1] == str(part)
+            assert synced[0].rsplit("/", 1) == [str(part), synced[0].rsplit("/", 1)[1]]
+            assert synced[0].rsplit("/", 1)[1].startswith(".part-0.parquet.")
+        else:
+            assert synced == []
+    for bad in ("yes", "2", "off"):
+        monkeypatch.setenv("ENVSCHED_LAKE_FSYNC", bad)
+        with pytest.raises(LakeError, match=rf"\$ENVSCHED_LAKE_FSYNC: expected 1 .* or 0, got '{bad}'"):
+            Lake(tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()
+
+
 def test_missing_required_column_is_refused_and_nothing_written(tmp_path):
     lake = Lake(tmp_path)
     with pytest.raises(LakeError, match="rollouts: missing required column 'reward'"):

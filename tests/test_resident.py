@@ -28,6 +28,8 @@ TRAIN = [
     "--resident",
     "--checkpoint-every",
     "2",
+    "--eval-every",  # held-out evaluation by a resident worker: tests/test_heldout.py
+    "0",
 ]
 
 

@@ -446,6 +446,10 @@ def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
                 "16",
                 "--policy-config",  # the random model never ends an episode itself: 3 calls, not 40
                 '{"max_actions": 3}',
+                "--eval-tasks",  # the run's last step is evaluated: one episode per held-out kind
+                "1",
+                "--eval-samples",
+                "1",
             ]
         )
         assert code == 0, capsys.readouterr().err[-2000:]
@@ -453,6 +457,10 @@ def test_openai_policy_against_a_real_local_server(tmp_path, capsys):
         assert len(rows) == 4 and all(0.0 <= r["reward"] <= 1.0 for r in rows)
         traj = json.loads(rows[0]["trajectory"])
         assert traj["engine"] == "openai" and traj["messages"][0]["role"] == "system"
+        # held-out episodes are played through the same server
+        held = Lake(lake).sql("select split, trajectory from eval_rollouts order by split").to_pylist()
+        assert [r["split"] for r in held] == ["seen", "unseen"]
+        assert all(json.loads(r["trajectory"])["engine"] == "openai" for r in held)
     finally:
         stop(proc)
 

@@ -20,6 +20,7 @@ from envsched_pipeline.lake import Lake
 from envsched_pipeline.settings import BIG, check_settings
 
 RUN_FILE = "run.json"
+HALT_FILE = "halt.json"  # a stopped run's record (core/gates.py writes it; a resident worker reads it)
 POLICIES = ("simulated", "neural", "hf-tiny", "hf", "vllm", "openai", "external")
 # the policies whose per-step checkpoints the lake drops (step 0's, every KEEP_EVERY-th and the
 # newest two stay) and whose steps record a checkpoint digest, so a dropped one can be made again

@@ -46,6 +46,15 @@ def wait_for_port(port: int, proc: subprocess.Popen | None = None, what: str = "
             time.sleep(0.2)
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (no longer there, or a zombie nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (children, theirs, ...), read from /proc."""
     parent = {}

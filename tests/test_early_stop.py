@@ -3,6 +3,7 @@ step at which N evaluations in a row have not beaten its best mean held-out scor
 trains on after `envsched resume` with the patience counted again from there."""
 
 import json
+import time
 
 import dagster as dg
 
@@ -11,10 +12,13 @@ from envsched_pipeline.core.gates import PATIENCE_FILE, STALL_GATE, halted
 from envsched_pipeline.core.loop import status
 from envsched_pipeline.lake import Lake
 from envsched_pipeline.run import load_run
+from tests.procs import gone
+from trainer.resident import read_info
 
 STEPS = 12
 TRAIN = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "4", "--group-size", "2"]
 TRAIN += ["--eval-every", "1", "--eval-tasks", "2", "--eval-samples", "2", "--steps", str(STEPS)]
+TRAIN += ["--resident"]  # one process for the run's steps (the same numbers: tests/test_resident.py)
 
 
 def means(lake: Lake) -> dict[int, float]:
@@ -54,6 +58,12 @@ def test_a_run_stops_when_held_out_stalls_and_trains_on_after_resume(tmp_path, m
     assert lake.steps("train_metrics") == list(range(stop + 1)) and list(scores) == list(range(stop + 1))
     record = halted(lake)
     assert (record["gate"], record["step"]) == (STALL_GATE, stop)
+    # the run's resident worker sees the halt and exits (its memory freed until a resume)
+    worker = json.loads((lake.local / "resident" / "worker.json").read_text())["pid"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not gone(worker):
+        time.sleep(0.5)
+    assert read_info(lake) is None and gone(worker)
     assert f"the run stopped early at step {stop}" in out and "`envsched resume` trains on" in out
     assert tuple(status(lake)["next"]) == ("halted", stop)
     best = min(t for t in scores if scores[t] == max(scores.values()))

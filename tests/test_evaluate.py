@@ -280,6 +280,7 @@ def test_the_best_policy_keeps_its_checkpoint_while_it_is_the_best(tmp_path, mon
     assert main(["--lake", str(lake.root), *pool]) == 0
     train = ["train", "--pool", "mini", "--policy", "neural", "--batch-size", "4", "--group-size", "2"]
     train += ["--steps", "10", "--eval-every", "1", "--eval-tasks", "4", "--eval-samples", "4", "--seed", "2"]
+    train += ["--resident"]  # one process for the ten steps (the same numbers: tests/test_resident.py)
     assert main(["--lake", str(lake.root), *train]) == 0
     capsys.readouterr()
     means: dict[int, list[float]] = {}

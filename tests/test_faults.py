@@ -17,6 +17,7 @@ from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.core.select import select_manifest
 from envsched_pipeline.lake import Lake, LakeError
 from envsched_pipeline.run import RunSpec, start_run
+from tests.procs import gone
 
 
 def test_trainer_killed_mid_step_then_rerun_leaves_exactly_b_x_g(tmp_path):
@@ -118,14 +119,6 @@ def test_sql_works_while_a_step_writes(tmp_path):
     assert not errors and seen > 5
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1].startswith("Z")  # a zombie has exited
-    except FileNotFoundError:
-        return True
-
-
 def test_a_pool_worker_dies_with_its_killed_parent():
     """Bench workers call die_with_parent: a bench killed by a signal leaves no run computing on."""
     child = (
@@ -142,10 +135,10 @@ def test_a_pool_worker_dies_with_its_killed_parent():
         text=True,
     )
     pid = int(parent.stdout.readline())  # printed once the death signal is set
-    assert not _gone(pid)
+    assert not gone(pid)
     parent.kill()
     parent.wait()
     deadline = time.time() + 10
-    while not _gone(pid) and time.time() < deadline:
+    while not gone(pid) and time.time() < deadline:
         time.sleep(0.1)
-    assert _gone(pid)
+    assert gone(pid)

@@ -10,7 +10,9 @@ process is now a thin client: it finds the worker through ``<lake>/resident/work
 host, port, a secret token), starts one if there is none (or the recorded one is dead), hands it
 step t over a loopback socket, relays its log lines to Pipes, and reports the step's metrics. The
 worker runs in its own session, so it survives a Dagster restart; it exits after ``IDLE_SECONDS``
-without work or when the run's last step is done.
+without work, when the run's last step is done, or when the run halts (a failed check, an early
+stop: it frees its memory, a GPU's included, until ``envsched resume``, whose next step starts a
+new worker from the newest checkpoint).
 
 Checkpoints (model, optimizer, tokenizer) are written every ``checkpoint_every`` steps and at the
 last step, not every step. If a worker dies, the next one starts from the newest checkpoint c; the
@@ -37,7 +39,7 @@ from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import Lake, atomic_write_bytes
 from envsched_pipeline.lease import holder_check
 from envsched_pipeline.rollouts import write_step_result
-from envsched_pipeline.run import require_run, training_settings
+from envsched_pipeline.run import HALT_FILE, require_run, training_settings
 
 IDLE_SECONDS = 1800.0
 START_TIMEOUT = 600.0
@@ -212,6 +214,8 @@ class Worker:
             while time.time() - self.last_work < IDLE_SECONDS:
                 if self.steps_done and self.steps_done[-1] + 1 >= self.spec.max_steps:
                     break  # the run is done (its last checkpoint is written)
+                if self.lake.read_json(HALT_FILE) is not None:
+                    break  # the run halted: no step comes before a resume, which starts a new worker
                 try:
                     conn, _ = srv.accept()
                 except TimeoutError:

@@ -21,10 +21,9 @@ from envsched_pipeline.core.fold import selection_state
 from envsched_pipeline.errors import StepError
 from envsched_pipeline.lake import BEST_CHECKPOINT, Lake, best_of, best_record, heldout_scores
 from envsched_pipeline.rollouts import ERROR_CLASSES
-from envsched_pipeline.run import REMADE_CHECKPOINTS, RunSpec, require_run
+from envsched_pipeline.run import HALT_FILE, REMADE_CHECKPOINTS, RunSpec, require_run
 from envsched_pipeline.scheduler import make_scheduler
 
-HALT_FILE = "halt.json"
 RETRIED_FILE = "retried_runs.json"  # failed attempts a resume answered (see retried_runs)
 REWIND_ARCHIVE = "rewind-to-step"  # a rewind's archive folder: archive/<this><step>-<ms>/
 STALL_GATE = "heldout_patience"  # the halt of a run stopped early (heldout_stall)

@@ -1,17 +1,23 @@
 """The resident policy worker: the model is loaded once across steps driven through Dagster, and a
 worker killed mid-run is replaced from the newest checkpoint with a consistent lake."""
 
+import json
 import os
 import signal
 import time
 
 import pytest
 
+from envs.registry import load_synthetic
 from envsched_pipeline.cli import main
+from envsched_pipeline.core.gates import halt, resume
 from envsched_pipeline.core.loop import status
+from envsched_pipeline.core.pools import import_pool
 from envsched_pipeline.lake import Lake
+from envsched_pipeline.run import RunSpec, start_run
+from trainer.policy_step import checkpoint_dirs
 from trainer.remake import remake
-from trainer.resident import read_info
+from trainer.resident import Worker, read_info
 
 TRAIN = [
     "train",
@@ -181,3 +187,31 @@ def test_a_run_made_longer_keeps_its_worker_and_checkpoint_cadence(lake):
     assert [r["model_loads"] for r in rows] == [1, 1, 1, 1] and len({r["worker_pid"] for r in rows}) == 1
     ckpts = sorted(p.parent.name for p in (lake.root / "checkpoints").glob("step=*/policy"))
     assert ckpts == ["step=1", "step=3"]  # every 2 steps and the run's last, not the old last (step 2)
+
+
+def test_a_halted_run_lets_its_worker_go_unless_it_holds_unsaved_steps(tmp_path):
+    """The worker leaves a halted run (freeing its memory until a resume) when the lake holds all it
+    does: no policy in memory, or a language model whose newest step is checkpointed. One trained
+    past its newest checkpoint (every `checkpoint_every` steps) stays: leaving would cost a resume
+    the steps since, redone from that checkpoint. The neural learner checkpoints every step."""
+    lake = Lake(tmp_path / "lake")
+    import_pool(lake, load_synthetic("mini", n_envs=2, tasks_per_env=3, seed=0))
+    start_run(lake, RunSpec(pool="mini", policy="hf-tiny", batch_size=2, group_size=2, max_steps=10))
+    meta = checkpoint_dirs(lake)[1] / "step=1" / "policy" / "trainer.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"step": 1}))  # the newest checkpoint: after step 1
+    worker = Worker(lake)
+    worker.session = object()  # a policy in memory, after step 2 (trained past the checkpoint)
+    worker.next_step = 3
+    assert not worker._halted_with_nothing_unsaved()  # the run goes on: the worker waits for it
+    halt(lake, 3, "rollouts_are_valid", ["a check failed"])
+    assert not worker._halted_with_nothing_unsaved()  # halted, but step 2 is only in memory
+    worker.next_step = 2  # the policy in memory is the checkpointed one
+    assert worker._halted_with_nothing_unsaved()
+    worker.session, worker.next_step = None, None  # nothing in memory (a step failed, say)
+    assert worker._halted_with_nothing_unsaved()
+    worker.session, worker.next_step = object(), 3
+    worker.spec = RunSpec(pool="mini", policy="neural")  # a checkpoint every step
+    assert worker._halted_with_nothing_unsaved()
+    resume(lake)
+    assert not worker._halted_with_nothing_unsaved()

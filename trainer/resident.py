@@ -11,8 +11,9 @@ host, port, a secret token), starts one if there is none (or the recorded one is
 step t over a loopback socket, relays its log lines to Pipes, and reports the step's metrics. The
 worker runs in its own session, so it survives a Dagster restart; it exits after ``IDLE_SECONDS``
 without work, when the run's last step is done, or when the run halts (a failed check, an early
-stop: it frees its memory, a GPU's included, until ``envsched resume``, whose next step starts a
-new worker from the newest checkpoint).
+stop) with nothing unsaved: it frees its memory, a GPU's included, until ``envsched resume``, whose
+next step starts a new worker from the newest checkpoint. A language model trained past its newest
+checkpoint (``checkpoint_every``) stays, so a resume does not redo those steps.
 
 Checkpoints (model, optimizer, tokenizer) are written every ``checkpoint_every`` steps and at the
 last step, not every step. If a worker dies, the next one starts from the newest checkpoint c; the
@@ -186,6 +187,19 @@ class Worker:
                 finally:
                     self.last_work = time.time()
 
+    def _halted_with_nothing_unsaved(self) -> bool:
+        """The run halted and the lake holds everything the worker does: no policy in memory, the
+        neural learner's (checkpointed every step), or a language model's whose newest step is
+        checkpointed. One trained past its newest checkpoint stays, as before (leaving would cost a
+        resume the steps since, redone), until the loop goes on or it idles out."""
+        if self.lake.read_json(HALT_FILE) is None:
+            return False
+        if self.session is None or self.spec.policy == "neural":
+            return True
+        from trainer.policy_step import latest_checkpoint  # the session's module, loaded already
+
+        return latest_checkpoint(self.lake, self.next_step)[1] == self.next_step - 1
+
     def _publish(self) -> None:
         atomic_write_bytes(
             _info_path(self.lake),
@@ -214,8 +228,8 @@ class Worker:
             while time.time() - self.last_work < IDLE_SECONDS:
                 if self.steps_done and self.steps_done[-1] + 1 >= self.spec.max_steps:
                     break  # the run is done (its last checkpoint is written)
-                if self.lake.read_json(HALT_FILE) is not None:
-                    break  # the run halted: no step comes before a resume, which starts a new worker
+                if self._halted_with_nothing_unsaved():
+                    break  # no step comes before a resume, which starts a new worker
                 try:
                     conn, _ = srv.accept()
                 except TimeoutError:

@@ -59,7 +59,7 @@ def test_a_run_stops_when_held_out_stalls_and_trains_on_after_resume(tmp_path, m
     record = halted(lake)
     assert (record["gate"], record["step"]) == (STALL_GATE, stop)
     # the run's resident worker sees the halt and exits (its memory freed until a resume)
-    worker = json.loads((lake.local / "resident" / "worker.json").read_text())["pid"]
+    worker = read_info(lake)["pid"]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not gone(worker):
         time.sleep(0.5)

@@ -7,7 +7,15 @@ import sys
 
 import pytest
 
-from envsched_pipeline.analysis.plots import PNG_COLORS, _plt, embed, manifest_plot, write_png
+from envsched_pipeline.analysis.plots import (
+    PNG_COLORS,
+    STEP_MARGINS,
+    _plt,
+    embed,
+    fixed_layout,
+    manifest_plot,
+    write_png,
+)
 from envsched_pipeline.analysis.rollouts_view import render, samples
 from envsched_pipeline.cli import main
 from envsched_pipeline.core.gates import halt
@@ -75,6 +83,30 @@ def test_figures_are_palette_pngs_a_fraction_of_matplotlibs_size(tmp_path):
     assert os.path.getsize(ours) < 0.5 * os.path.getsize(tmp_path / "theirs.png")
 
 
+def test_a_steps_plot_at_fixed_margins_keeps_every_label_inside_its_own_place():
+    # the widest labels a step's plots meet: seven-character ticks beside a y label, and an offset
+    # ("1e-5") under a long title
+    fig, ax = _plt().subplots(1, 3, figsize=(13, 3.4))
+    ax[0].plot([-0.0125, 0.0075])
+    ax[1].plot([-0.0125, 0.0075])
+    ax[1].set_ylabel("realized")
+    ax[2].plot([0.0, 3e-5])
+    ax[2].set_title("batch within-task reward variance")
+    for a in ax:
+        a.set_xlabel("step")
+    fixed_layout(fig, **STEP_MARGINS)
+    fig.set_dpi(80)
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    width, height = fig.bbox.width, fig.bbox.height
+    for k, a in enumerate(ax):
+        box = a.get_tightbbox(renderer)  # the panel with its ticks, labels, title and offset text
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (k, box)
+        if k:  # clear of the panel on its left
+            assert box.x0 > ax[k - 1].bbox.x1, (k, box.x0, ax[k - 1].bbox.x1)
+    _plt().close(fig)
+
+
 @pytest.mark.parametrize("loss", [None, 0.25])
 def test_the_loss_panel_says_when_a_run_reports_no_loss(lake, monkeypatch, loss):
     import envsched_pipeline.analysis.plots as plots  # the figure is looked at before it is written
@@ -82,9 +114,7 @@ def test_the_loss_panel_says_when_a_run_reports_no_loss(lake, monkeypatch, loss)
     for s in range(3):
         lake.write("train_metrics", [{"step": s, "seconds": 1.0, "loss": loss, "reward_mean": 0.5}], step=s)
     drawn = {}
-    monkeypatch.setattr(
-        plots, "write_png", lambda fig, path, dpi=90: drawn.setdefault("fig", fig) and str(path)
-    )
+    monkeypatch.setattr(plots, "write_png", lambda fig, path, **_: drawn.setdefault("fig", fig) and str(path))
     plots.training_curves(lake, 2)
     panel = drawn["fig"].axes[0]
     words = " ".join(t.get_text() for t in panel.texts)

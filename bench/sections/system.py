@@ -1144,7 +1144,8 @@ def section_event_log(steps: int = 20) -> None:
     def both_events(context, metadata):  # before 2026-12-06: in the step output's event as well
         return dg.MaterializeResult(metadata=metadata)
 
-    def rgba_png(fig, path, dpi=90):  # what every figure was written as before 2026-12-06
+    def rgba_png(fig, path, dpi=90, margins=None):  # every figure before 2026-12-06: laid out by
+        del margins  # tight_layout whatever the figure
         fig.set_dpi(dpi)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1171,10 +1172,10 @@ def section_event_log(steps: int = 20) -> None:
     for mode, writer in (("before", rgba_png), ("now", real)):
         spent = [0.0]
 
-        def timed(fig, path, dpi=90, writer=writer, spent=spent):
+        def timed(fig, path, dpi=90, margins=None, writer=writer, spent=spent):
             t0 = time.perf_counter()
             try:
-                return writer(fig, path, dpi)
+                return writer(fig, path, dpi, margins)
             finally:
                 spent[0] += time.perf_counter() - t0
 
@@ -1251,7 +1252,9 @@ def section_event_log(steps: int = 20) -> None:
                 "matplotlib's RGBA PNGs, returned with the asset's result, which Dagster stores in "
                 "the step output's event as well as the materialization's; now they are palette PNGs "
                 "of at most 128 colours, given to the materialization alone (with the step's other "
-                "markdown: picks, near misses, rendered rollouts). Both modes in one run. Machine: "
+                "markdown: picks, near misses, rendered rollouts); since 2026-12-08 a step's plots "
+                "are laid out at fixed margins (one render each, where `tight_layout` measured every "
+                "label in a render of its own first). Both modes in one run. Machine: "
                 f"{machine()}.",
                 "",
                 *rows,

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
 import numpy as np
 import pytest
 
@@ -104,6 +105,19 @@ def test_ui_serves_assets_sensor_runs_loop_and_renders(dagster_dev):
         "the sensor did not advance the loop: " + (tmp / "dagster.log").read_text()[-3000:]
     )
     assert lake.read("rollouts").num_rows == 2 * 8 * 4
+    # the sensor's step runs ran their ops in the run's own process (no process per op and check)
+    with dg.DagsterInstance.from_config(str(tmp / "dagster_home")) as instance:
+        steps = [r.dagster_run for r in instance.get_run_records() if r.dagster_run.job_name != "report_job"]
+        kinds = {
+            run.job_name: {
+                e.dagster_event.event_type_value for e in instance.all_logs(run.run_id) if e.dagster_event
+            }
+            for run in steps
+        }
+    assert set(kinds) == {"select_job", "train_job"} and all("STEP_SUCCESS" in k for k in kinds.values()), (
+        kinds
+    )
+    assert not any("STEP_WORKER_STARTING" in k for k in kinds.values()), kinds
     # the run is complete (max_steps 2): the sensor has its report written, once, without being asked
     query = (
         '{ assetOrError(assetKey: {path: ["run_report"]}) { ... on Asset { assetMaterializations(limit: 5) '

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 
-from openai import OpenAI
-
 from trainer.vllm_sync import ipc_handles, sampling_kwargs, weight_items
 
 
@@ -265,6 +263,7 @@ class OpenAIEngine(RequestSeeds):
     kind = "messages"
 
     def __init__(self, base_url: str, model: str, api_key: str = "none", timeout: float = 60.0):
+        from openai import OpenAI  # half a second of imports a language model's step process never needs
 
         self.client = OpenAI(base_url=base_url, api_key=api_key or "none", timeout=timeout)
         self.model = model

@@ -1144,8 +1144,8 @@ def section_event_log(steps: int = 20) -> None:
     def both_events(context, metadata):  # before 2026-12-06: in the step output's event as well
         return dg.MaterializeResult(metadata=metadata)
 
-    def rgba_png(fig, path, dpi=90, margins=None):  # every figure before 2026-12-06: laid out by
-        del margins  # tight_layout whatever the figure
+    def rgba_png(fig, path, dpi=90, margins=None):  # what every figure was written as before 2026-12-06
+        del margins  # then every figure was laid out by tight_layout, a step's plots too
         fig.set_dpi(dpi)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
